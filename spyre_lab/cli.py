@@ -1,0 +1,23 @@
+"""The ``spyre-lab`` command: ``spyre-lab demo`` runs the main job and writes a report."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="spyre-lab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="run the default model on the modeled device and print a report")
+    demo.add_argument("--out", default="out", help="folder for trace.json and the report (default: out)")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        from spyre_lab.demo import run_demo
+
+        return run_demo(args.out)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""spyre_lab.compiler"""

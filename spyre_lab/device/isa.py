@@ -1,0 +1,170 @@
+"""The device's tile "ISA": what one core is asked to do, as a list of tile operations.
+
+A kernel, once the compiler has divided and planned it, is for every core a small dataflow
+graph: ``load`` sticks from DRAM into an LX buffer, run ``matmul`` on the corelets' PE arrays
+or ``vector``/``special`` ops on the SFUs over buffers already in LX, exchange partial results
+over the ``ring``, and ``store`` results back to DRAM. Dependencies are explicit, so the
+simulator can apply the dataflow firing rule (an op fires when its operands are resident and
+its unit is free) instead of running the list in order.
+
+Buffers: an op with ``out`` claims ``out_bytes`` of its core's LX when it starts and the space
+is released once every op that depends on it has finished. That single rule is what bounds
+double buffering: loads run ahead only while LX has room.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class OpKind(StrEnum):
+    LOAD = "load"
+    STORE = "store"
+    MATMUL = "matmul"
+    VECTOR = "vector"
+    SPECIAL = "special"
+    RING_SEND = "ring_send"
+    RING_RECV = "ring_recv"
+
+
+UNIT_OF: dict[OpKind, str] = {
+    OpKind.LOAD: "load",
+    OpKind.STORE: "store",
+    OpKind.MATMUL: "pt",
+    OpKind.VECTOR: "sfu",
+    OpKind.SPECIAL: "sfu",
+    OpKind.RING_SEND: "ring",
+    OpKind.RING_RECV: "ring",
+}
+"""The per-core unit (and trace lane suffix) each kind of op occupies."""
+
+UNITS: tuple[str, ...] = ("load", "pt", "sfu", "store", "ring")
+
+
+@dataclass(frozen=True)
+class TileOp:
+    """One operation on one core.
+
+    ``deps`` index earlier ops *of the same core*. Ring ops pair up across cores by ``tag``:
+    a ``ring_recv`` completes when the ``ring_send`` with the same tag on ``peer`` has moved
+    its bytes.
+    """
+
+    kind: OpKind
+    name: str
+    deps: tuple[int, ...] = ()
+    out: str | None = None
+    out_bytes: int = 0
+    nbytes: int = 0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    elements: int = 0
+    peer: int | None = None
+    hops: int = 0
+    tag: str | None = None
+
+    @property
+    def unit(self) -> str:
+        return UNIT_OF[self.kind]
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k if self.kind is OpKind.MATMUL else self.elements
+
+
+@dataclass
+class CoreProgram:
+    """The ordered tile operations of one core. Appending returns the op's index for ``deps``."""
+
+    ops: list[TileOp] = field(default_factory=list)
+
+    def _append(self, op: TileOp) -> int:
+        for d in op.deps:
+            if not 0 <= d < len(self.ops):
+                raise ValueError(f"op {op.name!r} depends on op {d}, which is not an earlier op of this core")
+        if op.out is not None and op.out_bytes <= 0:
+            raise ValueError(f"op {op.name!r} writes LX buffer {op.out!r} but gives it {op.out_bytes} bytes")
+        self.ops.append(op)
+        return len(self.ops) - 1
+
+    def load(self, out: str, nbytes: int, deps: Iterable[int] = (), name: str | None = None) -> int:
+        """DRAM -> LX: ``nbytes`` (whole sticks) into a new LX buffer ``out``."""
+        return self._append(TileOp(OpKind.LOAD, name or f"load {out}", tuple(deps), out, nbytes, nbytes=nbytes))
+
+    def store(self, nbytes: int, deps: Iterable[int], name: str = "store") -> int:
+        """LX -> DRAM: write ``nbytes`` of the buffers produced by ``deps`` back to DRAM."""
+        return self._append(TileOp(OpKind.STORE, name, tuple(deps), nbytes=nbytes))
+
+    def matmul(self, out: str, m: int, n: int, k: int, deps: Iterable[int], out_bytes: int,
+               name: str | None = None) -> int:
+        """``out[m,n] (+)= a[m,k] @ b[k,n]`` on the core's PE arrays, operands already in LX."""
+        return self._append(TileOp(OpKind.MATMUL, name or f"matmul {m}x{n}x{k}", tuple(deps), out, out_bytes,
+                                   m=m, n=n, k=k))
+
+    def vector(self, out: str, elements: int, deps: Iterable[int], out_bytes: int, name: str = "vector") -> int:
+        """An elementwise or reduction pass of ``elements`` on the SFU (add, mul, max, sum, ...)."""
+        return self._append(TileOp(OpKind.VECTOR, name, tuple(deps), out, out_bytes, elements=elements))
+
+    def special(self, out: str, elements: int, deps: Iterable[int], out_bytes: int, name: str = "special") -> int:
+        """A transcendental pass on the SFU (exp, rsqrt, sigmoid, ...): several SFU passes per element."""
+        return self._append(TileOp(OpKind.SPECIAL, name, tuple(deps), out, out_bytes, elements=elements))
+
+    def ring_send(self, nbytes: int, peer: int, hops: int, tag: str, deps: Iterable[int],
+                  name: str | None = None) -> int:
+        """Send ``nbytes`` from LX to core ``peer``, ``hops`` ring hops away."""
+        if hops < 1:
+            raise ValueError(f"ring_send {tag!r} to core {peer} needs at least one hop, got {hops}")
+        return self._append(TileOp(OpKind.RING_SEND, name or f"send {tag}", tuple(deps), nbytes=nbytes,
+                                   peer=peer, hops=hops, tag=tag))
+
+    def ring_recv(self, out: str, nbytes: int, peer: int, tag: str, deps: Iterable[int] = (),
+                  name: str | None = None) -> int:
+        """Receive the ``ring_send`` tagged ``tag`` from core ``peer`` into a new LX buffer ``out``."""
+        return self._append(TileOp(OpKind.RING_RECV, name or f"recv {tag}", tuple(deps), out, nbytes,
+                                   nbytes=nbytes, peer=peer, tag=tag))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def __iter__(self) -> Iterator[TileOp]:
+        return iter(self.ops)
+
+
+@dataclass
+class Kernel:
+    """One launch: a :class:`CoreProgram` per core (index = core id; empty programs are idle cores)."""
+
+    name: str
+    programs: list[CoreProgram]
+
+    def __post_init__(self) -> None:
+        sends = {(c, op.tag): op for c, p in enumerate(self.programs) for op in p if op.kind is OpKind.RING_SEND}
+        for c, p in enumerate(self.programs):
+            for op in p:
+                if op.kind is OpKind.RING_RECV:
+                    send = sends.get((op.peer, op.tag))
+                    if send is None or send.peer != c:
+                        raise ValueError(f"core {c}: {op.name!r} waits for a ring_send tagged {op.tag!r} "
+                                         f"from core {op.peer} to core {c}, and there is none")
+
+    @classmethod
+    def from_programs(cls, name: str, programs: Sequence[CoreProgram], cores: int) -> Kernel:
+        """Pad to ``cores`` programs so idle cores are explicit."""
+        if len(programs) > cores:
+            raise ValueError(f"kernel {name!r} has {len(programs)} core programs but the device has {cores} cores")
+        return cls(name, list(programs) + [CoreProgram() for _ in range(cores - len(programs))])
+
+    @property
+    def active_cores(self) -> list[int]:
+        return [c for c, p in enumerate(self.programs) if len(p)]
+
+    @property
+    def num_ops(self) -> int:
+        return sum(len(p) for p in self.programs)
+
+    def total(self, attr: str, kind: OpKind | None = None) -> int:
+        """Sum of an op field (``nbytes``, ``flops``, ``elements``) over all cores, optionally one kind."""
+        return sum(getattr(op, attr) for p in self.programs for op in p if kind is None or op.kind is kind)
