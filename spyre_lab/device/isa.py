@@ -168,3 +168,14 @@ class Kernel:
     def total(self, attr: str, kind: OpKind | None = None) -> int:
         """Sum of an op field (``nbytes``, ``flops``, ``elements``) over all cores, optionally one kind."""
         return sum(getattr(op, attr) for p in self.programs for op in p if kind is None or op.kind is kind)
+
+
+class LXOverflowError(RuntimeError):
+    """A core's LX scratchpad cannot hold what a kernel asks of it."""
+
+    def __init__(self, kernel: str, core: int, requested: int, in_use: int, capacity: int) -> None:
+        self.kernel, self.core, self.requested, self.in_use, self.capacity = kernel, core, requested, in_use, capacity
+        super().__init__(
+            f"kernel {kernel!r}, core {core}: needs {requested:,} B of LX with {in_use:,} B already in use, "
+            f"but LX holds {capacity:,} B; tile the kernel smaller (fewer rows per tile) or free buffers sooner"
+        )

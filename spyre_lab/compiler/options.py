@@ -1,0 +1,55 @@
+"""CompileOptions: every switch a learner can flip, each a real code path with an off position."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
+
+WorkDivisionStrategy = Literal["planned", "naive"]
+LXAllocator = Literal["greedy", "first_fit", "best_fit"]
+TimingMode = Literal["analytic", "event"]
+
+FUSION_RULES = ("pointwise_chain", "reduction_fusion", "matmul_epilogue", "softmax", "mlp")
+"""Named fusion rules of the scheduler; each can be switched off through ``CompileOptions.fusion``."""
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """How the compiler treats a graph. Hashable: it is part of the Program cache key."""
+
+    # fusion rules switched on (names from FUSION_RULES); an empty set compiles one kernel per op
+    fusion: frozenset[str] = field(default_factory=lambda: frozenset(FUSION_RULES))
+    # "planned": cost model over B/M/N/K splits with ring reduction; "naive": split one output dim only
+    work_division: WorkDivisionStrategy = "planned"
+    # per-kernel LX allocation strategy
+    lx_allocator: LXAllocator = "greedy"
+    # keep two copies of each streamed tile buffer so loads run ahead of compute
+    double_buffer: bool = True
+    # place K-split partners next to each other on the ring (psum hops m*n -> 1)
+    k_fast_placement: bool = True
+    # timing mode used when a Program's kernels are simulated
+    timing: TimingMode = "analytic"
+    # max unique DRAM tensors one fused kernel may reference (the SuperDSC bundle limit)
+    max_bundle_tensors: int = 6
+
+    def __post_init__(self) -> None:
+        unknown = set(self.fusion) - set(FUSION_RULES)
+        if unknown:
+            raise ValueError(f"unknown fusion rule(s) {sorted(unknown)}; rules are {list(FUSION_RULES)}")
+        if self.work_division not in ("planned", "naive"):
+            raise ValueError(f"work_division must be 'planned' or 'naive', got {self.work_division!r}")
+        if self.lx_allocator not in ("greedy", "first_fit", "best_fit"):
+            raise ValueError(f"lx_allocator must be greedy, first_fit or best_fit, got {self.lx_allocator!r}")
+        if self.timing not in ("analytic", "event"):
+            raise ValueError(f"timing must be 'analytic' or 'event', got {self.timing!r}")
+        if self.max_bundle_tensors < 2:
+            raise ValueError(f"max_bundle_tensors must be at least 2, got {self.max_bundle_tensors}")
+        object.__setattr__(self, "fusion", frozenset(self.fusion))
+
+    def replace(self, **changes: object) -> CompileOptions:
+        return dataclasses.replace(self, **changes)
+
+    def without(self, *rules: str) -> CompileOptions:
+        """These options with some fusion rules switched off: ``opts.without("softmax")``."""
+        return self.replace(fusion=self.fusion - set(rules))
