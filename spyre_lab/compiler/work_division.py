@@ -1,0 +1,438 @@
+"""Work division: which core computes which slice of a kernel's iteration space.
+
+The passes follow torch-spyre's planner (docs: compiler/work_division_planning.md):
+
+1. **span reduction** - a core may address at most ``cfg.core_span_bytes`` (256 MB) of one tensor,
+   measured on the tensor's outermost device dim. A bigger span *forces* splits, committed as minimums.
+2. **matmul cost model** (``strategy="planned"``) - every (b, m, n, k) split over divisors of B, M,
+   N-sticks and K-sticks with ``b*m*n*k <= cores`` is scored by :class:`MatmulCost`; the cheapest wins.
+3. **core split** - output dims by decreasing size take the largest divisor of what is left of the
+   cores, then at most one reduction dim.
+
+Stick dims are split in whole sticks (64 fp16 elements), so every core's slice starts on a stick.
+Splits always divide evenly. A slice index is row-major over ``WorkDivision.splits`` whose order puts
+the split reduction dim (K) *first*: cores that share an output tile but hold different K ranges are
+``m*n`` slices apart. K-fast placement renumbers the physical cores so these partners sit next to each
+other on the ring, which turns the partial-sum exchange from ``m*n`` hops into one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from spyre_lab.device.config import SpyreConfig, dtype_bytes
+
+# --- constants of the torch-spyre matmul cost model (work_division.py there) -----------------------
+PSUM_US_PER_ELEMENT = 1.4e-4
+"""Cost-model charge per output element per extra K partner (partial-sum exchange)."""
+TIEBREAK_US_PER_OCTAVE = 50.0
+"""Cost-model penalty per halving of PT passes below 8 (rows per core / 8)."""
+B_SPLIT_EXPONENT = 1.4
+"""The cost model multiplies a candidate's total by ``b ** 1.4``: batch splits are discouraged."""
+BROADCAST_FREE_SHARERS = 8
+"""Up to this many cores can share one DRAM read of an operand (a broadcast) at no extra cost."""
+PT_PASS_ROWS = 8
+"""Rows one PT pass consumes (the PE array has 8 rows); fewer rows per core leave it idle."""
+
+MATMUL_DIMS = ("B", "M", "N", "K")
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    return max(d for d in _divisors(n) if d <= max(1, limit))
+
+
+@dataclass(frozen=True)
+class MatmulCost:
+    """The cost model's score of one (b, m, n, k) split, in modeled µs (all cores in parallel).
+
+    ``total_us = (compute + hbm + psum + tiebreak) * b ** 1.4``.
+    """
+
+    compute_us: float
+    hbm_us: float
+    psum_us: float
+    tiebreak_us: float
+    b_factor: float = 1.0
+
+    @property
+    def total_us(self) -> float:
+        return (self.compute_us + self.hbm_us + self.psum_us + self.tiebreak_us) * self.b_factor
+
+
+@dataclass(frozen=True)
+class WorkDivision:
+    """How one kernel is spread over the cores.
+
+    ``splits`` maps dim name -> number of slices (reduction dim first, then output dims outermost
+    first); slice ``s`` (row-major over ``splits``) runs on physical core ``core_of_slice[s]``.
+    """
+
+    splits: dict[str, int]
+    core_of_slice: tuple[int, ...]
+    strategy: str
+    reason: str
+    cost: MatmulCost | None = None
+    reduction_dims: tuple[str, ...] = field(default=())
+
+    @property
+    def cores_used(self) -> int:
+        return math.prod(self.splits.values())
+
+    def slice_coords(self, slice_index: int) -> dict[str, int]:
+        """Position of a slice along each split dim (row-major over ``splits``)."""
+        coords: dict[str, int] = {}
+        rest = slice_index
+        for dim in reversed(list(self.splits)):
+            coords[dim] = rest % self.splits[dim]
+            rest //= self.splits[dim]
+        return {d: coords[d] for d in self.splits}
+
+    def slice_of_core(self) -> dict[int, int]:
+        """Physical core -> slice index (the inverse of ``core_of_slice``)."""
+        return {core: s for s, core in enumerate(self.core_of_slice)}
+
+    @property
+    def split_reduction_dim(self) -> str | None:
+        """The one reduction dim split across cores (its partners exchange partial results), if any."""
+        return next((d for d in self.reduction_dims if self.splits.get(d, 1) > 1), None)
+
+    def partners(self, slice_index: int) -> list[int]:
+        """Slices that share this slice's output tile and differ only in the split reduction dim."""
+        red = self.split_reduction_dim
+        if red is None:
+            return [slice_index]
+        coords = self.slice_coords(slice_index)
+        return [self._index({**coords, red: r}) for r in range(self.splits[red])]
+
+    def _index(self, coords: Mapping[str, int]) -> int:
+        index = 0
+        for dim, count in self.splits.items():
+            index = index * count + coords[dim]
+        return index
+
+
+def ring_hops(a: int, b: int, cores: int) -> int:
+    """Hops between two cores on the bi-directional ring."""
+    d = abs(a - b) % cores
+    return min(d, cores - d)
+
+
+def placement(splits: Mapping[str, int], reduction_dim: str | None, k_fast: bool) -> tuple[int, ...]:
+    """Slice index -> physical core.
+
+    Slices are numbered with the reduction dim slowest, so without K-fast placement (identity) the
+    partners of an output tile are ``m*n`` cores apart. With it, physical core ``c`` runs slice
+    ``perm[c] = (c % k) * (m*n) + c // k``, which puts the ``k`` partners on consecutive cores.
+    """
+    used = math.prod(splits.values())
+    k = splits.get(reduction_dim, 1) if reduction_dim else 1
+    if not k_fast or k == 1:
+        return tuple(range(used))
+    mn = used // k
+    perm = [(c % k) * mn + c // k for c in range(used)]  # physical core -> slice
+    core_of_slice = [0] * used
+    for core, s in enumerate(perm):
+        core_of_slice[s] = core
+    return tuple(core_of_slice)
+
+
+# --- span reduction --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _TensorView:
+    """A tensor over named iteration dims, laid out in the default stick layout."""
+
+    name: str
+    dims: tuple[str, ...]     # host dims outermost first; the last one is the stick dim
+    sizes: tuple[int, ...]
+
+
+def _span_bytes(t: _TensorView, splits: Mapping[str, int], eps: int, itemsize: int) -> int:
+    """Bytes one core spans of ``t``: positions it covers on the outermost device dim x that dim's stride.
+
+    Default layout: device dims = [host dims 1..n-2, sticks(last), host dim 0, eps] after dropping size-1 dims.
+    """
+    kept = [(d, s) for d, s in zip(t.dims, t.sizes) if s > 1] or [(t.dims[-1], 1)]
+    stick_dim, stick_size = kept[-1]
+    device: list[tuple[str, int]]
+    if len(kept) == 1:
+        device = [(stick_dim, math.ceil(stick_size / eps))]
+    else:
+        device = [*kept[1:-1], (stick_dim, math.ceil(stick_size / eps)), kept[0]]
+    device.append(("", eps))
+    outer_dim, outer_size = device[0]
+    stride = math.prod(s for _, s in device[1:])
+    per_core = math.ceil(outer_size / splits.get(outer_dim, 1))
+    return per_core * stride * itemsize
+
+
+def _units(dims: Mapping[str, int], stick_dims: Sequence[str], eps: int) -> dict[str, int]:
+    """Splittable units per dim: sticks for stick dims, elements otherwise."""
+    return {d: (math.ceil(n / eps) if d in stick_dims else n) for d, n in dims.items()}
+
+
+def _span_reduction(tensors: Sequence[_TensorView], units: Mapping[str, int], reduction_dims: Sequence[str],
+                    eps: int, itemsize: int, cfg: SpyreConfig) -> dict[str, int]:
+    """Minimum splits that keep every tensor's per-core span within ``cfg.core_span_bytes`` ({} if none needed)."""
+    limit = cfg.core_span_bytes
+    if all(_span_bytes(t, {}, eps, itemsize) <= limit for t in tensors):
+        return {}
+    best: tuple[int, int, dict[str, int]] | None = None
+    names = list(units)
+    for combo in itertools.product(*(_divisors(units[d]) for d in names)):
+        if math.prod(combo) > cfg.cores:
+            continue
+        splits = dict(zip(names, combo))
+        if sum(1 for d in reduction_dims if splits[d] > 1) > 1:
+            continue
+        span = max(_span_bytes(t, splits, eps, itemsize) for t in tensors)
+        if span > limit:
+            continue
+        key = (span, -math.prod(combo))  # closest under the limit, then fewest cores
+        if best is None or key > best[:2]:
+            best = (span, -math.prod(combo), {d: s for d, s in splits.items() if s > 1})
+    if best is None:
+        worst = max(tensors, key=lambda t: _span_bytes(t, {}, eps, itemsize))
+        raise ValueError(
+            f"tensor {worst.name!r} spans {_span_bytes(worst, {}, eps, itemsize):,} B per core and no split over "
+            f"{cfg.cores} cores brings it under the {limit:,} B per-core span; chunk the tensor before this op"
+        )
+    return best[2]
+
+
+def _core_split(units: Mapping[str, int], sizes: Mapping[str, int], output_dims: Sequence[str],
+                reduction_dims: Sequence[str], commits: Mapping[str, int], cores: int) -> dict[str, int]:
+    """Pass 3: keep commits, output dims by decreasing size take the largest divisor of the remaining cores,
+    then at most one reduction dim does the same."""
+    splits = {d: commits.get(d, 1) for d in units}
+    remaining = cores // math.prod(splits.values())
+    for d in sorted((d for d in output_dims if d not in commits), key=lambda d: -sizes[d]):
+        splits[d] = _largest_divisor_at_most(units[d], remaining)
+        remaining //= splits[d]
+    if not any(splits[d] > 1 for d in reduction_dims):
+        for d in sorted(reduction_dims, key=lambda d: -sizes[d]):
+            take = _largest_divisor_at_most(units[d], remaining)
+            if take > 1:
+                splits[d] = take
+                break
+    return splits
+
+
+def _apply_hint(hint: Mapping[str, int], units: Mapping[str, int], reduction_dims: Sequence[str],
+                cfg: SpyreConfig) -> dict[str, int]:
+    unknown = set(hint) - set(units)
+    if unknown:
+        raise ValueError(f"work_div hint names dim(s) {sorted(unknown)}; this op's dims are {list(units)}")
+    for d, s in hint.items():
+        if not isinstance(s, int) or s < 1 or units[d] % s:
+            raise ValueError(f"work_div hint {d}={s} must divide dim {d} ({units[d]} splittable units: "
+                             f"sticks for stick dims); try one of {_divisors(units[d])}")
+    if math.prod(hint.values()) > cfg.cores:
+        raise ValueError(f"work_div hint {dict(hint)} uses {math.prod(hint.values())} cores; the device has "
+                         f"{cfg.cores}")
+    if sum(1 for d in reduction_dims if hint.get(d, 1) > 1) > 1:
+        raise ValueError(f"work_div hint {dict(hint)} splits more than one reduction dim; split at most one")
+    return {d: hint.get(d, 1) for d in units}
+
+
+def _ordered(splits: Mapping[str, int], dim_order: Sequence[str], reduction_dims: Sequence[str]) -> dict[str, int]:
+    """Reduction dims first (slowest in the slice numbering), then the rest in iteration order."""
+    first = [d for d in dim_order if d in reduction_dims]
+    rest = [d for d in dim_order if d not in reduction_dims]
+    return {d: splits.get(d, 1) for d in first + rest}
+
+
+def _describe(splits: Mapping[str, int]) -> str:
+    return "{" + ", ".join(f"{d}:{s}" for d, s in splits.items()) + "}"
+
+
+# --- matmul --------------------------------------------------------------------------------------
+
+def matmul_cost(b: int, m: int, n: int, k: int, B: int, M: int, N: int, K: int,
+                cfg: SpyreConfig, dtype: torch.dtype = torch.float16) -> MatmulCost:
+    """torch-spyre's analytic score for splitting ``C[B,M,N] = A[B,M,K] @ W[B,K,N]`` into b*m*n*k slices.
+
+    ``compute`` = per-core MACs at the card's per-core MAC rate scaled by PT efficiency
+    ``min(1, sqrt(max(1, rows/8) / 8))`` (rows = M/m per core); ``hbm`` = all operand bytes at the
+    aggregate DRAM bandwidth, times ``max(1, max(m, n)/8)`` since more than 8 cores sharing one read no
+    longer get it broadcast for free; ``psum`` = ``(k-1) * B*M*N * 1.4e-4`` µs; ``tiebreak`` = 50 µs per
+    halving of PT passes below 8.
+    """
+    cores = b * m * n * k
+    mac_per_us = cfg.macs_per_cycle_per_core * cfg.clock_hz / 1e6
+    rows = M / m
+    passes = rows / PT_PASS_ROWS
+    pt_eff = min(1.0, math.sqrt(max(1.0, passes) / 8))
+    compute = B * M * N * K / cores / (mac_per_us * pt_eff)
+    nbytes = (B * M * K + B * K * N + B * M * N) * dtype_bytes(dtype)
+    hbm = nbytes / cfg.dram_bandwidth * 1e6 * max(1.0, max(m, n) / BROADCAST_FREE_SHARERS)
+    psum = (k - 1) * B * M * N * PSUM_US_PER_ELEMENT
+    tiebreak = math.log2(8 / passes) * TIEBREAK_US_PER_OCTAVE if passes < 8 else 0.0
+    return MatmulCost(compute, hbm, psum, tiebreak, b ** B_SPLIT_EXPONENT)
+
+
+def matmul_candidates(b: int, m: int, n: int, k: int, dtype: torch.dtype, cfg: SpyreConfig,
+                      allow_k_split: bool = True) -> list[tuple[dict[str, int], MatmulCost]]:
+    """Every (B, M, N-sticks, K-sticks) divisor split using at most ``cfg.cores`` cores, cheapest first."""
+    eps = cfg.elems_per_stick(dtype)
+    n_sticks, k_sticks = math.ceil(n / eps), math.ceil(k / eps)
+    out = []
+    for sb, sm, sn, sk in itertools.product(_divisors(b), _divisors(m), _divisors(n_sticks),
+                                            _divisors(k_sticks) if allow_k_split else [1]):
+        if sb * sm * sn * sk <= cfg.cores:
+            out.append(({"B": sb, "M": sm, "N": sn, "K": sk}, matmul_cost(sb, sm, sn, sk, b, m, n, k, cfg, dtype)))
+    out.sort(key=lambda c: (c[1].total_us, -math.prod(c[0].values())))
+    return out
+
+
+def _matmul_tensors(b: int, m: int, n: int, k: int) -> list[_TensorView]:
+    return [_TensorView("A", ("B", "M", "K"), (b, m, k)),
+            _TensorView("W", ("B", "K", "N"), (b, k, n)),
+            _TensorView("C", ("B", "M", "N"), (b, m, n))]
+
+
+def divide_matmul(b: int, m: int, n: int, k: int, dtype: torch.dtype, cfg: SpyreConfig,
+                  strategy: str = "planned", k_fast: bool = True, hint: Mapping[str, int] | None = None,
+                  allow_k_split: bool = True) -> WorkDivision:
+    """Divide ``C[b,m,n] = A[b,m,k] @ W[b,k,n]`` over the cores.
+
+    ``"naive"`` splits only the largest output dim that can be split; ``"planned"`` runs span reduction,
+    then the cost model (unless span reduction already committed splits) restricted to candidates that use
+    at least as many cores as the core split would, so planning never idles cores the core split keeps
+    busy. ``hint`` (e.g. ``{"M": 2, "K": 4}``) overrides.
+    ``allow_k_split=False`` is for fused kernels whose epilogue needs complete sums.
+    """
+    for name, v in (("b", b), ("m", m), ("n", n), ("k", k)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"matmul dim {name} must be a positive integer, got {v!r}")
+    _check_strategy(strategy)
+    eps = cfg.elems_per_stick(dtype)
+    sizes = {"B": b, "M": m, "N": n, "K": k}
+    units = _units(sizes, ("N", "K"), eps)
+    order = ("B", "M", "N", "K") if b > 1 else ("M", "N", "K")
+    units = {d: units[d] for d in order}
+    reds = ("K",) if allow_k_split else ()
+    if hint is not None:
+        splits = _apply_hint({d: s for d, s in hint.items() if not (d == "B" and b == 1 and s == 1)}, units,
+                             ("K",), cfg)
+        reason = f"hint {_describe(hint)} overrides the planner"
+        strategy = "hint"
+    elif strategy == "naive":
+        splits, reason = _naive(units, sizes, ("B", "M", "N"), cfg)
+    else:
+        commits = _span_reduction(_matmul_tensors(b, m, n, k), units, ("K",), eps, dtype_bytes(dtype), cfg)
+        core_split = _core_split(units, sizes, [d for d in order if d != "K"], reds, commits, cfg.cores)
+        if commits:
+            splits = core_split
+            reason = (f"a per-core span over {cfg.core_span_bytes >> 20} MB forced {_describe(commits)}; "
+                      f"the remaining cores split output dims by size")
+        else:
+            candidates = matmul_candidates(b, m, n, k, dtype, cfg, allow_k_split)
+            floor = math.prod(core_split.values())
+            full = [(s, c) for s, c in candidates if math.prod(s.values()) >= floor]
+            if not full:
+                splits = core_split
+                reason = "every cost-model candidate uses fewer cores than the core split, so the core split wins"
+            else:
+                best, c = full[0]
+                splits = {d: best[d] for d in order}
+                reason = (f"cheapest of {len(full)} candidates using >= {floor} cores: compute {c.compute_us:.1f} + "
+                          f"hbm {c.hbm_us:.1f} + psum {c.psum_us:.1f} + tiebreak {c.tiebreak_us:.1f} µs (modeled)")
+    splits = _ordered(splits, order, ("K",))
+    cost = matmul_cost(splits.get("B", 1), splits["M"], splits["N"], splits["K"], b, m, n, k, cfg, dtype)
+    return WorkDivision(splits, placement(splits, "K", k_fast), strategy, reason, cost, ("K",))
+
+
+def _naive(units: Mapping[str, int], sizes: Mapping[str, int], output_dims: Sequence[str],
+           cfg: SpyreConfig) -> tuple[dict[str, int], str]:
+    """Split only the largest output dim that can be split (largest divisor <= cores)."""
+    splits = {d: 1 for d in units}
+    for d in sorted((d for d in output_dims if d in units), key=lambda d: -sizes[d]):
+        take = _largest_divisor_at_most(units[d], cfg.cores)
+        if take > 1:
+            splits[d] = take
+            return splits, f"naive: split only {d} (the largest output dim that divides) {take} ways"
+    return splits, "naive: no output dim can be split, so one core runs it"
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in ("planned", "naive"):
+        raise ValueError(f"work division strategy must be 'planned' or 'naive', got {strategy!r}")
+
+
+# --- pointwise / reduction -------------------------------------------------------------------------
+
+def divide_iteration_space(dims: Mapping[str, int], stick_dim: str, reduction_dims: Sequence[str],
+                           dtype: torch.dtype, cfg: SpyreConfig, strategy: str = "planned",
+                           hint: Mapping[str, int] | None = None, k_fast: bool = True,
+                           allow_reduction_split: bool = True) -> WorkDivision:
+    """Divide a pointwise or reduction iteration space (dims outermost first) over the cores.
+
+    ``"planned"``: span reduction, then output dims by decreasing size, then at most one reduction dim.
+    ``"naive"``: the largest output dim only. ``allow_reduction_split=False`` keeps reduced dims whole on
+    one core, for fused kernels (softmax, norms) whose later ops need the complete reduction.
+    """
+    _check_strategy(strategy)
+    if not dims:
+        return WorkDivision({}, (0,), strategy, "a scalar runs on one core", None, ())
+    if stick_dim not in dims:
+        raise ValueError(f"stick dim {stick_dim!r} is not one of the iteration dims {list(dims)}")
+    bad = [d for d in reduction_dims if d not in dims]
+    if bad:
+        raise ValueError(f"reduction dim(s) {bad} are not iteration dims {list(dims)}")
+    eps = cfg.elems_per_stick(dtype)
+    units = _units(dims, (stick_dim,), eps)
+    outputs = [d for d in dims if d not in reduction_dims]
+    if hint is not None:
+        splits = _apply_hint(hint, units, reduction_dims, cfg)
+        reason, strategy = f"hint {_describe(hint)} overrides the planner", "hint"
+    elif strategy == "naive":
+        splits, reason = _naive(units, dims, outputs, cfg)
+    else:
+        host = [d for d in dims if d != stick_dim] + [stick_dim]
+        tensor = _TensorView("input", tuple(host), tuple(dims[d] for d in host))
+        commits = _span_reduction([tensor], units, reduction_dims, eps, dtype_bytes(dtype), cfg)
+        splittable = reduction_dims if allow_reduction_split else ()
+        splits = _core_split(units, dims, outputs, splittable, commits, cfg.cores)
+        used = math.prod(splits.values())
+        reason = (f"output dims by decreasing size take the largest divisor of the free cores "
+                  f"(stick dim {stick_dim} in whole sticks): {used} of {cfg.cores} cores busy")
+        if commits:
+            reason = f"a per-core span over {cfg.core_span_bytes >> 20} MB forced {_describe(commits)}; " + reason
+    splits = _ordered(splits, list(dims), reduction_dims)
+    red = next((d for d in reduction_dims if splits[d] > 1), None)
+    return WorkDivision(splits, placement(splits, red, k_fast), strategy, reason, None, tuple(reduction_dims))
+
+
+def slice_ranges(division: WorkDivision, extents: Mapping[str, int], stick_dims: Sequence[str],
+                 eps: int, cores: int) -> list[dict[str, tuple[int, int]]]:
+    """Per physical core: dim -> [start, stop) of the iteration space it computes ({} = idle core).
+
+    Stick dims are cut on stick boundaries; the last slice absorbs the padded tail.
+    """
+    per_core: list[dict[str, tuple[int, int]]] = [{} for _ in range(cores)]
+    for s, core in enumerate(division.core_of_slice):
+        coords = division.slice_coords(s)
+        ranges = {}
+        for dim, extent in extents.items():
+            count = division.splits.get(dim, 1)
+            if dim in stick_dims:
+                sticks = math.ceil(extent / eps) // count
+                start = coords.get(dim, 0) * sticks * eps
+                stop = min(extent, start + sticks * eps)
+            else:
+                step = extent // count
+                start = coords.get(dim, 0) * step
+                stop = start + step
+            ranges[dim] = (start, stop)
+        per_core[core] = ranges
+    return per_core
