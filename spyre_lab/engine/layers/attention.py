@@ -1,0 +1,72 @@
+"""Paged attention in plain torch: keys and values live in fixed-size blocks, found via block tables.
+
+The KV cache of one layer is `[num_blocks + 1, block_size, kv_heads, head_dim]`. A sequence owns a
+list of block ids (its block table); token `i` of the sequence lives in block `table[i // block_size]`
+at offset `i % block_size`, i.e. in *slot* `block * block_size + offset`. The last block is a scratch
+block that no sequence owns: padding tokens write there and padded block-table entries point there,
+so fixed (static) shapes never need a branch.
+
+One call handles prefill and decode alike:
+1. write this step's k/v into their slots (`index_copy_`, one scatter),
+2. gather each sequence's pages through its block table into `[B, kv_heads, L, d]`,
+3. attend from each query (laid out `[B, max_query_len]`) to every key at a position <= its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from spyre_lab.engine.layers.custom_op import CustomOp
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this step's tokens go and what they may see. All tensors are int64.
+
+    T = number of (possibly padded) tokens in the step, B = sequences, Q = longest query per sequence.
+    """
+
+    slot_mapping: torch.Tensor  # [T] cache slot each token's k/v is written to
+    block_tables: torch.Tensor  # [B, max_blocks] block ids of each sequence (padded with the scratch block)
+    query_index: torch.Tensor  # [B, Q] flat token index of each sequence's queries (padding -> 0)
+    query_positions: torch.Tensor  # [B, Q] position of each query in its sequence (padding -> 0)
+    token_seq: torch.Tensor  # [T] which sequence a flat token belongs to
+    token_offset: torch.Tensor  # [T] which query of that sequence it is
+
+
+class Attention(CustomOp):
+    op_name = "Attention"
+
+    def __init__(self, num_heads: int, head_dim: int, scale: float, num_kv_heads: int) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads} (GQA)")
+        self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
+        # Bound by the model runner once the KV cache is allocated; plain attributes, not state.
+        self.k_cache = torch.empty(0)
+        self.v_cache = torch.empty(0)
+
+    def forward_native(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        num_tokens = query.shape[0]
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
+        self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, key)
+        self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, value)
+
+        batch = meta.block_tables.shape[0]
+        keys = self.k_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, d]
+        values = self.v_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)
+        queries = query.view(num_tokens, self.num_heads, self.head_dim)[meta.query_index].transpose(1, 2)
+
+        key_positions = torch.arange(keys.shape[2], device=query.device)
+        visible = key_positions.view(1, 1, 1, -1) <= meta.query_positions.view(batch, 1, -1, 1)
+        out = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=visible, scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads
+        )
+        out = out.transpose(1, 2)[meta.token_seq, meta.token_offset]  # back to flat tokens [T, heads, d]
+        return out.reshape(num_tokens, self.num_heads * self.head_dim)

@@ -1,0 +1,43 @@
+"""CustomOp: a layer with one portable definition and optional per-platform replacements.
+
+Each layer writes `forward_native` in plain torch. A platform may register a subclass for a layer
+name (`platform.register_oot("RMSNorm", SpyreRMSNorm)`); when a model is built inside
+`set_current_platform(platform)`, constructing `RMSNorm(...)` returns a `SpyreRMSNorm` instead.
+The model file never mentions a platform, and the replacement keeps the same parameters, so
+weight loading and state dicts are unchanged. This is vLLM's `CustomOp.register_oot` pattern.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from spyre_lab.engine.platforms.base import current_platform
+
+
+class CustomOp(nn.Module):
+    #: the name platforms use to replace this layer
+    op_name: ClassVar[str] = ""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> CustomOp:
+        platform = current_platform()
+        override = platform.oot_ops.get(cls.op_name) if platform is not None else None
+        if override is not None and override is not cls and issubclass(override, cls):
+            cls = override
+        elif override is not None and not issubclass(override, cls):
+            raise TypeError(
+                f"platform {platform.name!r} registered {override.__name__} for {cls.op_name!r}, "
+                f"but it must subclass {cls.__name__} so it keeps the same parameters"
+            )
+        return super().__new__(cls)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward_oot(*args, **kwargs)
+
+    def forward_native(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(f"{type(self).__name__} must define forward_native")
+
+    def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
+        """What a platform subclass overrides; by default the portable implementation."""
+        return self.forward_native(*args, **kwargs)

@@ -1,0 +1,24 @@
+"""RMSNorm: scale each token by the inverse root-mean-square of its features, then by a learned weight."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from spyre_lab.engine.layers.custom_op import CustomOp
+
+
+class RMSNorm(CustomOp):
+    op_name = "RMSNorm"
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalize in at least fp32 (as Hugging Face does), then cast back before the weight."""
+        dtype = x.dtype
+        wide = x.to(torch.promote_types(dtype, torch.float32))
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(dtype)

@@ -1,0 +1,264 @@
+"""LLMEngine: the step loop. add_request -> step() ... -> finished RequestOutputs.
+
+One `step()` = schedule (prefill or decode) -> run the model once -> append one token to every
+scheduled request -> check stop conditions -> free what finished. Everything a request goes through
+is recorded in `stats` (host times measured, device times modeled by the platform).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+
+import torch
+
+from spyre_lab.engine.kv_cache import BlockManager
+from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
+from spyre_lab.engine.model_runner import ModelRunner, StepResult
+from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from spyre_lab.engine.platforms.base import Platform, resolve_platform
+from spyre_lab.engine.sampling_params import SamplingParams
+from spyre_lab.engine.scheduler import Scheduler
+from spyre_lab.engine.sequence import Sequence
+from spyre_lab.engine.stats import EngineStats, RequestStats, StepStats
+from spyre_lab.engine.tokenizer import load_tokenizer
+
+Prompt = str | list[int] | dict
+
+
+class LLMEngine:
+    """Step-level engine. `add_request` raises ValueError for a request it cannot serve (bad sampling
+    parameters, prompt too long, unknown token ids); nothing else is ever dropped: every accepted
+    request ends with finish_reason "stop", "length" or "abort" in some `step()`'s outputs."""
+
+    def __init__(
+        self,
+        model: str = "tiny-granite",
+        platform: str | Platform = "cpu",
+        max_num_seqs: int = 16,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        max_num_batched_tokens: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype | str | None = None,
+        enable_prefix_caching: bool = True,
+        static_shapes: bool | None = None,
+        prefill_buckets: list[int] | None = None,
+        batch_buckets: list[int] | None = None,
+    ) -> None:
+        options = {k: v for k, v in dict(static_shapes=static_shapes, prefill_buckets=prefill_buckets,
+                                         batch_buckets=batch_buckets).items() if v is not None}
+        self.platform = resolve_platform(platform, **options)
+        self.model_path = resolve_model_path(model)
+        self.model_config = config = read_config(self.model_path)
+        self.dtype = _as_dtype(dtype) if dtype is not None else self.platform.default_dtype
+        self.platform.check_dtype(self.dtype)
+
+        self.max_model_len = max_model_len or min(config.max_position_embeddings, 2048)
+        if not 1 < self.max_model_len <= config.max_position_embeddings:
+            raise ValueError(
+                f"max_model_len must be in [2, {config.max_position_embeddings}] (the model's "
+                f"max_position_embeddings), got {self.max_model_len}"
+            )
+        if max_num_seqs < 1 or block_size < 1:
+            raise ValueError(f"max_num_seqs and block_size must be >= 1, got {max_num_seqs} and {block_size}")
+        blocks_per_seq = -(-self.max_model_len // block_size)
+        # Same default as the Spyre vLLM plugin: room for every sequence at full length.
+        num_kv_blocks = num_kv_blocks or max_num_seqs * blocks_per_seq
+        if num_kv_blocks < blocks_per_seq:
+            raise ValueError(
+                f"num_kv_blocks={num_kv_blocks} cannot hold one sequence of max_model_len={self.max_model_len} "
+                f"({blocks_per_seq} blocks of {block_size}); raise num_kv_blocks or lower max_model_len"
+            )
+        max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
+        if max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                f"max_num_batched_tokens={max_num_batched_tokens} < max_model_len={self.max_model_len}: "
+                "a full-length prompt could never be prefilled (no chunked prefill); raise it"
+            )
+        if self.platform.static_shapes:
+            self.platform.configure_buckets(self.max_model_len, max_num_seqs)
+
+        self.model = load_model(self.model_path, self.platform, self.dtype)
+        self.tokenizer = load_tokenizer(self.model_path, config.bos_token_id, (config.eos_token_ids or (None,))[0])
+        self.eos_token_ids = set(config.eos_token_ids)
+        if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
+            self.eos_token_ids.add(self.tokenizer.eos_token_id)
+
+        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.block_manager, max_num_seqs, max_num_batched_tokens, one_prefill_per_step=self.platform.static_shapes
+        )
+        self.runner = ModelRunner(self.model, self.platform, block_size, num_kv_blocks, self.max_model_len,
+                                  self.dtype, seed)
+        self.stats = EngineStats()
+        self.requests: dict[str, Sequence] = {}
+        self._prompts: dict[str, str | None] = {}
+        self._aborted: list[RequestOutput] = []
+
+    # ---- requests -------------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
+        """Queue a request; raise ValueError (naming the problem) if it cannot be served."""
+        params = params if params is not None else SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
+        params.validate()
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        text, token_ids = self._tokenize(prompt)
+        if not token_ids:
+            raise ValueError("prompt is empty; give at least one token")
+        if len(token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt has {len(token_ids)} tokens but max_model_len is {self.max_model_len}; shorten the prompt "
+                "or raise max_model_len"
+            )
+        bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
+        if bad:
+            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+        seq = Sequence(request_id, token_ids, params)
+        self.requests[request_id] = seq
+        self._prompts[request_id] = text
+        self.scheduler.add(seq)
+
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = list(prompt["prompt_token_ids"])
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise ValueError('a dict prompt needs "prompt" or "prompt_token_ids"')
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(f"{self.model_path} has no tokenizer.json; pass prompts as lists of token ids")
+            return prompt, self.tokenizer.encode(prompt)
+        if isinstance(prompt, list | tuple) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
+
+    def abort_request(self, request_id: str) -> bool:
+        """Stop a request now; its final output (finish_reason "abort") comes from the next step()."""
+        seq = self.requests.get(request_id)
+        if seq is None or seq.is_finished:
+            return False
+        self.scheduler.finish(seq, "abort")
+        self._retire(seq)
+        self._aborted.append(self._output(seq))
+        return True
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._aborted)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.scheduler.waiting) + len(self.scheduler.running)
+
+    # ---- the step ---------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step; return an output for every request it advanced, finished or aborted."""
+        outputs, self._aborted = self._aborted, []
+        if not self.scheduler.has_unfinished():
+            return outputs
+        scheduled = self.scheduler.schedule()
+        if not scheduled.seqs:  # everything running was preempted; the next step prefills again
+            return outputs
+        result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+        for seq, token_id in zip(scheduled.seqs, result.token_ids):
+            seq.num_computed_tokens = len(seq)
+            self.block_manager.commit(seq)
+            seq.append_token(token_id)
+            self._check_stop(seq, token_id)
+            if seq.is_finished:
+                self._retire(seq)
+            outputs.append(self._output(seq))
+        self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
+                          len(scheduled.preempted))
+        return outputs
+
+    def _check_stop(self, seq: Sequence, token_id: int) -> None:
+        params = seq.sampling_params
+        if self.tokenizer is not None:
+            seq.output_text = self.tokenizer.decode(seq.output_token_ids)
+        if not params.ignore_eos and token_id in self.eos_token_ids:
+            return self.scheduler.finish(seq, "stop")
+        if token_id in params.stop_token_ids:
+            seq.stop_reason = token_id
+            return self.scheduler.finish(seq, "stop")
+        for stop in params.stop:
+            cut = seq.output_text.find(stop)
+            if cut >= 0:
+                seq.output_text, seq.stop_reason = seq.output_text[:cut], stop
+                return self.scheduler.finish(seq, "stop")
+        if len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.max_model_len:
+            return self.scheduler.finish(seq, "length")
+        return None
+
+    def _retire(self, seq: Sequence) -> None:
+        seq.finished_time = time.perf_counter()
+        metrics = self._metrics(seq)
+        self.stats.requests.append(RequestStats(
+            seq.request_id, len(seq.prompt_token_ids), len(seq.output_token_ids), seq.finish_reason,
+            metrics.ttft_ms, metrics.tpot_ms, metrics.e2e_ms, seq.num_preemptions, seq.num_cached_tokens,
+        ))
+        del self.requests[seq.request_id]
+
+    def _metrics(self, seq: Sequence) -> RequestMetrics:
+        ms = lambda a, b: None if a is None or b is None else (b - a) * 1e3
+        n = len(seq.output_token_ids)
+        decode_ms = ms(seq.first_token_time, seq.finished_time)
+        return RequestMetrics(
+            ttft_ms=ms(seq.arrival_time, seq.first_token_time),
+            tpot_ms=decode_ms / (n - 1) if decode_ms is not None and n > 1 else None,
+            e2e_ms=ms(seq.arrival_time, seq.finished_time),
+            num_preemptions=seq.num_preemptions,
+            num_cached_tokens=seq.num_cached_tokens,
+        )
+
+    def _output(self, seq: Sequence) -> RequestOutput:
+        completion = CompletionOutput(0, seq.output_text, list(seq.output_token_ids), seq.finish_reason,
+                                      seq.stop_reason)
+        prompt = self._prompts.pop(seq.request_id, None) if seq.is_finished else self._prompts.get(seq.request_id)
+        return RequestOutput(seq.request_id, prompt, list(seq.prompt_token_ids), [completion], seq.is_finished,
+                             self._metrics(seq))
+
+    def _record_step(self, kind: str, seqs: list[Sequence], result: StepResult, num_preempted: int) -> None:
+        bucket = result.bucket
+        self.stats.steps.append(StepStats(
+            step=len(self.stats.steps),
+            kind=kind,
+            num_seqs=len(seqs),
+            batch_bucket=bucket[1] if bucket and bucket[0] == "decode" else None,
+            token_bucket=bucket[1] if bucket and bucket[0] == "prefill" else None,
+            num_tokens=result.num_tokens,
+            padded_tokens=result.padded_tokens,
+            host_ms=result.host_ms,
+            device_ms_modeled=result.device_ms_modeled,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            dispatch=self.platform.dispatch_mode + ("+on-demand" if result.on_demand else ""),
+            num_preempted=num_preempted,
+        ))
+
+    def warmup(self, show_progress: bool = True) -> None:
+        """Run every shape bucket once (static-shape platforms); a no-op with dynamic shapes."""
+        for (kind, size), host_ms in self.runner.warmup(show_progress):
+            self.stats.steps.append(StepStats(
+                len(self.stats.steps), f"warmup-{kind}", 0, size if kind == "decode" else None,
+                size if kind == "prefill" else None, 0, size, host_ms,
+                self.platform.modeled_device_ms(kind, size, 1 if kind == "prefill" else size),
+                self.block_manager.num_used_blocks, self.platform.dispatch_mode,
+            ))
+
+    def run_to_completion(self) -> Iterable[RequestOutput]:
+        """Step until every request is done, yielding each step's outputs as they come (streaming)."""
+        while self.has_unfinished_requests():
+            yield from self.step()
+
+
+def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'float16' or 'bfloat16'")
+    return resolved

@@ -1,0 +1,223 @@
+"""ModelRunner: turn scheduled sequences into model inputs, run the model, sample.
+
+It owns the KV-cache tensors (one K and one V per attention layer, plus one scratch block) and
+builds the flat token batch and its `AttentionMetadata`. On a static-shape platform it pads each
+step to a bucket — prefill length for prefill, batch size for decode — and remembers which
+buckets have already run (warmed up); an unseen bucket still runs, with a logged warning.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm.auto import tqdm
+
+from spyre_lab.engine.layers.attention import Attention, AttentionMetadata
+from spyre_lab.engine.models.granite import GraniteForCausalLM
+from spyre_lab.engine.platforms.base import Platform
+from spyre_lab.engine.sampler import Sampler
+from spyre_lab.engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class ModelInput:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # [num real seqs] flat index of each sequence's last token
+    bucket: tuple[str, int] | None  # ("prefill", padded length) or ("decode", padded batch) when static
+
+
+@dataclass
+class StepResult:
+    token_ids: list[int]
+    host_ms: float
+    device_ms_modeled: float | None
+    num_tokens: int
+    padded_tokens: int
+    bucket: tuple[str, int] | None
+    on_demand: bool
+
+
+def _pick_bucket(buckets: tuple[int, ...], size: int) -> int:
+    index = bisect.bisect_left(buckets, size)
+    if index == len(buckets):
+        raise ValueError(f"size {size} exceeds the largest bucket {buckets[-1]}")
+    return buckets[index]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: GraniteForCausalLM,
+        platform: Platform,
+        block_size: int,
+        num_kv_blocks: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        seed: int = 0,
+    ) -> None:
+        self.model, self.platform = model, platform
+        self.block_size, self.max_model_len = block_size, max_model_len
+        self.device = platform.device
+        self.scratch_block = num_kv_blocks  # one extra block no sequence owns; padding writes here
+        self.max_blocks_per_seq = -(-max_model_len // block_size)
+        config = model.config
+        shape = (num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
+        self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for module in model.modules():
+            if isinstance(module, Attention):
+                module.k_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+                module.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+                self.kv_caches.append((module.k_cache, module.v_cache))
+        self.sampler = Sampler(seed)
+        self.warmed_buckets: set[tuple[str, int]] = set()
+
+    @property
+    def kv_cache_bytes(self) -> int:
+        return sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+
+    # ---- input preparation --------------------------------------------------------------------
+    def _slot(self, seq: Sequence, position: int) -> int:
+        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
+
+    def prepare_prefill(self, seqs: list[Sequence]) -> ModelInput:
+        query_lens = [len(seq) - seq.num_computed_tokens for seq in seqs]
+        num_real = sum(query_lens)
+        bucket = None
+        if self.platform.static_shapes:
+            bucket = ("prefill", _pick_bucket(self.platform.prefill_buckets, num_real))
+        num_tokens = bucket[1] if bucket else num_real
+        max_query = num_tokens if bucket else max(query_lens)
+        width = self.max_blocks_per_seq if bucket else max(len(seq.block_table) for seq in seqs)
+
+        input_ids, positions, slots, token_seq, token_offset, tables = [], [], [], [], [], []
+        query_index = torch.zeros(len(seqs), max_query, dtype=torch.long)
+        query_positions = torch.zeros(len(seqs), max_query, dtype=torch.long)
+        for i, (seq, query_len) in enumerate(zip(seqs, query_lens)):
+            start, first = len(input_ids), seq.num_computed_tokens
+            input_ids += seq.token_ids[first:]
+            positions += range(first, len(seq))
+            slots += [self._slot(seq, p) for p in range(first, len(seq))]
+            token_seq += [i] * query_len
+            token_offset += range(query_len)
+            query_index[i, :query_len] = torch.arange(start, start + query_len)
+            query_positions[i, :query_len] = torch.arange(first, len(seq))
+            tables.append(seq.block_table + [self.scratch_block] * (width - len(seq.block_table)))
+        padding = num_tokens - num_real
+        input_ids += [0] * padding
+        positions += [0] * padding
+        slots += [self.scratch_block * self.block_size] * padding
+        token_seq += [0] * padding
+        token_offset += [0] * padding
+        ends = torch.tensor(query_lens).cumsum(0) - 1
+        return self._to_input(
+            input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset, ends, bucket
+        )
+
+    def prepare_decode(self, seqs: list[Sequence]) -> ModelInput:
+        bucket = None
+        if self.platform.static_shapes:
+            bucket = ("decode", _pick_bucket(self.platform.batch_buckets, len(seqs)))
+        batch = bucket[1] if bucket else len(seqs)
+        width = self.max_blocks_per_seq if bucket else max(len(seq.block_table) for seq in seqs)
+        padding = batch - len(seqs)
+        input_ids = [seq.last_token_id for seq in seqs] + [0] * padding
+        positions = [len(seq) - 1 for seq in seqs] + [0] * padding
+        slots = [self._slot(seq, len(seq) - 1) for seq in seqs] + [self.scratch_block * self.block_size] * padding
+        tables = [seq.block_table + [self.scratch_block] * (width - len(seq.block_table)) for seq in seqs]
+        tables += [[self.scratch_block] * width] * padding
+        query_index = torch.arange(batch).unsqueeze(1)
+        query_positions = torch.tensor(positions).unsqueeze(1)
+        token_seq, token_offset = list(range(batch)), [0] * batch
+        ends = torch.arange(len(seqs))
+        return self._to_input(
+            input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset, ends, bucket
+        )
+
+    def _to_input(self, input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset,
+                  ends, bucket) -> ModelInput:
+        def longs(values) -> torch.Tensor:
+            return torch.as_tensor(values, dtype=torch.long).to(self.device)
+
+        meta = AttentionMetadata(
+            slot_mapping=longs(slots),
+            block_tables=longs(tables),
+            query_index=longs(query_index),
+            query_positions=longs(query_positions),
+            token_seq=longs(token_seq),
+            token_offset=longs(token_offset),
+        )
+        return ModelInput(longs(input_ids), longs(positions), meta, longs(ends), bucket)
+
+    # ---- execution ------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, model_input: ModelInput) -> torch.Tensor:
+        """Run the model on prepared inputs; return logits [num seqs, vocab] for each sequence's last token."""
+        hidden = self.model(model_input.input_ids, model_input.positions, model_input.meta)
+        return self.model.compute_logits(hidden[model_input.logits_indices])
+
+    def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
+        start = time.perf_counter()
+        model_input = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        on_demand = model_input.bucket is not None and model_input.bucket not in self.warmed_buckets
+        if on_demand:
+            logger.warning(
+                "%s bucket %d was not warmed up; running it on demand (on a compiling platform this step pays "
+                "the compile). Call LLM.warmup() first to prepare every bucket.", *model_input.bucket
+            )
+            self.warmed_buckets.add(model_input.bucket)
+        logits = self.execute(model_input)
+        token_ids = self.sampler(logits, seqs)
+        self.platform.synchronize()
+        num_fed = model_input.input_ids.numel()
+        num_real = sum(len(s) - s.num_computed_tokens for s in seqs) if is_prefill else len(seqs)
+        return StepResult(
+            token_ids=token_ids,
+            host_ms=(time.perf_counter() - start) * 1e3,
+            device_ms_modeled=self.platform.modeled_device_ms("prefill" if is_prefill else "decode", num_fed,
+                                                              len(seqs)),
+            num_tokens=num_real,
+            padded_tokens=num_fed - num_real,
+            bucket=model_input.bucket,
+            on_demand=on_demand,
+        )
+
+    # ---- warmup ---------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def warmup(self, show_progress: bool = True) -> list[tuple[tuple[str, int], float]]:
+        """Run every prefill and decode bucket once on dummy data (written only to the scratch block)."""
+        if not self.platform.static_shapes:
+            return []
+        buckets = [("prefill", b) for b in self.platform.prefill_buckets]
+        buckets += [("decode", b) for b in self.platform.batch_buckets]
+        timings = []
+        for bucket in tqdm(buckets, desc="warmup", disable=not show_progress):
+            start = time.perf_counter()
+            self.execute(self._dummy_input(*bucket))
+            self.platform.synchronize()
+            self.warmed_buckets.add(bucket)
+            timings.append((bucket, (time.perf_counter() - start) * 1e3))
+        return timings
+
+    def _dummy_input(self, kind: str, size: int) -> ModelInput:
+        num_tokens, batch = (size, 1) if kind == "prefill" else (size, size)
+        query_len = size if kind == "prefill" else 1
+        positions = torch.arange(query_len).repeat(batch) if kind == "prefill" else torch.zeros(batch, dtype=torch.long)
+        meta = AttentionMetadata(
+            slot_mapping=torch.full((num_tokens,), self.scratch_block * self.block_size, device=self.device),
+            block_tables=torch.full((batch, self.max_blocks_per_seq), self.scratch_block, device=self.device),
+            query_index=torch.arange(num_tokens, device=self.device).view(batch, query_len),
+            query_positions=positions.view(batch, query_len).to(self.device),
+            token_seq=torch.arange(num_tokens, device=self.device) // query_len,
+            token_offset=torch.arange(num_tokens, device=self.device) % query_len,
+        )
+        ends = torch.tensor([num_tokens - 1]) if kind == "prefill" else torch.arange(batch)
+        return ModelInput(torch.zeros(num_tokens, dtype=torch.long, device=self.device), positions.to(self.device),
+                          meta, ends.to(self.device), (kind, size))

@@ -1,0 +1,176 @@
+"""What the engine asks of a hardware platform, and how platforms are found.
+
+A platform is the only place that knows about a device. The model code in `engine/models` and
+`engine/layers` never asks "which platform am I on?"; instead the platform registers
+out-of-tree (OOT) replacements for layers (`register_oot`), and `CustomOp` picks them up when the
+model is built under `set_current_platform`. This mirrors vLLM's `Platform` + `CustomOp.register_oot`.
+
+Platforms are discovered through the entry-point group ``spyre_lab.platform_plugins`` (as vLLM
+uses ``vllm.platform_plugins``), so a third-party package can add one without touching spyre_lab.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+
+if TYPE_CHECKING:
+    from torch import nn
+
+PLUGIN_GROUP = "spyre_lab.platform_plugins"
+
+_BUILTIN = {"cpu": "spyre_lab.engine.platforms.cpu:CpuPlatform"}
+
+
+def default_prefill_buckets(max_model_len: int, smallest: int = 64) -> tuple[int, ...]:
+    """Powers of two from `smallest` up to (and always including) max_model_len."""
+    buckets, size = [], smallest
+    while size < max_model_len:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_model_len)
+    return tuple(buckets)
+
+
+def default_batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
+    """Powers of two from 1 up to (and always including) max_num_seqs."""
+    buckets, size = [], 1
+    while size < max_num_seqs:
+        buckets.append(size)
+        size *= 2
+    buckets.append(max_num_seqs)
+    return tuple(buckets)
+
+
+class Platform:
+    """Base class: a device, the dtypes it runs, its layer overrides and its shape policy.
+
+    `static_shapes=True` means every model call must use a shape that was prepared ahead of time
+    (as on Spyre, where each shape is a compiled program): prompts are padded to a prefill bucket,
+    decode batches to a batch bucket, and `LLM.warmup()` runs each bucket once up front.
+    """
+
+    name: ClassVar[str] = "base"
+    device_type: ClassVar[str] = "cpu"
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+    default_dtype: ClassVar[torch.dtype] = torch.float32
+    #: what a model call is, as shown in step stats ("eager", "compiled", ...)
+    dispatch_mode: ClassVar[str] = "eager"
+
+    def __init__(
+        self,
+        static_shapes: bool = False,
+        prefill_buckets: Sequence[int] | None = None,
+        batch_buckets: Sequence[int] | None = None,
+    ) -> None:
+        self.static_shapes = static_shapes
+        self.prefill_buckets = tuple(sorted(prefill_buckets)) if prefill_buckets else None
+        self.batch_buckets = tuple(sorted(batch_buckets)) if batch_buckets else None
+        self.oot_ops: dict[str, type] = {}
+        self.register_ops()
+
+    # ---- hooks a platform overrides -------------------------------------------------------
+    def register_ops(self) -> None:
+        """Register layer replacements with `self.register_oot(...)`. Default: none."""
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Last step of loading (e.g. move to device, compile decoder blocks). Default: identity."""
+        return model
+
+    def modeled_device_ms(self, kind: str, num_tokens: int, batch: int) -> float | None:
+        """Modeled device time of one model step, or None when the platform has no device model."""
+        return None
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (nothing to wait for on a synchronous platform)."""
+
+    # ---- shared machinery -----------------------------------------------------------------
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_type)
+
+    def register_oot(self, op_name: str, op_class: type) -> None:
+        """Use `op_class` wherever a model builds the CustomOp named `op_name` on this platform."""
+        self.oot_ops[op_name] = op_class
+
+    def check_dtype(self, dtype: torch.dtype) -> None:
+        if dtype not in self.supported_dtypes:
+            names = ", ".join(str(d).removeprefix("torch.") for d in self.supported_dtypes)
+            raise ValueError(f"platform {self.name!r} does not run dtype {dtype}; choose one of: {names}")
+
+    def configure_buckets(self, max_model_len: int, max_num_seqs: int) -> None:
+        """Fill in default buckets and check user-given ones against the engine limits."""
+        if self.prefill_buckets is None:
+            self.prefill_buckets = default_prefill_buckets(max_model_len)
+        if self.batch_buckets is None:
+            self.batch_buckets = default_batch_buckets(max_num_seqs)
+        if self.prefill_buckets[-1] < max_model_len:
+            raise ValueError(
+                f"largest prefill bucket {self.prefill_buckets[-1]} < max_model_len {max_model_len}; "
+                f"add a bucket of {max_model_len} or lower max_model_len"
+            )
+        if self.batch_buckets[-1] < max_num_seqs:
+            raise ValueError(
+                f"largest batch bucket {self.batch_buckets[-1]} < max_num_seqs {max_num_seqs}; "
+                f"add a bucket of {max_num_seqs} or lower max_num_seqs"
+            )
+
+    def __repr__(self) -> str:
+        shapes = "static" if self.static_shapes else "dynamic"
+        return f"{type(self).__name__}(name={self.name!r}, shapes={shapes}, oot_ops={sorted(self.oot_ops)})"
+
+
+# ---- the current platform, seen by CustomOp while a model is being built ----------------------
+_current: Platform | None = None
+
+
+def current_platform() -> Platform | None:
+    return _current
+
+
+@contextlib.contextmanager
+def set_current_platform(platform: Platform) -> Iterator[Platform]:
+    """Build models inside this block so their CustomOps resolve this platform's overrides."""
+    global _current
+    previous, _current = _current, platform
+    try:
+        yield platform
+    finally:
+        _current = previous
+
+
+# ---- discovery --------------------------------------------------------------------------------
+def available_platforms() -> dict[str, importlib.metadata.EntryPoint]:
+    """Name -> entry point for every platform plugin installed (plus the built-in cpu platform)."""
+    found = {
+        name: importlib.metadata.EntryPoint(name=name, value=value, group=PLUGIN_GROUP)
+        for name, value in _BUILTIN.items()
+    }
+    for entry_point in importlib.metadata.entry_points(group=PLUGIN_GROUP):
+        found[entry_point.name] = entry_point
+    return found
+
+
+def resolve_platform(platform: str | Platform, **options) -> Platform:
+    """A Platform instance from a name (looked up in the plugin group) or an instance (returned as is)."""
+    if isinstance(platform, Platform):
+        if options:
+            raise ValueError(f"platform options {sorted(options)} need a platform name, not an instance")
+        return platform
+    plugins = available_platforms()
+    if platform not in plugins:
+        raise ValueError(
+            f"unknown platform {platform!r}; installed: {sorted(plugins)}. A package adds one with an entry point "
+            f'in group "{PLUGIN_GROUP}", e.g. mine = "my_pkg.platform:MyPlatform"'
+        )
+    try:
+        platform_class = plugins[platform].load()
+    except ImportError as error:
+        raise ValueError(f"platform {platform!r} is installed but cannot be imported: {error}") from error
+    if not (isinstance(platform_class, type) and issubclass(platform_class, Platform)):
+        raise ValueError(f"entry point {platform!r} must name a Platform subclass, got {platform_class!r}")
+    return platform_class(**options)

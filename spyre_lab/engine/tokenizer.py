@@ -1,0 +1,87 @@
+"""Tokenizers: a character-level one (for the shipped tiny model) and a thin wrapper for Hugging Face files.
+
+The character tokenizer is deliberately tiny: every character is one token, so a learner can read
+token ids back by eye. It is stored as a tokenizer.json with `"type": "spyre_lab.char"`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Protocol
+
+CHAR_TOKENIZER_TYPE = "spyre_lab.char"
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+class Tokenizer(Protocol):
+    bos_token_id: int | None
+    eos_token_id: int | None
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, token_ids: list[int]) -> str: ...
+
+
+class CharTokenizer:
+    """One token per character; ids 0-3 are <pad>, <bos>, <eos>, <unk>. `encode` prepends <bos>."""
+
+    pad_token_id, bos_token_id, eos_token_id, unk_token_id = 0, 1, 2, 3
+
+    def __init__(self, chars: str) -> None:
+        if len(set(chars)) != len(chars):
+            raise ValueError("CharTokenizer characters must be unique")
+        self.chars = chars
+        self._id_of = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(SPECIAL_TOKENS) + len(self.chars)
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        ids = [self._id_of.get(c, self.unk_token_id) for c in text]
+        return [self.bos_token_id, *ids] if add_bos else ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        first = len(SPECIAL_TOKENS)
+        return "".join(self.chars[i - first] for i in token_ids if first <= i < self.vocab_size)
+
+    def save(self, path: str | Path) -> None:
+        document = {"type": CHAR_TOKENIZER_TYPE, "special_tokens": list(SPECIAL_TOKENS), "chars": self.chars}
+        Path(path).write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+
+    @classmethod
+    def from_dict(cls, document: dict) -> CharTokenizer:
+        if list(document.get("special_tokens", [])) != list(SPECIAL_TOKENS):
+            raise ValueError(f"char tokenizer special tokens must be {list(SPECIAL_TOKENS)}")
+        return cls(document["chars"])
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` tokenizer.json, used as is (no special-token handling beyond its own)."""
+
+    def __init__(self, path: Path, bos_token_id: int | None, eos_token_id: int | None) -> None:
+        from tokenizers import Tokenizer as _Tokenizer
+
+        self._tokenizer = _Tokenizer.from_file(str(path))
+        self.bos_token_id, self.eos_token_id = bos_token_id, eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text).ids
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tokenizer.decode(token_ids)
+
+
+def load_tokenizer(folder: Path, bos_token_id: int | None = None, eos_token_id: int | None = None) -> Tokenizer | None:
+    """The tokenizer in `folder`, or None when it has none (then prompts must be token ids)."""
+    path = folder / "tokenizer.json"
+    if not path.exists():
+        return None
+    document = json.loads(path.read_text())
+    if document.get("type") == CHAR_TOKENIZER_TYPE:
+        return CharTokenizer.from_dict(document)
+    try:
+        return HFTokenizer(path, bos_token_id, eos_token_id)
+    except ImportError:
+        return None
