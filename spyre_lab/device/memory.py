@@ -1,0 +1,412 @@
+"""Device memory: the card's DRAM allocator and each core's LX scratchpad allocator.
+
+Both are the same machine: a range of addresses handed out in stick-aligned blocks (128 B, the
+unit of every DRAM <-> LX transfer) by *first fit*, i.e. the lowest-address free block that is big
+enough, with a freed block merged into free neighbours so free space does not splinter. What
+differs is the vocabulary: DRAM returns :class:`Allocation` records and runs out with
+:class:`DeviceOutOfMemoryError`; LX hands out plain offsets and overflows with the compiler's
+:class:`~spyre_lab.device.isa.LXOverflowError`.
+
+The free blocks live in :class:`FreeList`, an address-ordered treap (a randomised balanced
+binary tree) in which every node also remembers the largest block below it. That one extra
+number turns first fit into a single walk from the root, so allocate and free cost O(log n) in
+the number of free blocks rather than a scan of them.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from spyre_lab.device.config import SPYRE, GiB, KiB, MiB, SpyreConfig
+from spyre_lab.device.isa import LXOverflowError
+
+
+def format_bytes(nbytes: int) -> str:
+    """``1610612736`` -> ``"1.50 GiB"``; small numbers stay in bytes."""
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if abs(nbytes) >= scale:
+            return f"{nbytes / scale:.2f} {unit}"
+    return f"{nbytes} B"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """One live block: ``size`` is ``nbytes`` rounded up to whole alignment units (at least one)."""
+
+    address: int
+    nbytes: int
+    size: int
+    tag: str = ""
+
+    @property
+    def end(self) -> int:
+        return self.address + self.size
+
+
+class DeviceOutOfMemoryError(RuntimeError, MemoryError):
+    """The card's DRAM has no free block large enough for a request."""
+
+    def __init__(self, device: str, requested: int, free: int, largest_free_block: int, capacity: int,
+                 tag: str = "") -> None:
+        self.device, self.requested, self.free = device, requested, free
+        self.largest_free_block, self.capacity, self.tag = largest_free_block, capacity, tag
+        what = f" for {tag!r}" if tag else ""
+        fragmented = (" The free space is fragmented: no single block is large enough."
+                      if free >= requested else "")
+        super().__init__(
+            f"{device} out of memory: tried to allocate {format_bytes(requested)}{what} with "
+            f"{format_bytes(free)} free of {format_bytes(capacity)} (largest free block "
+            f"{format_bytes(largest_free_block)}).{fragmented} Free device tensors you no longer need "
+            "(del them, then empty the cache), or use a smaller batch or shorter sequences."
+        )
+
+
+# --- the free list ------------------------------------------------------------------------------
+class _Block:
+    """A free block as a treap node; ``largest`` is the biggest block in this node's subtree."""
+
+    __slots__ = ("largest", "left", "priority", "right", "size", "start")
+
+    def __init__(self, start: int, size: int, priority: float) -> None:
+        self.start, self.size, self.priority = start, size, priority
+        self.left: _Block | None = None
+        self.right: _Block | None = None
+        self.largest = size
+
+
+def _refresh(node: _Block) -> None:
+    largest = node.size
+    if node.left is not None and node.left.largest > largest:
+        largest = node.left.largest
+    if node.right is not None and node.right.largest > largest:
+        largest = node.right.largest
+    node.largest = largest
+
+
+def _split(node: _Block | None, key: int) -> tuple[_Block | None, _Block | None]:
+    """Blocks starting before ``key``, and the rest."""
+    if node is None:
+        return None, None
+    if node.start < key:
+        node.right, rest = _split(node.right, key)
+        _refresh(node)
+        return node, rest
+    before, node.left = _split(node.left, key)
+    _refresh(node)
+    return before, node
+
+
+def _merge(low: _Block | None, high: _Block | None) -> _Block | None:
+    """Join two treaps where every block of ``low`` lies below every block of ``high``."""
+    if low is None:
+        return high
+    if high is None:
+        return low
+    if low.priority > high.priority:
+        low.right = _merge(low.right, high)
+        _refresh(low)
+        return low
+    high.left = _merge(low, high.left)
+    _refresh(high)
+    return high
+
+
+class FreeList:
+    """The free address ranges of one memory, in address order, neighbours always coalesced."""
+
+    def __init__(self, start: int, size: int, seed: int = 0) -> None:
+        self._rng = random.Random(seed)  # treap priorities: balance without rebalancing code
+        self._root: _Block | None = None
+        self.num_blocks = 0
+        self.free_bytes = size
+        if size:
+            self._insert(start, size)
+
+    @property
+    def largest_block(self) -> int:
+        return self._root.largest if self._root is not None else 0
+
+    def blocks(self) -> list[tuple[int, int]]:
+        """``(start, size)`` of every free block, lowest address first."""
+        out, stack, node = [], [], self._root
+        while stack or node is not None:
+            while node is not None:
+                stack.append(node)
+                node = node.left
+            node = stack.pop()
+            out.append((node.start, node.size))
+            node = node.right
+        return out
+
+    def take_first_fit(self, size: int) -> int | None:
+        """Carve ``size`` bytes off the front of the lowest-address block that holds them (None if none does)."""
+        node = self._root
+        if node is None or node.largest < size:
+            return None
+        path = []
+        while True:  # the left subtree holds lower addresses: go there whenever it has room
+            path.append(node)
+            if node.left is not None and node.left.largest >= size:
+                node = node.left
+            elif node.size >= size:
+                break
+            else:
+                node = node.right
+        start = node.start
+        if node.size == size:
+            self._remove(start)
+        else:  # the shrunk block keeps its place in address order
+            node.start += size
+            node.size -= size
+            for visited in reversed(path):
+                _refresh(visited)
+        self.free_bytes -= size
+        return start
+
+    def give_back(self, start: int, size: int) -> None:
+        """Return ``[start, start + size)`` to the free list, merging it with free neighbours."""
+        before = after = None
+        node = self._root
+        while node is not None:
+            if node.start < start:
+                before, node = node, node.right
+            else:
+                after, node = node, node.left
+        if (before is not None and before.start + before.size > start) or (
+                after is not None and start + size > after.start):
+            raise ValueError(f"range [{start:#x}, {start + size:#x}) overlaps free space: it was not allocated")
+        joins_before = before is not None and before.start + before.size == start
+        joins_after = after is not None and start + size == after.start
+        if joins_before and joins_after:
+            self._remove(after.start)
+            self._reshape(before.start, before.start, before.size + size + after.size)
+        elif joins_before:
+            self._reshape(before.start, before.start, before.size + size)
+        elif joins_after:
+            self._reshape(after.start, start, size + after.size)
+        else:
+            self._insert(start, size)
+        self.free_bytes += size
+
+    def _insert(self, start: int, size: int) -> None:
+        before, after = _split(self._root, start)
+        self._root = _merge(_merge(before, _Block(start, size, self._rng.random())), after)
+        self.num_blocks += 1
+
+    def _remove(self, start: int) -> None:
+        before, rest = _split(self._root, start)
+        _, after = _split(rest, start + 1)
+        self._root = _merge(before, after)
+        self.num_blocks -= 1
+
+    def _reshape(self, key: int, start: int, size: int) -> None:
+        """Give the block at ``key`` new bounds that keep its place in address order."""
+        path, node = [], self._root
+        while node is not None and node.start != key:
+            path.append(node)
+            node = node.left if key < node.start else node.right
+        assert node is not None, f"no free block at {key:#x}"
+        node.start, node.size = start, size
+        _refresh(node)
+        for visited in reversed(path):
+            _refresh(visited)
+
+
+# --- allocators ---------------------------------------------------------------------------------
+class _FirstFitArena:
+    """Bookkeeping shared by both allocators: alignment, live blocks, counters and peaks."""
+
+    def __init__(self, capacity: int, alignment: int, name: str) -> None:
+        if not isinstance(capacity, int) or capacity <= 0:
+            raise ValueError(f"{name}: capacity must be a positive number of bytes, got {capacity!r}")
+        if not isinstance(alignment, int) or alignment <= 0 or alignment & (alignment - 1):
+            raise ValueError(f"{name}: alignment must be a positive power of two (a stick is 128 B), got {alignment!r}")
+        if capacity < alignment:
+            raise ValueError(f"{name}: capacity {capacity} B is smaller than one {alignment} B block")
+        self.capacity, self.alignment, self.name = capacity, alignment, name
+        self.usable_bytes = capacity - capacity % alignment  # whole aligned blocks only
+        self.peak_allocated_bytes = self.peak_requested_bytes = self.peak_num_allocations = 0
+        self.total_allocations = self.total_frees = self.total_allocated_bytes = self.total_freed_bytes = 0
+        self.num_failures = 0
+        self.reset()
+
+    def reset(self) -> None:
+        """Free everything at once (an empty-cache flow); peaks and totals are kept."""
+        self._free = FreeList(0, self.usable_bytes)
+        self._live: dict[int, Allocation] = {}
+        self.allocated_bytes = self.requested_bytes = 0
+
+    def reset_peak(self) -> None:
+        """Start peak tracking again from what is allocated now."""
+        self.peak_allocated_bytes = self.allocated_bytes
+        self.peak_requested_bytes = self.requested_bytes
+        self.peak_num_allocations = len(self._live)
+
+    @property
+    def free_bytes(self) -> int:
+        return self._free.free_bytes
+
+    @property
+    def largest_free_block(self) -> int:
+        return self._free.largest_block
+
+    @property
+    def fragmentation(self) -> float:
+        """``1 - largest_free_block / free_bytes``: 0 when free space is one block (or there is none)."""
+        free = self.free_bytes
+        return 1 - self.largest_free_block / free if free else 0.0
+
+    @property
+    def num_allocations(self) -> int:
+        return len(self._live)
+
+    def allocations(self) -> list[Allocation]:
+        """Live allocations, lowest address first."""
+        return [self._live[a] for a in sorted(self._live)]
+
+    def free_blocks(self) -> list[tuple[int, int]]:
+        """``(address, size)`` of every free block, lowest address first."""
+        return self._free.blocks()
+
+    def _aligned_size(self, nbytes: int) -> int:
+        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
+            raise TypeError(f"{self.name}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+        if nbytes < 0:
+            raise ValueError(f"{self.name}: cannot allocate a negative number of bytes ({nbytes})")
+        units = max(1, -(-nbytes // self.alignment))  # a zero-byte request still gets a real block
+        return units * self.alignment
+
+    def _take(self, nbytes: int, tag: str) -> Allocation:
+        size = self._aligned_size(nbytes)
+        address = self._free.take_first_fit(size)
+        if address is None:
+            self.num_failures += 1
+            raise self._no_room(nbytes, size, tag)
+        allocation = Allocation(address, nbytes, size, tag)
+        self._live[address] = allocation
+        self.allocated_bytes += size
+        self.requested_bytes += nbytes
+        self.total_allocations += 1
+        self.total_allocated_bytes += size
+        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
+        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
+        self.peak_num_allocations = max(self.peak_num_allocations, len(self._live))
+        return allocation
+
+    def _release(self, handle: Allocation | int) -> Allocation:
+        address = handle.address if isinstance(handle, Allocation) else handle
+        allocation = self._live.get(address)
+        if allocation is None or (isinstance(handle, Allocation) and allocation is not handle):
+            raise ValueError(self._explain_bad_free(handle, address, allocation))
+        del self._live[address]
+        self._free.give_back(address, allocation.size)
+        self.allocated_bytes -= allocation.size
+        self.requested_bytes -= allocation.nbytes
+        self.total_frees += 1
+        self.total_freed_bytes += allocation.size
+        return allocation
+
+    def _explain_bad_free(self, handle: Allocation | int, address: Any, current: Allocation | None) -> str:
+        if not isinstance(address, int):
+            return f"{self.name}: free() takes an Allocation or an int address, got {type(handle).__name__}"
+        if current is not None:  # a stale Allocation whose address has been handed out again
+            return (f"{self.name}: this allocation at {address:#x} was already freed (double free); the address "
+                    f"now belongs to a newer allocation tagged {current.tag!r}")
+        inside = next((a for a in self._live.values() if a.address < address < a.end), None)
+        if inside is not None:
+            return (f"{self.name}: {address:#x} lies inside the allocation at {inside.address:#x} "
+                    f"(tag {inside.tag!r}); free it by its start address")
+        return (f"{self.name}: no live allocation at {address:#x}: it was already freed (double free) "
+                "or never allocated here")
+
+    def _no_room(self, nbytes: int, size: int, tag: str) -> Exception:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}({self.name!r}: {format_bytes(self.allocated_bytes)} of "
+                f"{format_bytes(self.capacity)} allocated in {self.num_allocations} blocks, "
+                f"peak {format_bytes(self.peak_allocated_bytes)}, fragmentation {self.fragmentation:.0%})")
+
+
+class DeviceMemory(_FirstFitArena):
+    """The card's DRAM (LPDDR5) allocator: stick-aligned first fit over ``capacity`` bytes."""
+
+    def __init__(self, capacity: int, alignment: int = 128, name: str = "spyre:0") -> None:
+        super().__init__(capacity, alignment, name)
+
+    @classmethod
+    def for_config(cls, config: SpyreConfig = SPYRE, name: str = "spyre:0") -> DeviceMemory:
+        """DRAM of a modeled card: its usable bytes (112 GiB for Spyre), aligned to its stick."""
+        return cls(config.dram_usable_bytes, config.stick_bytes, name)
+
+    def allocate(self, nbytes: int, tag: str = "") -> Allocation:
+        """A block of at least ``nbytes`` at the lowest address that fits; raises DeviceOutOfMemoryError."""
+        return self._take(nbytes, tag)
+
+    def free(self, allocation: Allocation | int) -> None:
+        """Return a block, by the :class:`Allocation` that :meth:`allocate` gave or by its address."""
+        self._release(allocation)
+
+    def _no_room(self, nbytes: int, size: int, tag: str) -> Exception:
+        return DeviceOutOfMemoryError(self.name, nbytes, self.free_bytes, self.largest_free_block, self.capacity, tag)
+
+    def stats(self) -> dict[str, int | float]:
+        """Counters named like ``torch.cuda.memory_stats()`` (``allocated_bytes.all.current``, ...)."""
+        return {
+            "allocated_bytes.all.current": self.allocated_bytes,
+            "allocated_bytes.all.peak": self.peak_allocated_bytes,
+            "allocated_bytes.all.allocated": self.total_allocated_bytes,
+            "allocated_bytes.all.freed": self.total_freed_bytes,
+            "requested_bytes.all.current": self.requested_bytes,
+            "requested_bytes.all.peak": self.peak_requested_bytes,
+            "allocation.all.current": self.num_allocations,
+            "allocation.all.peak": self.peak_num_allocations,
+            "allocation.all.allocated": self.total_allocations,
+            "allocation.all.freed": self.total_frees,
+            "num_ooms": self.num_failures,
+            "capacity_bytes": self.capacity,
+            "free_bytes": self.free_bytes,
+            "largest_free_block": self.largest_free_block,
+            "num_free_blocks": self._free.num_blocks,
+            "fragmentation": self.fragmentation,
+        }
+
+
+class Scratchpad(_FirstFitArena):
+    """One core's LX scratchpad: explicit byte offsets, stick-aligned first fit.
+
+    ``capacity`` is what the planner may use (``SpyreConfig.lx_budget_bytes``, 1,677,721 B by
+    default); only whole sticks of it are handed out.
+    """
+
+    def __init__(self, capacity: int, core: int = 0, name: str = "LX", alignment: int = 128) -> None:
+        super().__init__(capacity, alignment, f"{name}[core {core}]")
+        self.core = core
+
+    @classmethod
+    def for_config(cls, config: SpyreConfig = SPYRE, core: int = 0) -> Scratchpad:
+        return cls(config.lx_budget_bytes, core, alignment=config.stick_bytes)
+
+    @property
+    def in_use(self) -> int:
+        return self.allocated_bytes
+
+    @property
+    def peak(self) -> int:
+        return self.peak_allocated_bytes
+
+    def allocate(self, nbytes: int, tag: str = "") -> int:
+        """LX offset of a block of at least ``nbytes``; raises LXOverflowError (``tag`` names the kernel)."""
+        return self._take(nbytes, tag).address
+
+    def free(self, offset: int) -> None:
+        self._release(offset)
+
+    def _no_room(self, nbytes: int, size: int, tag: str) -> Exception:
+        error = LXOverflowError(tag, self.core, nbytes, self.in_use, self.capacity)
+        if self.in_use + size <= self.usable_bytes:
+            error.add_note(f"{format_bytes(self.free_bytes)} of LX is free but fragmented: the largest free block is "
+                           f"{format_bytes(self.largest_free_block)}")
+        return error
