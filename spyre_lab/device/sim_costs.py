@@ -1,0 +1,113 @@
+"""What one tile op costs on one core, in cycles: the numbers both simulator modes share.
+
+Kept apart from the simulators so the event and analytic modes cannot drift apart on the basic
+rates, and so a learner can ask "what does this one op cost?" directly.
+
+* PT (matmul): ``ceil(m' * n' * k' / macs_per_cycle_per_core)`` where each dim is padded up to the
+  PE array's shape (rows to ``pe_rows``, columns to ``pe_cols``, depth to ``pe_lanes``). The
+  padding is the shape-efficiency term: an array that is fed 1 row (a decode GEMV) does the work
+  of 8, which is why splitting M down to a few rows per core starves the PT unit.
+* SFU: ``ceil(elements / sfu_elems_per_cycle_per_core)``; a transcendental (``special``) op costs
+  ``transcendental_factor`` passes.
+* Ring send: ``nbytes / ring_bytes_per_cycle + hops * ring_hop_cycles``.
+* DRAM (load, store): no fixed cost; their time depends on how many transfers share DRAM, see
+  :func:`dram_rate`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.device.isa import OpKind
+
+LOAD, PT, SFU, STORE, RING, RECV = range(6)
+"""Unit indices. ``RECV`` is not a unit: a posted receive occupies LX but no engine."""
+
+UNIT_NAMES: tuple[str, ...] = ("load", "pt", "sfu", "store", "ring")
+
+UNIT_INDEX: dict[OpKind, int] = {
+    OpKind.LOAD: LOAD,
+    OpKind.MATMUL: PT,
+    OpKind.VECTOR: SFU,
+    OpKind.SPECIAL: SFU,
+    OpKind.STORE: STORE,
+    OpKind.RING_SEND: RING,
+    OpKind.RING_RECV: RECV,
+}
+
+
+def _pad(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def matmul_cycles(m: int, n: int, k: int, cfg: SpyreConfig) -> int:
+    """PT cycles for an ``m x n x k`` tile matmul, dims padded to the PE array shape."""
+    if min(m, n, k) <= 0:
+        return 0
+    work = _pad(m, cfg.pe_rows) * _pad(n, cfg.pe_cols) * _pad(k, cfg.pe_lanes)
+    return -(-work // cfg.macs_per_cycle_per_core)
+
+
+def sfu_cycles(elements: int, cfg: SpyreConfig, transcendental: bool = False) -> int:
+    """SFU cycles for one pass over ``elements`` (times ``transcendental_factor`` for exp, rsqrt, ...)."""
+    passes = -(-elements // cfg.sfu_elems_per_cycle_per_core)
+    return passes * cfg.transcendental_factor if transcendental else passes
+
+
+def ring_cycles(nbytes: int, hops: int, cfg: SpyreConfig) -> float:
+    """Cycles a ring send occupies its sender: serialization plus per-hop forwarding latency."""
+    return nbytes / cfg.ring_bytes_per_cycle + hops * cfg.ring_hop_cycles
+
+
+def dram_rate(transfers_in_flight: int, cfg: SpyreConfig) -> float:
+    """Bytes per cycle each in-flight DRAM transfer gets: a fair share of DRAM, capped by one DMA engine."""
+    if transfers_in_flight <= 0:
+        raise ValueError(f"dram_rate needs at least one transfer in flight, got {transfers_in_flight}")
+    return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / transfers_in_flight)
+
+
+def fixed_cycles(kind: OpKind, m: int, n: int, k: int, elements: int, nbytes: int, hops: int,
+                 cfg: SpyreConfig) -> float:
+    """Cycles of an op whose time does not depend on other traffic (PT, SFU, ring send); 0 otherwise."""
+    if kind is OpKind.MATMUL:
+        return matmul_cycles(m, n, k, cfg)
+    if kind is OpKind.VECTOR:
+        return sfu_cycles(elements, cfg)
+    if kind is OpKind.SPECIAL:
+        return sfu_cycles(elements, cfg, transcendental=True)
+    if kind is OpKind.RING_SEND:
+        return ring_cycles(nbytes, hops, cfg)
+    return 0.0
+
+
+def check_capacity(lx_capacity: int | None, cfg: SpyreConfig) -> int:
+    """The LX bytes per core the simulation may use (``cfg.lx_bytes`` unless overridden)."""
+    if lx_capacity is None:
+        return cfg.lx_bytes
+    if not isinstance(lx_capacity, int) or lx_capacity <= 0:
+        raise ValueError(f"lx_capacity must be a positive number of bytes (or None for cfg.lx_bytes), "
+                         f"got {lx_capacity!r}")
+    return lx_capacity
+
+
+
+@dataclass
+class EngineRun:
+    """Raw output of one simulator engine, in cycles, before :class:`SimResult` turns it into microseconds."""
+
+    makespan: float
+    """Cycles from kernel start (after launch) to the end of the last op."""
+    busy: dict[tuple[int, int], float]
+    """(core, unit index) -> cycles that unit was busy."""
+    compute_busy: dict[int, float]
+    """core -> cycles during which its PT or its SFU (or both) was busy."""
+    lx_peak: dict[int, int]
+    bytes_loaded: int
+    bytes_stored: int
+    ring_bytes: int
+    flops: int
+    macs: int
+    matmul_cores: int
+    events: list[tuple[int, int, str, float, float, dict]] | None = None
+    """(core, unit index, name, start cycle, duration cycles, args) per trace event, when asked for."""

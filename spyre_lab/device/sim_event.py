@@ -1,0 +1,302 @@
+"""Discrete-event simulation of one kernel: every tile op on every core, fired by the dataflow rule.
+
+An op fires when (1) every op it depends on has finished, (2) its unit is free and (3) if it
+writes an LX buffer, its core's LX has room for it. Each unit (load DMA, PT, SFU, store DMA, ring)
+runs one op at a time and, among its ready ops, takes the earliest in program order. Nothing else
+orders the ops: loads run ahead into free LX space and stall when it is full, so double and
+multi-buffering emerge from the dependencies the compiler emits and the LX capacity.
+
+DRAM is one shared resource. Every in-flight load or store progresses at
+``min(core_dma_bytes_per_cycle, dram_bytes_per_cycle / transfers_in_flight)`` (processor sharing,
+re-evaluated whenever a transfer starts or ends). Because all transfers share one rate, one
+"virtual service" counter tracks them all: a transfer started when the counter read ``S`` with
+``b`` bytes finishes when it reads ``S + b``; a heap keyed on that value gives the next finisher
+in O(log n), however often the rate changes.
+
+Ring: a ``ring_recv`` is *posted* (claims its LX buffer) once its deps are done and LX has room;
+the matching ``ring_send`` fires only after that (credit-based flow control: the sender never
+pushes into a receiver that has no buffer for it) and occupies the sender's ring unit; the
+receive completes with the send.
+"""
+
+from __future__ import annotations
+
+from heapq import heappop, heappush
+
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.device.isa import Kernel, LXOverflowError, OpKind
+from spyre_lab.device.sim_costs import LOAD, PT, RECV, RING, SFU, STORE, UNIT_INDEX, EngineRun, fixed_cycles
+
+_INF = float("inf")
+
+
+def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
+    """Simulate ``kernel`` op by op; raises :class:`LXOverflowError` when LX cannot hold what it needs."""
+    programs = kernel.programs
+    ncores = len(programs)
+
+    # --- flatten every core's ops into global ids (program order is id order within a core) ---------
+    unit: list[int] = []
+    cost: list[float] = []  # cycles for PT/SFU/ring ops, bytes for DRAM ops
+    out_b: list[int] = []
+    core_of: list[int] = []
+    deps_of: list[tuple[int, ...]] = []
+    deps_left: list[int] = []
+    dependents: list[list[int]] = []
+    send_of: dict[int, int] = {}
+    recv_of: dict[int, int] = {}
+    sends_by_tag: dict[tuple[int, str | None], int] = {}
+    recvs: list[tuple[int, int, str | None]] = []
+    bytes_loaded = bytes_stored = ring_bytes = flops = macs = 0
+    matmul_cores: set[int] = set()
+    cycle_cache: dict[tuple, float] = {}
+    for c, program in enumerate(programs):
+        base = len(unit)
+        for i, op in enumerate(program.ops):
+            kind = op.kind
+            u = UNIT_INDEX[kind]
+            if op.out_bytes > capacity:
+                raise LXOverflowError(kernel.name, c, op.out_bytes, 0, capacity)
+            if u in (LOAD, STORE):
+                cost.append(op.nbytes)
+                if u == LOAD:
+                    bytes_loaded += op.nbytes
+                else:
+                    bytes_stored += op.nbytes
+            else:
+                key = (kind, op.m, op.n, op.k, op.elements, op.nbytes, op.hops)
+                cycles = cycle_cache.get(key)
+                if cycles is None:
+                    cycles = cycle_cache[key] = fixed_cycles(kind, op.m, op.n, op.k, op.elements, op.nbytes,
+                                                             op.hops, cfg)
+                cost.append(cycles)
+                if u == PT:
+                    flops += 2 * op.m * op.n * op.k
+                    macs += op.m * op.n * op.k
+                    matmul_cores.add(c)
+                elif u == SFU:
+                    flops += op.elements
+                elif u == RING:
+                    ring_bytes += op.nbytes
+                    sends_by_tag[(c, op.tag)] = base + i
+                else:
+                    recvs.append((base + i, op.peer, op.tag))
+            unit.append(u)
+            out_b.append(op.out_bytes)
+            core_of.append(c)
+            deps = tuple(base + d for d in op.deps) if base else op.deps
+            deps_of.append(deps)
+            deps_left.append(len(deps))
+            dependents.append([])
+            g = base + i
+            for d in deps:
+                dependents[d].append(g)
+    for r, peer, tag in recvs:
+        s = sends_by_tag[(peer, tag)]
+        send_of[r], recv_of[s] = s, r
+        deps_left[s] += 1  # a send also waits for its receive to be posted
+    total = len(unit)
+
+    # --- state ----------------------------------------------------------------------------------------
+    ready: list[list[int]] = [[] for _ in range(ncores * 6)]  # per (core, unit incl. RECV): heap of ids
+    busy_unit = [False] * (ncores * 5)
+    busy_cycles = [0.0] * (ncores * 5)
+    lx = [0] * ncores
+    peak = [0] * ncores
+    consumers = [len(ds) for ds in dependents]
+    start = [0.0] * total
+    end = [0.0] * total
+    events: list[tuple[float, int]] = []  # fixed-duration completions
+    xfers: list[tuple[float, int]] = []  # DRAM transfers keyed on virtual service at completion
+    service = 0.0
+    rate = 0.0
+    inflight = 0
+    dma_cap = float(cfg.core_dma_bytes_per_cycle)
+    dram_bpc = cfg.dram_bytes_per_cycle
+    dirty_flag = [False] * ncores
+    dirty: list[int] = []
+
+    for g in range(total):
+        if deps_left[g] == 0:
+            ready[core_of[g] * 6 + unit[g]].append(g)  # ascending ids are already a heap
+    for c in range(ncores):
+        dirty_flag[c] = True
+        dirty.append(c)
+
+    def dispatch(c: int, t: float) -> None:
+        """Start every op of core ``c`` that may fire at time ``t``, earliest in program order first."""
+        nonlocal service, rate, inflight
+        r0, b0 = c * 6, c * 5
+        cands = [(q[0], u) for u in range(5) if (q := ready[r0 + u]) and not busy_unit[b0 + u]]
+        if ready[r0 + RECV]:
+            cands.append((ready[r0 + RECV][0], RECV))
+        if not cands:
+            return
+        cands.sort()
+        for g, u in cands:
+            q = ready[r0 + u]
+            while True:
+                need = out_b[g]
+                if need:
+                    if lx[c] + need > capacity:
+                        break
+                    lx[c] += need
+                    if lx[c] > peak[c]:
+                        peak[c] = lx[c]
+                heappop(q)
+                start[g] = t
+                if u == RECV:  # posted: the sender may now push into it
+                    s = send_of[g]
+                    deps_left[s] -= 1
+                    if deps_left[s] == 0:
+                        sc = core_of[s]
+                        heappush(ready[sc * 6 + RING], s)
+                        if not dirty_flag[sc]:
+                            dirty_flag[sc] = True
+                            dirty.append(sc)
+                    if q:
+                        g = q[0]
+                        continue
+                    break
+                busy_unit[b0 + u] = True
+                if u in (LOAD, STORE):
+                    heappush(xfers, (service + cost[g], g))
+                    inflight += 1
+                    rate = min(dma_cap, dram_bpc / inflight)
+                else:
+                    heappush(events, (t + cost[g], g))
+                break
+
+    def finish(g: int, t: float) -> None:
+        end[g] = t
+        c = core_of[g]
+        u = unit[g]
+        if u != RECV:
+            busy_unit[c * 5 + u] = False
+            busy_cycles[c * 5 + u] += t - start[g]
+        ds = dependents[g]
+        for d in ds:
+            deps_left[d] -= 1
+            if deps_left[d] == 0:
+                heappush(ready[c * 6 + unit[d]], d)
+        for p in deps_of[g]:
+            consumers[p] -= 1
+            if consumers[p] == 0 and out_b[p]:
+                lx[c] -= out_b[p]
+        if not ds and out_b[g]:
+            lx[c] -= out_b[g]
+        if not dirty_flag[c]:
+            dirty_flag[c] = True
+            dirty.append(c)
+
+    t = t_last = 0.0
+    done = 0
+    recv_xfer_start: dict[int, float] = {}
+    while True:
+        while dirty:
+            c = dirty.pop()
+            dirty_flag[c] = False
+            dispatch(c, t)
+        if done == total:
+            break
+        t_fixed = events[0][0] if events else _INF
+        t_dram = t_last + max(0.0, xfers[0][0] - service) / rate if inflight else _INF
+        if t_fixed == _INF and t_dram == _INF:
+            _raise_stuck(kernel, ready, busy_unit, out_b, lx, capacity, ncores, done, total)
+        if t_dram <= t_fixed:
+            t = t_dram
+            service = max(service, xfers[0][0])
+        else:
+            t = t_fixed
+            if inflight:
+                service += rate * (t - t_last)
+        t_last = t
+        completed: list[int] = []
+        while events and events[0][0] <= t:
+            completed.append(heappop(events)[1])
+        if inflight:
+            limit = service + 1e-9 * (1.0 + service)
+            while xfers and xfers[0][0] <= limit:
+                completed.append(heappop(xfers)[1])
+                inflight -= 1
+            rate = min(dma_cap, dram_bpc / inflight) if inflight else 0.0
+        for g in completed:
+            finish(g, t)
+            done += 1
+            r = recv_of.get(g)
+            if r is not None:
+                recv_xfer_start[r] = start[g]
+                finish(r, t)
+                done += 1
+
+    busy = {(c, u): busy_cycles[c * 5 + u] for c in range(ncores) if len(programs[c]) for u in range(5)}
+    compute_busy = _compute_union(ncores, unit, core_of, start, end)
+    run = EngineRun(makespan=max(end, default=0.0), busy=busy, compute_busy=compute_busy,
+                    lx_peak={c: peak[c] for c in range(ncores) if len(programs[c])},
+                    bytes_loaded=bytes_loaded, bytes_stored=bytes_stored, ring_bytes=ring_bytes, flops=flops,
+                    macs=macs, matmul_cores=len(matmul_cores))
+    if want_events:
+        run.events = _events(programs, unit, start, end, recv_xfer_start)
+    return run
+
+
+def _compute_union(ncores: int, unit: list[int], core_of: list[int], start: list[float],
+                   end: list[float]) -> dict[int, float]:
+    """Per core, cycles during which PT or SFU was busy (overlapping PT and SFU time counted once)."""
+    spans: list[list[tuple[float, float]]] = [[] for _ in range(ncores)]
+    for g, u in enumerate(unit):
+        if u in (PT, SFU):
+            spans[core_of[g]].append((start[g], end[g]))
+    union: dict[int, float] = {}
+    for c, intervals in enumerate(spans):
+        intervals.sort()
+        total, cursor = 0.0, -_INF
+        for s, e in intervals:
+            s = max(s, cursor)
+            if e > s:
+                total += e - s
+                cursor = e
+        union[c] = total
+    return union
+
+
+def _events(programs: list, unit: list[int], start: list[float], end: list[float],
+            recv_xfer_start: dict[int, float]) -> list[tuple[int, int, str, float, float, dict]]:
+    out = []
+    g = 0
+    for c, program in enumerate(programs):
+        for op in program.ops:
+            u = unit[g]
+            s = recv_xfer_start.get(g, start[g]) if u == RECV else start[g]
+            args: dict = {"op": op.kind.value}
+            if op.kind is OpKind.MATMUL:
+                args.update(m=op.m, n=op.n, k=op.k)
+            elif op.elements:
+                args["elements"] = op.elements
+            else:
+                args["bytes"] = op.nbytes
+            if op.out is not None:
+                args["buffer"] = op.out
+                args["buffer_bytes"] = op.out_bytes
+            if op.tag is not None:
+                args.update(peer=op.peer, tag=op.tag)
+            if u == RECV:
+                args["posted_cycle"] = start[g]
+            out.append((c, RING if u == RECV else u, op.name, s, end[g] - s, args))
+            g += 1
+    return out
+
+
+def _raise_stuck(kernel: Kernel, ready: list[list[int]], busy_unit: list[bool], out_b: list[int], lx: list[int],
+                 capacity: int, ncores: int, done: int, total: int) -> None:
+    """Nothing is running and ops remain: name the LX overflow (or the ring wait) that blocks them."""
+    for c in range(ncores):
+        for u in (*range(5), RECV):
+            q = ready[c * 6 + u]
+            if q and (u == RECV or not busy_unit[c * 5 + u]) and lx[c] + out_b[q[0]] > capacity:
+                raise LXOverflowError(kernel.name, c, out_b[q[0]], lx[c], capacity)
+    raise RuntimeError(
+        f"kernel {kernel.name!r} deadlocked after {done} of {total} ops: the remaining ops wait for ring "
+        "transfers that can never happen (a ring_send whose ring_recv depends on it, directly or across cores); "
+        "post each ring_recv before the ops that wait on its peer"
+    )
