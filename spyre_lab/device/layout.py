@@ -305,6 +305,8 @@ class StickLayout:
             f"host; {self.padding_fraction:.1%} of device elements are padding",
         ]
         nests = self.dci()
+        if not nests:
+            lines.append("DMA:    nothing to move (the tensor is empty)")
         for k, nest in enumerate(nests):
             title = "DMA" if k == 0 else "DMA remainder (partial last stick)"
             lines.append(f"{title}:")

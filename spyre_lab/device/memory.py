@@ -232,6 +232,11 @@ class _FirstFitArena:
         self.num_failures = 0
         self.reset()
 
+    @property
+    def label(self) -> str:
+        """How messages name this memory."""
+        return self.name
+
     def reset(self) -> None:
         """Free everything at once (an empty-cache flow); peaks and totals are kept."""
         self._free = FreeList(0, self.usable_bytes)
@@ -272,9 +277,9 @@ class _FirstFitArena:
 
     def _aligned_size(self, nbytes: int) -> int:
         if not isinstance(nbytes, int) or isinstance(nbytes, bool):
-            raise TypeError(f"{self.name}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+            raise TypeError(f"{self.label}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
         if nbytes < 0:
-            raise ValueError(f"{self.name}: cannot allocate a negative number of bytes ({nbytes})")
+            raise ValueError(f"{self.label}: cannot allocate a negative number of bytes ({nbytes})")
         units = max(1, -(-nbytes // self.alignment))  # a zero-byte request still gets a real block
         return units * self.alignment
 
@@ -310,22 +315,22 @@ class _FirstFitArena:
 
     def _explain_bad_free(self, handle: Allocation | int, address: Any, current: Allocation | None) -> str:
         if not isinstance(address, int):
-            return f"{self.name}: free() takes an Allocation or an int address, got {type(handle).__name__}"
+            return f"{self.label}: free() takes an Allocation or an int address, got {type(handle).__name__}"
         if current is not None:  # a stale Allocation whose address has been handed out again
-            return (f"{self.name}: this allocation at {address:#x} was already freed (double free); the address "
+            return (f"{self.label}: this allocation at {address:#x} was already freed (double free); the address "
                     f"now belongs to a newer allocation tagged {current.tag!r}")
         inside = next((a for a in self._live.values() if a.address < address < a.end), None)
         if inside is not None:
-            return (f"{self.name}: {address:#x} lies inside the allocation at {inside.address:#x} "
+            return (f"{self.label}: {address:#x} lies inside the allocation at {inside.address:#x} "
                     f"(tag {inside.tag!r}); free it by its start address")
-        return (f"{self.name}: no live allocation at {address:#x}: it was already freed (double free) "
+        return (f"{self.label}: no live allocation at {address:#x}: it was already freed (double free) "
                 "or never allocated here")
 
     def _no_room(self, nbytes: int, size: int, tag: str) -> Exception:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}({self.name!r}: {format_bytes(self.allocated_bytes)} of "
+        return (f"{type(self).__name__}({self.label!r}: {format_bytes(self.allocated_bytes)} of "
                 f"{format_bytes(self.capacity)} allocated in {self.num_allocations} blocks, "
                 f"peak {format_bytes(self.peak_allocated_bytes)}, fragmentation {self.fragmentation:.0%})")
 
@@ -382,8 +387,12 @@ class Scratchpad(_FirstFitArena):
     """
 
     def __init__(self, capacity: int, core: int = 0, name: str = "LX", alignment: int = 128) -> None:
-        super().__init__(capacity, alignment, f"{name}[core {core}]")
+        super().__init__(capacity, alignment, name)
         self.core = core
+
+    @property
+    def label(self) -> str:
+        return f"{self.name} of core {self.core}"
 
     @classmethod
     def for_config(cls, config: SpyreConfig = SPYRE, core: int = 0) -> Scratchpad:
