@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 from spyre_lab.device.layout import DmaNest, StickLayout, iter_device_positions, stickify, unstickify
 
 FP16 = torch.float16
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool]
+DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.int32, torch.int64, torch.int8, torch.uint8, torch.bool,
+          torch.float8_e4m3fn, torch.float8_e5m2]
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
