@@ -1,0 +1,142 @@
+"""The four properties of portable layers: compilable, extensible, isolated, portable."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import re
+
+import torch
+
+from spyre_lab.engine import LLM, SamplingParams
+from spyre_lab.engine.layers.attention import Attention
+from spyre_lab.engine.layers.linear import Linear, RowParallelLinear
+from spyre_lab.engine.layers.norm import RMSNorm
+from spyre_lab.engine.models import granite
+from spyre_lab.engine.platforms.base import Platform
+from spyre_lab.engine.platforms.cpu import CpuPlatform
+from spyre_lab.engine.sequence import Sequence
+
+PROMPTS = [[1, 5, 17, 33, 99, 100, 7], [1, 2, 3], [1, 64, 65, 66, 67, 68, 69, 70, 71, 72]]
+
+
+class WideRMSNorm(RMSNorm):
+    """A platform's RMSNorm: counts its calls and normalizes in float64."""
+
+    calls = 0
+
+    def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
+        type(self).calls += 1
+        wide = x.double()
+        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * wide.to(x.dtype)
+
+
+class TransposedLinear(Linear):
+    """Spyre-style linear: computes x @ W^T with W^T materialized once (same parameter, same state dict)."""
+
+    def forward_oot(self, x: torch.Tensor) -> torch.Tensor:
+        out = x @ self.weight.t().contiguous()
+        return out if self.bias is None else out + self.bias
+
+
+class ToyPlatform(Platform):
+    name = "toy"
+
+    def register_ops(self) -> None:
+        self.register_oot("RMSNorm", WideRMSNorm)
+        self.register_oot("Linear", TransposedLinear)
+
+
+def test_decoder_block_compiles_with_fullgraph(hf_granite_dir):
+    """Each decoder block (paged attention included) traces as one graph: no graph breaks."""
+    engine = LLM(hf_granite_dir, max_model_len=64, block_size=4).llm_engine
+    seqs = [Sequence(str(i), p, SamplingParams()) for i, p in enumerate(PROMPTS)]
+    for seq in seqs:
+        engine.block_manager.allocate(seq)
+    model_input = engine.runner.prepare_prefill(seqs)
+    layer = engine.model.model.layers[0]
+    hidden = torch.randn(model_input.input_ids.numel(), 64)
+    with torch.no_grad():
+        expected = layer(model_input.positions, hidden, model_input.meta)
+        compiled = torch.compile(layer, fullgraph=True, backend="eager", dynamic=False)
+        got = compiled(model_input.positions, hidden, model_input.meta)
+    torch.testing.assert_close(got, expected)
+
+
+def test_platform_swaps_rmsnorm_without_touching_model_code(hf_granite_dir):
+    WideRMSNorm.calls = 0
+    llm = LLM(hf_granite_dir, platform=ToyPlatform(), max_model_len=64)
+    model = llm.llm_engine.model
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm)]
+    assert norms and all(type(m) is WideRMSNorm for m in norms)
+    assert isinstance(model.model.layers[0].self_attn.o_proj, TransposedLinear)
+    assert set(model.state_dict()) == set(LLM(hf_granite_dir, max_model_len=64).llm_engine.model.state_dict())
+    llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert WideRMSNorm.calls == 3 * (2 * 2 + 1)  # 3 steps x (2 layers x 2 norms + final norm)
+
+
+def code_identifiers(module) -> set[str]:
+    """Names, attributes and non-docstring string constants used by a module's code (imports excluded)."""
+    tree = ast.parse(inspect.getsource(module))
+    docstrings = {
+        id(node.body[0].value) for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and node.body
+        and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            found.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            found.add(node.attr)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            found.add(node.value)
+    return found
+
+
+def test_model_code_has_no_platform_checks():
+    """Model and layer code never branch on the platform; only platforms/ knows about devices."""
+    from spyre_lab.engine.layers import activation, attention, custom_op, linear, norm, rotary
+
+    forbidden = re.compile(r"platform|spyre|cuda|device_type|is_cpu", re.IGNORECASE)
+    for module in (granite, activation, attention, linear, norm, rotary):
+        offending = {name for name in code_identifiers(module) if forbidden.search(name)}
+        assert not offending, f"{module.__name__} mentions {offending}"
+    # The one place layers meet platforms: CustomOp construction looks up an override by name.
+    assert "current_platform" in code_identifiers(custom_op)
+
+
+def test_same_model_runs_on_two_platforms_with_matching_outputs(hf_granite_dir):
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    cpu = LLM(hf_granite_dir, platform="cpu", max_model_len=64)
+    toy = LLM(hf_granite_dir, platform=ToyPlatform(), max_model_len=64)
+    cpu_out = cpu.generate(PROMPTS, params, use_tqdm=False)
+    toy_out = toy.generate(PROMPTS, params, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in cpu_out] == [o.outputs[0].token_ids for o in toy_out]
+    seq = Sequence("x", PROMPTS[2], SamplingParams())
+    logits = []
+    for llm in (cpu, toy):
+        llm.llm_engine.block_manager.allocate(seq)
+        logits.append(llm.llm_engine.runner.execute(llm.llm_engine.runner.prepare_prefill([seq])))
+        llm.llm_engine.block_manager.free(seq)
+    torch.testing.assert_close(logits[0], logits[1], atol=1e-5, rtol=1e-5)
+
+
+def test_override_must_subclass_the_layer():
+    class NotANorm(Linear):
+        pass
+
+    platform = CpuPlatform()
+    platform.register_oot("RMSNorm", NotANorm)
+    from spyre_lab.engine.platforms.base import set_current_platform
+
+    with set_current_platform(platform):
+        try:
+            RMSNorm(8)
+        except TypeError as error:
+            assert "must subclass RMSNorm" in str(error)
+        else:
+            raise AssertionError("expected TypeError")
+        assert type(RowParallelLinear(4, 4)) is Linear  # other layers unaffected
+        assert type(Attention(2, 4, 0.5, 1)) is Attention
