@@ -1,29 +1,30 @@
-"""Closed-form pipeline model of one kernel: one pass over the ops, no event queue.
+"""Analytic timing of one kernel: one pass over the ops, no event queue, for big shapes.
 
-A core whose units overlap perfectly finishes when its busiest unit does. That unit cannot start
-before its first operand arrives (fill) and the kernel is not done when it finishes its last op
-(drain), so for every unit ``u`` of a core::
+Two bounds, both computed in a single O(ops + deps) pass per core; the core takes the larger:
 
-    T_u = lead_u + busy_u + tail_u
+1. **Pipeline schedule.** Each unit runs one op at a time; an op starts as soon as its deps are
+   done and its unit is free (``start = max(deps finished, unit free)``), and an op the program
+   lists late but whose operands arrived early slips into an earlier idle stretch of its unit, as
+   the event mode's "earliest ready op first" rule does. The schedule's end already holds the
+   pipeline's fill (nothing computes before the first tile lands), its drain (the last store runs
+   after the last compute), the busiest unit's total, and any dependency chain longer than all of
+   those (a loop-carried buffer slot, a staged pipeline). DRAM ops run at the rate one stream per
+   core gets, ``r1 = min(dma, dram / n)`` for ``n`` cores streaming. LX is assumed big enough for
+   loads to run ahead, which the double-buffered kernels a compiler emits ensure; the event mode
+   is slower when it is not.
+2. **DRAM sharing.** A core that loads ``L`` and stores ``S`` bytes needs at least
+   ``max(L / r1, S / r1, all bytes of the kernel / dram)`` cycles to move them (its own streams'
+   fair share, and the card's total bandwidth, which every transfer shares), plus the time before
+   its first load and after its last transfer. Its reported load and store busy times assume the
+   two streams overlap: while both run each gets ``r2 = min(dma, dram / 2n)``, so the smaller is
+   busy ``min(L, S) / r2`` and the larger ``|L - S| / r1`` more (processor sharing of two
+   backlogged streams, the event mode's fair-share rule).
 
-``busy_u`` sums the unit's op costs. ``lead_u`` is when the unit's first op can start and
-``tail_u`` how long the work after its last op takes; both come from a short in-order schedule
-of the program's first and last ops (the prefix up to every unit's first op, the suffix from every
-unit's last op). The core's time is the largest ``T_u``. The event mode reaches the same number when
-loads run ahead of compute (which the double-buffered kernels the compiler emits allow); it is
-higher when LX is too small for that.
-
-DRAM: with ``n`` cores streaming, each transfer gets ``r1 = min(dma, dram / n)`` while one stream
-per core is active and ``r2 = min(dma, dram / 2n)`` while a core loads and stores at once. A core
-that loads ``L`` and stores ``S`` bytes keeps both streams busy for ``min(L, S) / r2`` and the
-larger one alone for ``|L - S| / r1`` (processor sharing of two backlogged streams), which is the
-event mode's fair-share rule in closed form.
-
-Ring: a core that receives a partial sum cannot finish before the sender's send lands, so
-``T_receiver >= T_sender - tail_sender(send) + tail_receiver(recv)``, applied until no core changes.
+Ring: a ``ring_recv`` finishes when its send does. Cores are scheduled senders first (a
+topological order of the ring edges), so a receiver sees when its partial sums land.
 
 LX: ``lx_peak`` is the footprint of running each core's ops one at a time in program order (a
-buffer lives from its op to its last user), a lower bound of what the event mode measures.
+buffer lives from its op to its last user), a lower bound of the event mode's peak.
 """
 
 from __future__ import annotations
@@ -31,51 +32,84 @@ from __future__ import annotations
 from itertools import accumulate
 
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import Kernel, LXOverflowError, OpKind, TileOp
-from spyre_lab.device.sim_costs import (
-    LOAD,
-    PT,
-    RECV,
-    RING,
-    SFU,
-    STORE,
-    UNIT_INDEX,
-    UNIT_NAMES,
-    EngineRun,
-    matmul_cycles,
-    ring_cycles,
-    sfu_cycles,
-)
+from spyre_lab.device.isa import Kernel, LXOverflowError, OpKind
+from spyre_lab.device.sim_costs import LOAD, PT, RING, SFU, STORE, UNIT_NAMES, EngineRun, matmul_cycles, ring_cycles
 
-_LOAD, _STORE, _MATMUL, _VECTOR, _SPECIAL, _SEND = (OpKind.LOAD, OpKind.STORE, OpKind.MATMUL, OpKind.VECTOR,
-                                                    OpKind.SPECIAL, OpKind.RING_SEND)
+_LOAD, _STORE, _MATMUL, _VECTOR, _SPECIAL, _SEND, _RECV = (OpKind.LOAD, OpKind.STORE, OpKind.MATMUL, OpKind.VECTOR,
+                                                           OpKind.SPECIAL, OpKind.RING_SEND, OpKind.RING_RECV)
 
 
-class _CoreTotals:
-    """What one pass over a core's ops learns: unit totals, op counts and the LX footprint."""
+_GAPS_KEPT = 8
 
-    __slots__ = ("counts", "first", "flops", "last", "load_bytes", "lx_peak", "macs", "pt", "ring", "ring_bytes",
-                 "sfu", "store_bytes")
+
+class _Core:
+    """Totals and timing of one core after the pass."""
+
+    __slots__ = ("busy", "counts", "finish", "first_start", "flops", "load_bytes", "lx_peak", "macs", "ring_bytes",
+                 "store_bytes")
 
     def __init__(self) -> None:
+        self.busy = [0.0] * 5
+        self.counts = [0] * 5
+        self.first_start = [0.0] * 5
         self.load_bytes = self.store_bytes = self.ring_bytes = self.flops = self.macs = self.lx_peak = 0
-        self.pt = self.sfu = self.ring = 0.0
-        self.counts = [0] * 6
-        self.first = [-1] * 6
-        self.last = [-1] * 6
+        self.finish = 0.0
 
 
-def _totals(kernel: Kernel, core: int, ops: list[TileOp], cfg: SpyreConfig, capacity: int,
-            mm_cache: dict[tuple[int, int, int], int]) -> _CoreTotals:
-    tot = _CoreTotals()
+def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
+    """Time ``kernel`` with the analytic model (see the module docstring)."""
+    programs = kernel.programs
+    active = [c for c, p in enumerate(programs) if p.ops]
+    loads, stores, senders = _survey(kernel, active)
+    r1, r2, card_floor = _dram_rates(loads, stores, cfg)
+
+    send_done: dict[tuple[int, str | None], float] = {}
+    mm_cache: dict[tuple[int, int, int], int] = {}
+    cores: dict[int, _Core] = {}
+    for _ in range(3):  # one pass suffices unless ring edges form a cycle between cores
+        waited = False
+        for c in _senders_first(senders, active):
+            cores[c], late = _schedule(kernel, c, cfg, capacity, r1, r2, card_floor, send_done,
+                                       mm_cache)
+            waited |= late
+        if not waited:
+            break
+
+    run = EngineRun(
+        makespan=max((t.finish for t in cores.values()), default=0.0),
+        busy={(c, u): t.busy[u] for c, t in cores.items() for u in range(5)},
+        compute_busy={c: min(t.busy[PT] + t.busy[SFU], t.finish) for c, t in cores.items()},
+        lx_peak={c: t.lx_peak for c, t in cores.items()},
+        bytes_loaded=sum(t.load_bytes for t in cores.values()),
+        bytes_stored=sum(t.store_bytes for t in cores.values()),
+        ring_bytes=sum(t.ring_bytes for t in cores.values()), flops=sum(t.flops for t in cores.values()),
+        macs=sum(t.macs for t in cores.values()), matmul_cores=sum(1 for t in cores.values() if t.macs))
+    if want_events:
+        run.events = [(c, u, f"{t.counts[u]} {UNIT_NAMES[u]} ops (analytic)", t.first_start[u], t.busy[u],
+                       {"ops": t.counts[u], "analytic": True})
+                      for c, t in sorted(cores.items()) for u in range(5) if t.counts[u]]
+    return run
+
+
+def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: float, r2: float, card_floor: float,
+              send_done: dict[tuple[int, str | None], float],
+              mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
+    """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled."""
+    ops = kernel.programs[core].ops
     n = len(ops)
+    fin = [0.0] * n
     last_use = list(range(n))
     claims: list[tuple[int, int]] = []
+    free = [0.0] * 5
+    gaps: list[list[tuple[float, float]]] = [[], [], [], [], []]
+    first = [-1.0] * 5
     load_bytes = store_bytes = ring_bytes = flops = macs = 0
-    pt = sfu = ring = 0.0
-    nload = nstore = npt = nsfu = 0
+    busy = [0.0] * 5
+    counts = [0] * 5
     sfu_lanes = cfg.sfu_elems_per_cycle_per_core
     special = cfg.transcendental_factor
+    late = False
+    last_dram_fin = 0.0
     for i, op in enumerate(ops):
         kind = op.kind
         ob = op.out_bytes
@@ -83,192 +117,151 @@ def _totals(kernel: Kernel, core: int, ops: list[TileOp], cfg: SpyreConfig, capa
             if ob > capacity:
                 raise LXOverflowError(kernel.name, core, ob, 0, capacity)
             claims.append((i, ob))
+        ready = 0.0
         for d in op.deps:
             last_use[d] = i
+            f = fin[d]
+            if f > ready:
+                ready = f
         if kind is _LOAD:
+            u, cycles = LOAD, op.nbytes / r1
             load_bytes += op.nbytes
-            nload += 1
         elif kind is _MATMUL:
             key = (op.m, op.n, op.k)
             cycles = mm_cache.get(key)
             if cycles is None:
                 cycles = mm_cache[key] = matmul_cycles(*key, cfg)
-            pt += cycles
+            u = PT
             mnk = key[0] * key[1] * key[2]
             macs += mnk
             flops += 2 * mnk
-            npt += 1
         elif kind is _STORE:
+            u, cycles = STORE, op.nbytes / r1
             store_bytes += op.nbytes
-            nstore += 1
         elif kind is _VECTOR or kind is _SPECIAL:
-            passes = -(-op.elements // sfu_lanes)
-            sfu += passes * special if kind is _SPECIAL else passes
+            cycles = -(-op.elements // sfu_lanes)
+            if kind is _SPECIAL:
+                cycles *= special
+            u = SFU
             flops += op.elements
-            nsfu += 1
+        elif kind is _SEND:
+            u, cycles = RING, ring_cycles(op.nbytes, op.hops, cfg)
+            ring_bytes += op.nbytes
+        else:  # a receive is done when its send is (it occupies no unit)
+            landed = send_done.get((op.peer, op.tag))
+            if landed is None:
+                late = True
+                landed = ready
+            fin[i] = landed if landed > ready else ready
+            continue
+        unit_free = free[u]
+        if ready >= unit_free:
+            start = ready
+            if ready > unit_free:  # the unit idles until this op is ready: a gap a later op may fill
+                unit_gaps = gaps[u]
+                unit_gaps.append((unit_free, ready))
+                if len(unit_gaps) > _GAPS_KEPT:
+                    del unit_gaps[0]
+            free[u] = ready + cycles
         else:
-            u = UNIT_INDEX[kind]
-            if tot.first[u] < 0:
-                tot.first[u] = i
-            tot.last[u] = i
-            tot.counts[u] += 1
-            if kind is _SEND:
-                ring += ring_cycles(op.nbytes, op.hops, cfg)
-                ring_bytes += op.nbytes
+            start = _backfill(gaps[u], ready, cycles)
+            if start < 0:
+                start = unit_free
+                free[u] = unit_free + cycles
+        fin[i] = end = start + cycles
+        busy[u] += cycles
+        counts[u] += 1
+        if first[u] < 0:
+            first[u] = start
+        if u in (LOAD, STORE):
+            if end > last_dram_fin:
+                last_dram_fin = end
+        elif u == RING:
+            send_done[(core, op.tag)] = end
+
+    tot = _Core()
+    lo, hi = sorted((load_bytes, store_bytes))
+    both, alone = lo / r2, (hi - lo) / r1
+    busy[LOAD] = both + (alone if load_bytes >= store_bytes else 0.0)
+    busy[STORE] = both + (alone if store_bytes > load_bytes else 0.0)
+    tot.busy = busy
+    tot.counts = counts
+    tot.first_start = [max(0.0, f) for f in first]
+    schedule_end = max(fin, default=0.0)
+    if load_bytes or store_bytes:  # no faster than this core's stream rate or the whole card's DRAM allows
+        moving = max(load_bytes / r1, store_bytes / r1, card_floor)
+        schedule_end = max(schedule_end, max(0.0, first[LOAD]) + moving + (schedule_end - last_dram_fin))
+    tot.finish = schedule_end
+    tot.load_bytes, tot.store_bytes, tot.ring_bytes, tot.flops, tot.macs = (load_bytes, store_bytes, ring_bytes,
+                                                                            flops, macs)
     delta = [0] * (n + 1)
     for i, ob in claims:
         delta[i] += ob
         delta[last_use[i] + 1] -= ob
     tot.lx_peak = max(accumulate(delta), default=0)
-    tot.load_bytes, tot.store_bytes, tot.ring_bytes, tot.flops, tot.macs = (load_bytes, store_bytes, ring_bytes,
-                                                                            flops, macs)
-    tot.pt, tot.sfu, tot.ring = pt, sfu, ring
-    for u, count in ((LOAD, nload), (PT, npt), (SFU, nsfu), (STORE, nstore)):
-        tot.counts[u] = count
-    _first_last(ops, tot)
-    return tot
+    return tot, late
 
 
-def _first_last(ops: list[TileOp], tot: _CoreTotals) -> None:
-    """Index of each present unit's first and last op, by scanning in from both ends."""
-    wanted = {u for u in (LOAD, PT, SFU, STORE) if tot.counts[u]}
-    for order, slot in ((range(len(ops)), tot.first), (range(len(ops) - 1, -1, -1), tot.last)):
-        missing = set(wanted)
-        for i in order:
-            if not missing:
-                break
-            u = UNIT_INDEX[ops[i].kind]
-            if u in missing:
-                slot[u] = i
-                missing.discard(u)
+def _backfill(gaps: list[tuple[float, float]], ready: float, cycles: float) -> float:
+    """Start time in the earliest idle gap of a unit that fits an op ready at ``ready``, or -1.
+
+    The event mode's units take whichever op is ready first (in program order among ready ops),
+    so an op the program lists late but whose operands arrived early runs in an earlier idle
+    stretch. Only the most recent gaps are kept, which keeps this O(1) per op.
+    """
+    for idx, (gap_start, gap_end) in enumerate(gaps):
+        start = gap_start if gap_start > ready else ready
+        if start + cycles <= gap_end:
+            pieces = [(a, b) for a, b in ((gap_start, start), (start + cycles, gap_end)) if b > a]
+            gaps[idx:idx + 1] = pieces
+            return start
+    return -1.0
 
 
-def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
-    """Time ``kernel`` with the closed-form pipeline model (see the module docstring)."""
-    programs = kernel.programs
-    mm_cache: dict[tuple[int, int, int], int] = {}
-    totals = {c: _totals(kernel, c, p.ops, cfg, capacity, mm_cache) for c, p in enumerate(programs) if len(p)}
-    hops_of = {(c, op.tag): op.hops for c, p in enumerate(programs) if totals.get(c) and totals[c].counts[RING]
-               for op in p.ops if op.kind is _SEND}
+def _survey(kernel: Kernel, active: list[int]) -> tuple[dict[int, int], dict[int, int], dict[int, set[int]]]:
+    """Per core: bytes loaded, bytes stored, and the cores it receives ring data from."""
+    loads: dict[int, int] = {}
+    stores: dict[int, int] = {}
+    senders: dict[int, set[int]] = {}
+    for c in active:
+        loaded = stored = 0
+        for op in kernel.programs[c].ops:
+            kind = op.kind
+            if kind is _LOAD:
+                loaded += op.nbytes
+            elif kind is _STORE:
+                stored += op.nbytes
+            elif kind is _RECV and op.peer is not None and op.peer != c:
+                senders.setdefault(c, set()).add(op.peer)
+        loads[c], stores[c] = loaded, stored
+    return loads, stores, senders
 
-    streaming = sum(1 for t in totals.values() if t.load_bytes or t.store_bytes)
+
+def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[float, float, float]:
+    """(r1, r2, card floor): the rate of one stream per streaming core, of each of two, and ``sum(bytes) / dram``."""
+    streaming = sum(1 for c in loads if loads[c] or stores[c])
     dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle
     r1 = min(dma, dram / max(1, streaming))
     r2 = min(dma, dram / max(1, 2 * streaming))
-
-    def duration(core: int, op: TileOp) -> float:
-        kind = op.kind
-        if kind is _LOAD or kind is _STORE:
-            return op.nbytes / r1
-        if kind is _MATMUL:
-            return mm_cache.get((op.m, op.n, op.k)) or matmul_cycles(op.m, op.n, op.k, cfg)
-        if kind is _VECTOR or kind is _SPECIAL:
-            return sfu_cycles(op.elements, cfg, kind is _SPECIAL)
-        if kind is _SEND:
-            return ring_cycles(op.nbytes, op.hops, cfg)
-        return ring_cycles(op.nbytes, hops_of.get((op.peer, op.tag), 1), cfg)  # recv: lasts as long as the send
-
-    finish: dict[int, float] = {}
-    busy: dict[tuple[int, int], float] = {}
-    lead_of: dict[int, list[float]] = {}
-    send_tail: dict[tuple[int, str | None], float] = {}
-    recv_tail: dict[int, tuple[int, str | None, float]] = {}
-    for c, tot in totals.items():
-        ops = programs[c].ops
-        lo, hi = sorted((tot.load_bytes, tot.store_bytes))
-        both, alone = lo / r2, (hi - lo) / r1
-        load_busy = both + (alone if tot.load_bytes >= tot.store_bytes else 0.0)
-        store_busy = both + (alone if tot.store_bytes > tot.load_bytes else 0.0)
-        unit_busy = [load_busy, tot.pt, tot.sfu, store_busy, tot.ring]
-        lead = _leads(c, ops, tot, duration)
-        tail, sends, last_recv = _tails(c, ops, tot, duration)
-        for tag, t in sends.items():
-            send_tail[(c, tag)] = t
-        if last_recv is not None:
-            recv_tail[c] = last_recv
-        t_core = max((lead[u] + unit_busy[u] + tail[u] for u in range(5) if tot.counts[u]), default=0.0)
-        if tot.counts[LOAD] or tot.counts[STORE]:
-            last_dram = max((LOAD, STORE), key=lambda u: tot.last[u])
-            t_core = max(t_core, lead[LOAD] + both + alone + tail[last_dram])
-        finish[c] = t_core
-        lead_of[c] = lead
-        for u in range(5):
-            busy[(c, u)] = unit_busy[u]
-
-    for _ in range(len(totals)):  # a receiver ends after its sender's partial lands
-        changed = False
-        for c, (peer, tag, after) in recv_tail.items():
-            landed = finish.get(peer, 0.0) - send_tail.get((peer, tag), 0.0)
-            if landed + after > finish[c] + 1e-9:
-                finish[c] = landed + after
-                changed = True
-        if not changed:
-            break
-
-    run = EngineRun(
-        makespan=max(finish.values(), default=0.0), busy=busy,
-        compute_busy={c: min(t.pt + t.sfu, finish[c]) for c, t in totals.items()},
-        lx_peak={c: t.lx_peak for c, t in totals.items()},
-        bytes_loaded=sum(t.load_bytes for t in totals.values()),
-        bytes_stored=sum(t.store_bytes for t in totals.values()),
-        ring_bytes=sum(t.ring_bytes for t in totals.values()), flops=sum(t.flops for t in totals.values()),
-        macs=sum(t.macs for t in totals.values()), matmul_cores=sum(1 for t in totals.values() if t.macs))
-    if want_events:
-        run.events = [(c, u, f"{totals[c].counts[u]} {UNIT_NAMES[u]} ops (analytic)", lead_of[c][u], busy[(c, u)],
-                       {"ops": totals[c].counts[u], "analytic": True})
-                      for c in totals for u in range(5) if totals[c].counts[u]]
-    return run
+    return r1, r2, (sum(loads.values()) + sum(stores.values())) / dram
 
 
-def _leads(core: int, ops: list[TileOp], tot: _CoreTotals, duration) -> list[float]:
-    """When each unit's first op can start: an in-order schedule of the prefix up to the last first op."""
-    lead = [0.0] * 6
-    end = max((tot.first[u] for u in range(5) if tot.counts[u]), default=-1)
-    fin = [0.0] * (end + 1)
-    free = [0.0] * 6
-    for i in range(end + 1):
-        op = ops[i]
-        u = UNIT_INDEX[op.kind]
-        s = free[u] if u != RECV else 0.0
-        for d in op.deps:
-            if fin[d] > s:
-                s = fin[d]
-        fin[i] = s + duration(core, op)
-        if u != RECV:
-            free[u] = fin[i]
-        if i == tot.first[u]:
-            lead[u] = s
-    return lead
+def _senders_first(senders: dict[int, set[int]], active: list[int]) -> list[int]:
+    """Active cores ordered so every core comes after the cores that send it data (cycles broken by core id)."""
+    order: list[int] = []
+    placed: set[int] = set()
+    visiting: set[int] = set()
 
+    def visit(c: int) -> None:
+        if c in placed or c in visiting:
+            return
+        visiting.add(c)
+        for s in sorted(senders.get(c, ())):
+            visit(s)
+        visiting.discard(c)
+        placed.add(c)
+        order.append(c)
 
-def _tails(core: int, ops: list[TileOp], tot: _CoreTotals, duration):
-    """How long the work after each unit's last op takes: an in-order schedule of the suffix, run backwards.
-
-    Also returns the tail after every ring send in the suffix (by tag) and, for the last receive,
-    (peer, tag, tail after it) for the ring correction.
-    """
-    tail = [0.0] * 6
-    start = min(tot.last[u] for u in range(6) if tot.counts[u])
-    after = [0.0] * (len(ops) - start)
-    next_on_unit = [0.0] * 6
-    sends: dict[str | None, float] = {}
-    last_recv = None
-    for j in range(len(ops) - 1, start - 1, -1):
-        op = ops[j]
-        u = UNIT_INDEX[op.kind]
-        t_after = after[j - start]
-        if u != RECV and next_on_unit[u] > t_after:
-            t_after = next_on_unit[u]
-        value = duration(core, op) + t_after
-        if u != RECV:
-            next_on_unit[u] = value
-        for d in op.deps:
-            if d >= start and after[d - start] < value:
-                after[d - start] = value
-        if j == tot.last[u]:
-            tail[u] = t_after
-            if u == RECV:
-                last_recv = (op.peer, op.tag, t_after)
-        if u == RING:
-            sends[op.tag] = t_after
-    return tail, sends, last_recv
+    for c in active:
+        visit(c)
+    return order
