@@ -1,0 +1,70 @@
+"""Make ``torch.device("spyre")`` exist: the PrivateUse1 backend, its device module, guard and hooks.
+
+``register()`` is idempotent and cheap: it renames PrivateUse1 to "spyre", generates the tensor /
+module / storage methods (``x.spyre()``, ``x.is_spyre``, ``module.spyre()``), installs
+``torch.spyre`` and the Python device guard and hooks, and registers ONE boxed fallback kernel for
+the PrivateUse1 dispatch key (:func:`spyre_lab.runtime.ops.dispatch`), through which every ATen op
+on a spyre tensor passes. Autocast on the device falls through to the plain kernels.
+
+It runs on ``import torch`` through the ``torch.backends`` entry point (:func:`spyre_lab.runtime._autoload`).
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+
+BACKEND = "spyre"
+_LIBRARIES: list[torch.library.Library] = []
+
+
+class SpyreHooks(torch._C._acc.PrivateUse1Hooks):
+    """What ATen asks the backend about itself."""
+
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class SpyreDeviceGuard(torch._C._acc.DeviceGuard):
+    """The Python device guard (torch 2.13 calls only ``type_`` from Python; the index lives in torch.spyre)."""
+
+    def type_(self) -> torch._C._autograd.DeviceType:
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def _device_module() -> types.ModuleType:
+    from spyre_lab.runtime import device_module
+
+    return device_module
+
+
+def is_registered() -> bool:
+    return bool(_LIBRARIES)
+
+
+def register() -> None:
+    """Register the spyre backend with torch (safe to call more than once)."""
+    if _LIBRARIES:
+        return
+    if torch._C._get_privateuse1_backend_name() != BACKEND:
+        torch.utils.rename_privateuse1_backend(BACKEND)
+    if not hasattr(torch.Tensor, "is_spyre"):
+        torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    if getattr(torch, BACKEND, None) is None:
+        torch._register_device_module(BACKEND, _device_module())
+    torch._C._acc.register_python_privateuseone_hook(SpyreHooks())
+    torch._C._acc.register_python_privateuseone_device_guard(SpyreDeviceGuard())
+
+    from spyre_lab.runtime.ops import dispatch
+
+    lib = torch.library.Library("_", "IMPL")  # fallbacks live in the global namespace "_"
+    lib.fallback(dispatch, "PrivateUse1")
+    lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
+    _LIBRARIES.append(lib)

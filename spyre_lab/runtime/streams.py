@@ -1,0 +1,338 @@
+"""Modeled time for the runtime: one host clock, FIFO streams, events and the trace they write.
+
+Why a model of its own: the host thread and the card run concurrently. Enqueueing work costs the
+host a little (``cfg.host_launch_us``) and returns; the work then runs on the device when its
+stream and the unit it needs (PCIe in one direction, the cores) are free. Everything here is
+*modeled* microseconds on one shared clock, so a trace shows host and device side by side:
+
+* ``host``          the Python thread: enqueues, rebuilds, waits in ``synchronize``.
+* ``host.callback`` HostCompute steps (program correction) run by the driver in stream order.
+* ``pcie``          DMA transfers, H2D and D2H (full duplex: the two directions do not block each other).
+* ``stream<i>``     compute on the cores, labelled by the stream that issued it.
+
+Streams follow the real runtime: stream 0 is the default, ids 1-32 are the low-priority pool and
+33-64 the high-priority pool, handed out round-robin; priority is binary (0 low, -1 high).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from spyre_lab.device.trace import Trace
+
+LOW_PRIORITY_IDS = range(1, 33)
+HIGH_PRIORITY_IDS = range(33, 65)
+
+HOST_LANE = "host"
+CALLBACK_LANE = "host.callback"
+PCIE_LANE = "pcie"
+
+
+def device_lane(lane: str, device_index: int) -> str:
+    """Lane name on ``device_index``: device 0 keeps the plain names, others get a suffix."""
+    return lane if device_index == 0 else f"{lane}@spyre{device_index}"
+
+
+class Timeline:
+    """The modeled clock of the process: host time, when each unit is next free, and the trace.
+
+    Work is grouped into *launches* (one eager op, one transfer, one compiled program call);
+    :meth:`launch` opens one and :attr:`last_trace` keeps the events of the last one finished.
+    :meth:`recording` collects every event over a longer stretch (several launches, several streams).
+    """
+
+    def __init__(self) -> None:
+        self.host_us = 0.0
+        self._unit_free: dict[str, float] = {}
+        self._recorders: list[Trace] = []
+        self._launch_trace: Trace | None = None
+        self._launch_depth = 0
+        self.last_trace = Trace(meta={"launch": None})
+
+    # --- trace ------------------------------------------------------------------------------
+    def emit(self, lane: str, name: str, start_us: float, dur_us: float, **args: Any) -> None:
+        if self._launch_trace is not None:
+            self._launch_trace.add(lane, name, start_us, dur_us, **args)
+        for trace in self._recorders:
+            trace.add(lane, name, start_us, dur_us, **args)
+
+    @contextlib.contextmanager
+    def launch(self, name: str, **meta: Any) -> Iterator[Trace]:
+        """Group the events of one user-visible operation; nested launches join the outer one."""
+        if self._launch_depth == 0:
+            self._launch_trace = Trace(meta={"launch": name, "time": "modeled us", **meta})
+        self._launch_depth += 1
+        try:
+            yield self._launch_trace
+        finally:
+            self._launch_depth -= 1
+            if self._launch_depth == 0:
+                self.last_trace = self._launch_trace
+                self._launch_trace = None
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[Trace]:
+        """Collect every event emitted inside the ``with`` block into one Trace."""
+        trace = Trace(meta={"time": "modeled us", "recording": True})
+        self._recorders.append(trace)
+        try:
+            yield trace
+        finally:
+            self._recorders.remove(trace)
+
+    # --- clocks -----------------------------------------------------------------------------
+    def host_work(self, name: str, dur_us: float, **args: Any) -> tuple[float, float]:
+        """The host thread is busy for ``dur_us``; returns (start, end)."""
+        start = self.host_us
+        self.emit(HOST_LANE, name, start, dur_us, **args)
+        self.host_us = start + dur_us
+        return start, self.host_us
+
+    def host_wait_until(self, t_us: float, reason: str) -> float:
+        """Block the host thread until modeled time ``t_us``; the wait shows on the host lane."""
+        if t_us > self.host_us:
+            self.emit(HOST_LANE, f"wait: {reason}", self.host_us, t_us - self.host_us, waiting=True)
+            self.host_us = t_us
+        return self.host_us
+
+    def unit_free_at(self, unit: str) -> float:
+        return self._unit_free.get(unit, 0.0)
+
+    def reserve(self, unit: str, lane: str, earliest_us: float, dur_us: float, name: str,
+                **args: Any) -> tuple[float, float]:
+        """Run ``dur_us`` of work on ``unit`` no earlier than ``earliest_us``; returns (start, end)."""
+        start = max(earliest_us, self.unit_free_at(unit))
+        end = start + dur_us
+        self._unit_free[unit] = end
+        self.emit(lane, name, start, dur_us, **args)
+        return start, end
+
+    def reset(self) -> None:
+        """Back to time zero (tests and notebooks that want reproducible absolute times)."""
+        self.host_us = 0.0
+        self._unit_free.clear()
+        self.last_trace = Trace(meta={"launch": None})
+
+
+TIMELINE = Timeline()
+
+
+def last_trace() -> Trace:
+    """The Trace of the last launch (eager op, transfer or compiled program), modeled microseconds."""
+    return TIMELINE.last_trace
+
+
+def recording() -> contextlib.AbstractContextManager[Trace]:
+    """``with recording() as trace:`` collects every modeled event of the block."""
+    return TIMELINE.recording()
+
+
+# --- streams ----------------------------------------------------------------------------------
+_POOL_CURSORS: dict[tuple[int, bool], Iterator[int]] = {}
+
+
+def _next_stream_id(device_index: int, high_priority: bool) -> int:
+    key = (device_index, high_priority)
+    if key not in _POOL_CURSORS:
+        _POOL_CURSORS[key] = itertools.cycle(HIGH_PRIORITY_IDS if high_priority else LOW_PRIORITY_IDS)
+    return next(_POOL_CURSORS[key])
+
+
+def _host_launch_us(device_index: int) -> float:
+    from spyre_lab.runtime.device_module import get_device
+
+    return get_device(device_index).config.host_launch_us
+
+
+class Stream:
+    """A FIFO queue of device work with a modeled completion time.
+
+    ``Stream()`` takes the next id of the low-priority pool (1-32), ``Stream(priority=-1)`` of the
+    high-priority pool (33-64); ``torch.spyre.default_stream()`` is stream 0. Work enqueued on one
+    stream runs in order; work on different streams may overlap when it needs different units.
+    """
+
+    def __new__(cls, device: Any = None, priority: int = 0, *, stream_id: int | None = None) -> Stream:
+        from spyre_lab.runtime.device_module import _device_index
+
+        index = _device_index(device)
+        if priority not in (0, -1):
+            raise ValueError(f"Stream priority is binary on Spyre: 0 (low) or -1 (high), got {priority}")
+        if stream_id is None:
+            stream_id = _next_stream_id(index, priority == -1)
+        key = (index, stream_id)
+        existing = _STREAMS.get(key)
+        if existing is not None:
+            return existing
+        self = super().__new__(cls)
+        self.device_index = index
+        self.stream_id = stream_id
+        self.priority = -1 if stream_id in HIGH_PRIORITY_IDS else 0
+        self.ready_us = 0.0
+        _STREAMS[key] = self
+        return self
+
+    @property
+    def device(self) -> Any:
+        import torch
+
+        return torch.device("spyre", self.device_index)
+
+    @property
+    def lane(self) -> str:
+        return device_lane(f"stream{self.stream_id}", self.device_index)
+
+    def __repr__(self) -> str:
+        return (f"<torch.spyre.Stream device=spyre:{self.device_index} id={self.stream_id} "
+                f"priority={self.priority} ready_at={self.ready_us:.2f}us (modeled)>")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and (self.device_index, self.stream_id) == (other.device_index,
+                                                                                      other.stream_id)
+
+    def __hash__(self) -> int:
+        return hash((self.device_index, self.stream_id))
+
+    # --- enqueueing ------------------------------------------------------------------------
+    def enqueue(self, name: str, unit: str, lane: str, dur_us: float, *, after_us: float = 0.0,
+                host_cost_us: float | None = None, **args: Any) -> tuple[float, float]:
+        """Enqueue one step: the host pays the launch cost and returns; the step runs in FIFO order.
+
+        ``unit`` is the resource the step occupies (``pcie.h2d``, ``pcie.d2h``, ``cores``,
+        ``host.callback``); ``after_us`` adds a dependency on work outside this stream.
+        Returns the modeled (start, end) of the step on the device.
+        """
+        cost = _host_launch_us(self.device_index) if host_cost_us is None else host_cost_us
+        if cost:
+            TIMELINE.host_work(f"enqueue {name}", cost, stream=self.stream_id)
+        earliest = max(TIMELINE.host_us, self.ready_us, after_us)
+        start, end = TIMELINE.reserve(_unit(unit, self.device_index), lane, earliest, dur_us, name,
+                                      stream=self.stream_id, **args)
+        self.ready_us = end
+        return start, end
+
+    # --- torch.cuda.Stream-like API ----------------------------------------------------------
+    def query(self) -> bool:
+        """True when all work enqueued so far has finished by the host's modeled clock."""
+        return self.ready_us <= TIMELINE.host_us
+
+    def synchronize(self) -> None:
+        TIMELINE.host_wait_until(self.ready_us, f"stream {self.stream_id}")
+
+    def wait_event(self, event: Event) -> None:
+        """Later work on this stream starts only after ``event`` has completed (modeled)."""
+        event.wait(self)
+
+    def wait_stream(self, stream: Stream) -> None:
+        self.wait_event(stream.record_event())
+
+    def record_event(self, event: Event | None = None) -> Event:
+        event = Event() if event is None else event
+        event.record(self)
+        return event
+
+    def __enter__(self) -> Stream:
+        self._previous = current_stream(self.device_index)
+        set_stream(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        set_stream(self._previous)
+
+
+def _unit(unit: str, device_index: int) -> str:
+    return f"spyre{device_index}.{unit}"
+
+
+_STREAMS: dict[tuple[int, int], Stream] = {}
+_CURRENT: dict[int, Stream] = {}
+
+
+def default_stream(device: Any = None) -> Stream:
+    return Stream(device, stream_id=0)
+
+
+def current_stream(device: Any = None) -> Stream:
+    from spyre_lab.runtime.device_module import _device_index
+
+    index = _device_index(device)
+    return _CURRENT.get(index) or default_stream(index)
+
+
+def set_stream(stream: Stream) -> None:
+    _CURRENT[stream.device_index] = stream
+
+
+@contextlib.contextmanager
+def stream(s: Stream | None) -> Iterator[Stream | None]:
+    """``with torch.spyre.stream(s):`` makes ``s`` the current stream of its device (None: no change)."""
+    if s is None:
+        yield None
+        return
+    with s:
+        yield s
+
+
+def synchronize(device: Any = None) -> None:
+    """Block the host (modeled) until every stream of the device has drained."""
+    from spyre_lab.runtime.device_module import _device_index
+
+    index = _device_index(device)
+    latest = max((s.ready_us for (d, _), s in _STREAMS.items() if d == index), default=0.0)
+    TIMELINE.host_wait_until(latest, f"synchronize spyre:{index}")
+
+
+# --- events -----------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Event:
+    """A marker in a stream with a modeled completion time.
+
+    ``record`` places it after the work enqueued so far; ``wait`` makes another stream wait for
+    it; ``elapsed_time`` returns milliseconds between two recorded events, like ``torch.cuda.Event``.
+    """
+
+    enable_timing: bool = False
+    blocking: bool = False
+    interprocess: bool = False
+    time_us: float | None = field(default=None, init=False)
+    stream: Stream | None = field(default=None, init=False, repr=False)
+
+    def record(self, stream: Stream | None = None) -> None:
+        stream = current_stream() if stream is None else stream
+        self.stream = stream
+        self.time_us = max(stream.ready_us, TIMELINE.host_us)
+        TIMELINE.emit(stream.lane, "event record", self.time_us, 0.0, stream=stream.stream_id)
+
+    def _require_recorded(self, what: str) -> float:
+        if self.time_us is None:
+            raise RuntimeError(f"Event.{what}() needs a recorded event; call event.record(stream) first")
+        return self.time_us
+
+    def query(self) -> bool:
+        return self.time_us is None or self.time_us <= TIMELINE.host_us
+
+    def synchronize(self) -> None:
+        if self.time_us is not None:
+            TIMELINE.host_wait_until(self.time_us, "event")
+
+    def wait(self, stream: Stream | None = None) -> None:
+        """Make ``stream`` (default: current) wait for this event; a stall shows on its lane."""
+        stream = current_stream() if stream is None else stream
+        t = self._require_recorded("wait")
+        if t > stream.ready_us:
+            start = max(stream.ready_us, TIMELINE.host_us)
+            if t > start:
+                source = self.stream.stream_id if self.stream is not None else None
+                TIMELINE.emit(stream.lane, "wait event", start, t - start, stream=stream.stream_id,
+                              waits_for_stream=source)
+            stream.ready_us = t
+
+    def elapsed_time(self, end_event: Event) -> float:
+        """Modeled milliseconds from this event to ``end_event``."""
+        start = self._require_recorded("elapsed_time")
+        end = end_event._require_recorded("elapsed_time")
+        return (end - start) / 1000.0

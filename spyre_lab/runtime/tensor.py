@@ -1,0 +1,238 @@
+"""Spyre tensors: plain PrivateUse1 tensors whose storage carries a :class:`DeviceBuffer`.
+
+Why this shape: torch 2.13 lets a pure-Python backend own *storages*, not tensor subclasses. Every
+spyre tensor is an ordinary ``torch.Tensor`` on ``spyre:i`` whose storage was made by
+``torch._C._construct_storage_from_data_pointer`` with the modeled DRAM address as its data
+pointer; the storage's Python object holds the payload. Views, ``.data``, ``detach`` and autograd's
+saved tensors share the storage, so they all find the same payload.
+
+The payload keeps the data the way the card does: stickified (:func:`~spyre_lab.device.layout.stickify`)
+in the device dtype, in an allocation of the device's DRAM model. Floating point is held as fp16,
+the device dtype: a float32 / float64 / bfloat16 tensor keeps its dtype on the host side (type
+promotion and module code behave as on the CPU) but its values are rounded to fp16 on the way in
+(one warning per dtype), so ``.cpu()`` gives back the original dtype holding fp16-representable
+values. Integers and bool are stored as the layout dictates (int64 as int32, bool as fp16 0/1).
+
+A host mirror (the unstickified storage, flat) is cached per buffer and dropped on every write, so
+kernels that read the same buffer repeatedly do not unstickify it every time.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+
+from spyre_lab.device.layout import StickLayout, stickify, unstickify
+from spyre_lab.device.layout import device_dtype as layout_device_dtype
+from spyre_lab.runtime.device_module import SpyreDevice, get_device
+
+if TYPE_CHECKING:
+    from spyre_lab.device.memory import Allocation
+
+_META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
+_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
+
+# Floating dtypes the card does not compute in: held as fp16 (the device dtype) instead.
+_NARROWED_TO_FP16 = (torch.float32, torch.float64, torch.bfloat16)
+_UNSUPPORTED = (torch.complex32, torch.complex64, torch.complex128)
+_warned_dtypes: set[torch.dtype] = set()
+
+
+class SpyreUsageError(RuntimeError):
+    """A spyre tensor was used in a way the modeled device cannot honour; the message says how to fix it."""
+
+
+def storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype a host ``dtype`` is stored in on the card (before the layout's own narrowing)."""
+    if dtype in _UNSUPPORTED or dtype.is_complex:
+        raise TypeError(
+            f"spyre has no complex dtypes (got {dtype}); keep complex tensors on the CPU or split real and "
+            "imaginary parts with torch.view_as_real before moving them"
+        )
+    return torch.float16 if dtype in _NARROWED_TO_FP16 else dtype
+
+
+def warn_if_narrowed(dtype: torch.dtype) -> None:
+    """One warning per dtype when host data in ``dtype`` is rounded to fp16 on its way to the card."""
+    if dtype in _NARROWED_TO_FP16 and dtype not in _warned_dtypes:
+        _warned_dtypes.add(dtype)
+        warnings.warn(
+            f"spyre stores {dtype} tensors as float16 (the device dtype): values are rounded to fp16 on the way in "
+            f"and .cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this.",
+            stacklevel=5,
+        )
+
+
+class DeviceBuffer:
+    """The payload of one spyre storage: its DRAM allocation and its stickified contents."""
+
+    __slots__ = ("__weakref__", "_host", "allocation", "data", "device", "generation", "host_dtype", "layout",
+                 "numel")
+
+    def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int]) -> None:
+        self.device = device
+        self.numel = numel
+        self.host_dtype = host_dtype
+        self.layout = StickLayout.default(tuple(shape), storage_dtype(host_dtype),
+                                          stick_bytes=device.config.stick_bytes)
+        self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=f"{host_dtype} {tuple(shape)}")
+        self.generation = device.generation
+        self.data = torch.zeros(self.layout.device_size, dtype=self.layout.device_dtype)
+        self._host: torch.Tensor | None = None
+        device.register_buffer(self.allocation.address, self)
+
+    @property
+    def address(self) -> int:
+        return self.allocation.address
+
+    @property
+    def device_nbytes(self) -> int:
+        return self.layout.device_nbytes
+
+    def check_valid(self) -> None:
+        if self.generation != self.device.generation:
+            raise SpyreUsageError(
+                f"this tensor lived on spyre:{self.device.index} before torch.spyre.empty_cache() reset the device; "
+                "its DRAM was freed. Move tensors you want to keep to the CPU before empty_cache(), then move "
+                "them back."
+            )
+
+    def host_flat(self) -> torch.Tensor:
+        """The storage as a flat host tensor in ``host_dtype`` (cached until the next write). Do not mutate."""
+        self.check_valid()
+        if self._host is None:
+            self._host = unstickify(self.data, self.layout).reshape(-1).to(self.host_dtype)
+        return self._host
+
+    def write_flat(self, flat: torch.Tensor) -> None:
+        """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements): stickify it in."""
+        self.check_valid()
+        staged = flat.reshape(self.layout.host_shape).to(self.layout.dtype)
+        self.data = stickify(staged, self.layout)
+        self._host = None
+
+    def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
+        """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate)."""
+        return self.host_flat().as_strided(size, stride, offset)
+
+    def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor) -> None:
+        """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage."""
+        size, stride = tuple(size), tuple(stride)
+        if values.dtype != self.host_dtype:
+            values = values.to(self.host_dtype)
+        numel = storage_numel(size, stride, offset)
+        if offset == 0 and numel == self.numel and stride == _contiguous_strides(size):
+            self.write_flat(values.expand(size).reshape(-1))
+            return
+        flat = self.host_flat().clone()
+        flat.as_strided(size, stride, offset).copy_(values)
+        self.write_flat(flat)
+
+    def __repr__(self) -> str:
+        return (f"DeviceBuffer(spyre:{self.device.index} @ {self.address:#x}, {self.device_nbytes} B, "
+                f"host {self.host_dtype} x {self.numel}, device {self.layout.device_dtype} {self.layout.device_size})")
+
+
+# --- making tensors ---------------------------------------------------------------------------
+_SEEDS: dict[tuple[int, torch.dtype], torch.Tensor] = {}
+
+
+def _seed_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
+    """A 0-element PrivateUse1 tensor on ``spyre:index`` to clone fresh TensorImpls from.
+
+    ``torch._C._acc.create_empty_tensor`` only makes ``spyre:0`` tensors; for other indices a CPU
+    tensor's DLPack capsule is relabelled as an external device (kDLExtDev = PrivateUse1).
+    """
+    key = (index, dtype)
+    seed = _SEEDS.get(key)
+    if seed is None:
+        if index == 0:
+            seed = torch._C._acc.create_empty_tensor((0,), dtype)
+        else:
+            import ctypes
+
+            capsule = torch.empty(0, dtype=dtype).__dlpack__()
+            get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+            get_pointer.restype = ctypes.c_void_p
+            get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+            device_field = (ctypes.c_int32 * 2).from_address(get_pointer(capsule, b"dltensor") + 8)
+            device_field[0], device_field[1] = 12, index  # DLDeviceType.kDLExtDev, device id
+            seed = torch._C._from_dlpack(capsule)
+        _SEEDS[key] = seed
+    return seed
+
+
+def storage_numel(size: Sequence[int], stride: Sequence[int], offset: int = 0) -> int:
+    if any(s == 0 for s in size):
+        return 0
+    return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
+
+
+def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for s in reversed(size):
+        strides.append(step)
+        step *= max(s, 1)
+    return tuple(reversed(strides))
+
+
+def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype,
+                device_index: int) -> torch.Tensor:
+    """A new spyre tensor backed by a fresh DRAM allocation (contents zero)."""
+    size = tuple(int(s) for s in size)
+    stride = _contiguous_strides(size) if stride is None else tuple(int(s) for s in stride)
+    device = get_device(device_index)
+    numel = storage_numel(size, stride)
+    # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
+    shape = size if stride == _contiguous_strides(size) else (numel,)
+    buffer = DeviceBuffer(device, numel, dtype, shape)
+    nbytes = numel * dtype.itemsize
+    storage = torch._C._construct_storage_from_data_pointer(buffer.address, torch.device("spyre", device_index),
+                                                            nbytes)
+    tensor = torch.ops.aten.alias.default.redispatch(_META, _seed_tensor(device_index, dtype))
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU, tensor, storage, 0, size, stride)
+    attached = tensor.untyped_storage()
+    attached.spyre_buffer = buffer
+    weakref.finalize(attached, device.free, buffer.allocation, buffer.generation)
+    return tensor
+
+
+def buffer_of(t: torch.Tensor) -> DeviceBuffer:
+    """The payload behind a spyre tensor (errors clearly for anything else)."""
+    if t.device.type != "spyre":
+        raise SpyreUsageError(f"expected a spyre tensor, got one on {t.device}")
+    buffer = getattr(t.untyped_storage(), "spyre_buffer", None)
+    if buffer is None:
+        raise SpyreUsageError(
+            "this spyre tensor has no device buffer (its storage was not made by the spyre runtime); "
+            "create spyre tensors with .to('spyre') or factory functions with device='spyre'"
+        )
+    buffer.check_valid()
+    return buffer
+
+
+def host_view(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor with ``t``'s values, viewing the buffer's host mirror (read-only by convention)."""
+    return buffer_of(t).read_window(t.size(), t.stride(), t.storage_offset())
+
+
+def write_into(t: torch.Tensor, values: torch.Tensor) -> None:
+    """Write host ``values`` (broadcast and cast like ``copy_``) into spyre tensor ``t``'s window."""
+    buffer_of(t).write_window(t.size(), t.stride(), t.storage_offset(), values)
+
+
+def from_host(cpu: torch.Tensor, device_index: int) -> torch.Tensor:
+    """A new spyre tensor holding ``cpu``'s values (no trace; the callers model the DMA)."""
+    out = empty_spyre(cpu.shape, None, cpu.dtype, device_index)
+    if out.numel():
+        write_into(out, cpu)
+    return out
+
+
+def device_nbytes(t: torch.Tensor) -> int:
+    """Bytes a DMA of ``t``'s elements moves in the device format (fp16 for floats, int32 for int64)."""
+    return t.numel() * layout_device_dtype(storage_dtype(t.dtype)).itemsize
