@@ -15,6 +15,7 @@ the number of free blocks rather than a scan of them.
 
 from __future__ import annotations
 
+import operator
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -275,16 +276,14 @@ class _FirstFitArena:
         """``(address, size)`` of every free block, lowest address first."""
         return self._free.blocks()
 
-    def _aligned_size(self, nbytes: int) -> int:
-        if not isinstance(nbytes, int) or isinstance(nbytes, bool):
-            raise TypeError(f"{self.label}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}")
+    def _take(self, nbytes: int, tag: str) -> Allocation:
+        try:
+            nbytes = operator.index(nbytes)  # ints and numpy ints; never floats
+        except TypeError:
+            raise TypeError(f"{self.label}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}") from None
         if nbytes < 0:
             raise ValueError(f"{self.label}: cannot allocate a negative number of bytes ({nbytes})")
-        units = max(1, -(-nbytes // self.alignment))  # a zero-byte request still gets a real block
-        return units * self.alignment
-
-    def _take(self, nbytes: int, tag: str) -> Allocation:
-        size = self._aligned_size(nbytes)
+        size = max(1, -(-nbytes // self.alignment)) * self.alignment  # a zero-byte request still gets a block
         address = self._free.take_first_fit(size)
         if address is None:
             self.num_failures += 1
