@@ -1,0 +1,210 @@
+"""The ``torch.compile`` backend "spyre" and ``compile_graph``: FX graph -> ATen -> LoopIR -> kernels -> Program.
+
+Stages, named after their Inductor / torch-spyre counterparts:
+
+1. ``to_aten``: Dynamo's graph is traced with ``make_fx`` on fake tensors under ``no_grad`` with a
+   decomposition table (what AOTAutograd's inference path does, without building a joint graph),
+   functionalized so in-place ops become pure ones. No real data is touched at compile time.
+2. ``lowering.lower``: ATen -> LoopIR (GraphLowering).
+3. ``layouts.propagate_layouts``: stick layouts and restickify (propagate_spyre_tensor_layouts,
+   insert_restickify).
+4. ``fusion.schedule``: fused kernels (Scheduler / spyre_fuse_nodes).
+5. ``codegen.generate_kernel`` per device kernel: work division, LX plan, tile programs (KernelSpec).
+6. ``program.plan_intermediates``: the DRAM pool (memory_planning) -> ``Program``.
+
+The backend returns a callable that hands real tensors to ``spyre_lab.runtime.executor.execute``:
+the executor is the only thing that touches data.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from spyre_lab.compiler import cache
+from spyre_lab.compiler.fusion import schedule
+from spyre_lab.compiler.ir import FusedKernel
+from spyre_lab.compiler.layouts import propagate_layouts
+from spyre_lab.compiler.lowering import decomposition_table, lower
+from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
+from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel, plan_intermediates
+from spyre_lab.device.config import SPYRE, SpyreConfig
+
+
+def _fake_like(mode: Any, x: Any) -> Any:
+    """A CPU fake tensor with ``x``'s shape, strides and dtype (x may be real, meta, fake or a device tensor)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    with mode:
+        return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="cpu")
+
+
+def to_aten(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
+    """Trace ``fn`` to an inference-only, functional ATen graph on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    mode = FakeTensorMode(allow_non_fake_inputs=True)
+    fakes = [_fake_like(mode, x) for x in example_inputs]
+    with torch.no_grad(), mode:
+        return make_fx(torch.func.functionalize(fn, remove="mutations"),
+                       decomposition_table=decomposition_table())(*fakes)
+
+
+def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: CompileOptions) -> Any:
+    slots = list(dict.fromkeys([*kernel.inputs, *kernel.outputs]))
+    if kernel.is_fallback:
+        return HostFallback(kernel.name, kernel, slots)
+    try:
+        from spyre_lab.compiler.codegen import generate_kernel
+    except ImportError as e:
+        return UnplannedKernel(kernel.name, kernel, slots, f"codegen unavailable ({e})")
+    return generate_kernel(kernel, buffers, cfg, options)
+
+
+def _check_inputs(example_inputs: Sequence[Any]) -> None:
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and (x.is_complex() or x.dtype == torch.float64):
+            raise TypeError(f"input {i} has dtype {x.dtype}, which the Spyre device cannot hold; "
+                            "convert it with .half() (the device dtype) or .float()")
+
+
+def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
+                  options: CompileOptions | None = None, cfg: SpyreConfig = SPYRE) -> Program:
+    """Compile ``fn`` (an FX GraphModule, nn.Module or function) for ``example_inputs``' shapes into a Program.
+
+    Cached: the same graph at the same shapes, options and config returns the cached Program.
+    """
+    options = options or CompileOptions()
+    if not isinstance(options, CompileOptions):
+        raise TypeError(f"options must be a CompileOptions, got {type(options).__name__}; "
+                        "use CompileOptions(**fields) or pass a dict to torch.compile(options=...)")
+    _check_inputs(example_inputs)
+    key, structure, signature = cache.cache_key(fn, example_inputs, options, cfg)
+    hit = cache.get(key)
+    if hit is not None:
+        hit.cache_note = "cache hit: same graph, shapes, options and config; nothing compiled"
+        return hit
+    start = time.perf_counter()
+    aten_gm = to_aten(fn, example_inputs)
+    lowered = lower(aten_gm)
+    restickifies = propagate_layouts(lowered, cfg)
+    kernels = schedule(lowered, options)
+    unfused = len(lowered.graph.nodes)
+    buffers = lowered.graph.buffers
+    launches = [_plan(k, buffers, cfg, options) for k in kernels]
+    keep = {r.buffer for r in lowered.outputs}
+    dram_plan, pool = plan_intermediates(kernels, buffers, keep)
+    name = getattr(fn, "__name__", None) or type(fn).__name__
+    program = Program(
+        name=name, kernels=kernels, launches=launches, inputs=lowered.input_names, outputs=lowered.outputs,
+        buffers=buffers, constants=lowered.constants, access=lowered.access, options=options, cfg=cfg,
+        dram_plan=dram_plan, pool_bytes=pool, restickifies=restickifies, fallback_ops=lowered.fallback_ops,
+        unfused_kernels=unfused, cache_key=key,
+        aten_ops=sum(1 for n in aten_gm.graph.nodes if n.op == "call_function"),
+    )
+    program.compile_ms = (time.perf_counter() - start) * 1e3
+    program.cache_note = cache.store(key, structure, signature, program, keep_alive=fn)
+    return program
+
+
+# --- torch.compile integration ------------------------------------------------------------------
+
+def options_from(raw: Mapping[str, Any] | CompileOptions | None) -> CompileOptions:
+    """``torch.compile(..., options={...})`` dict -> CompileOptions, with errors that name the bad key."""
+    if raw is None:
+        return CompileOptions()
+    if isinstance(raw, CompileOptions):
+        return raw
+    fields = set(CompileOptions.__dataclass_fields__)
+    unknown = set(raw) - fields
+    if unknown:
+        raise ValueError(f"unknown spyre compile option(s) {sorted(unknown)}; valid: {sorted(fields)}")
+    raw = dict(raw)
+    if "fusion" in raw:
+        fusion = raw["fusion"]
+        if isinstance(fusion, str):
+            fusion = [fusion]
+        raw["fusion"] = frozenset(FUSION_RULES if fusion is True else () if fusion is False else fusion)
+    return CompileOptions(**raw)
+
+
+_last: dict[str, Any] = {}
+
+
+class CompiledGraph:
+    """What the backend hands back to Dynamo: runs its Program through the executor on every call."""
+
+    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions,
+                 cfg: SpyreConfig) -> None:
+        self.gm, self.options, self.cfg = gm, options, cfg
+        self.param_ids = {id(x) for x in example_inputs if isinstance(x, torch.Tensor)}
+        self.programs: dict[str, Program] = {}
+        self.program: Program | None = None
+        self.last_result: Any = None
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        _, self.out_spec = tree_flatten(out_node.args[0])
+        if all(isinstance(x, torch.Tensor) for x in example_inputs):
+            self.program = compile_graph(gm, example_inputs, options, cfg)
+        _REGISTRY.append(self)
+        del _REGISTRY[:-64]
+
+    def program_for(self, args: Sequence[Any]) -> Program:
+        if self.program is not None:
+            return self.program
+        return compile_graph(self.gm, args, self.options, self.cfg)   # symbolic graph: one static program per shape
+
+    def __call__(self, *args: Any) -> Any:
+        from spyre_lab.runtime.executor import execute
+
+        program = self.program_for(args)
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        result = execute(program, tensors, mode=self.options.timing)
+        self.last_result = result
+        _last["result"], _last["program"] = result, program
+        return tree_unflatten(list(result.outputs), self.out_spec)
+
+
+_REGISTRY: list[CompiledGraph] = []
+
+
+def spyre_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> CompiledGraph:
+    """The ``torch.compile`` backend: ``torch.compile(model, backend="spyre", options={"fusion": []})``."""
+    options = options_from(kwargs.pop("options", None))
+    cfg = kwargs.pop("cfg", SPYRE)
+    if kwargs:
+        warnings.warn(f"spyre backend ignores arguments {sorted(kwargs)}", stacklevel=2)
+    return CompiledGraph(gm, example_inputs, options, cfg)
+
+
+def compiled_graphs_for(obj: Any) -> list[CompiledGraph]:
+    """The CompiledGraphs Dynamo produced for a compiled module (matched by its parameters), newest last."""
+    if isinstance(obj, CompiledGraph):
+        return [obj]
+    module = getattr(obj, "_orig_mod", obj)
+    params = {id(p) for p in module.parameters()} if isinstance(module, torch.nn.Module) else set()
+    if params:
+        return [g for g in _REGISTRY if g.param_ids & params]
+    return _REGISTRY[-1:]
+
+
+def last_result() -> Any:
+    """The ExecutionResult (outputs, trace, kernel times) of the last compiled-graph call."""
+    return _last.get("result")
+
+
+def register() -> None:
+    """Make ``backend="spyre"`` resolve even without the installed entry point."""
+    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
+
+    if "spyre" not in _COMPILER_FNS:
+        register_backend(spyre_backend, name="spyre")
+
+
+__all__ = ["CompiledGraph", "compile_graph", "options_from", "register", "spyre_backend", "to_aten"]

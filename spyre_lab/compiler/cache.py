@@ -1,0 +1,111 @@
+"""The Program cache: a graph compiled once per (structure, shapes, dtypes, options, config).
+
+Spyre programs are static dataflow: a new input shape needs a new program (Dynamo's guards send
+the new shape back to the backend, which lands here and misses). The same graph at the same
+shapes compiles nothing: ``stats()`` counts hits, misses and compiles so a learner can see it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+from spyre_lab.compiler.options import CompileOptions
+from spyre_lab.device.config import SpyreConfig
+
+
+@dataclass
+class CacheStats:
+    hits: int = 0
+    misses: int = 0
+    compiles: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"hits": self.hits, "misses": self.misses, "compiles": self.compiles}
+
+
+_lock = threading.Lock()
+_stats = CacheStats()
+_programs: OrderedDict[str, Any] = OrderedDict()
+_seen_graphs: dict[str, list[str]] = {}     # structure digest -> signatures compiled for it
+MAX_ENTRIES = 256
+
+
+def _signature(example_inputs: Sequence[Any]) -> str:
+    parts = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor):
+            parts.append(f"{tuple(x.shape)}:{x.stride()}:{x.dtype}")
+        else:
+            parts.append(f"{type(x).__name__}={x!r}")
+    return "|".join(parts)
+
+
+def _structure(fn: Callable | fx.GraphModule) -> str:
+    """Graph code for FX graphs (identity of their constant tensors included), object identity otherwise."""
+    if isinstance(fn, fx.GraphModule):
+        consts = [f"{n.target}@{id(getattr(fn, n.target, None))}" for n in fn.graph.nodes if n.op == "get_attr"]
+        return fn.code + "\n".join(consts)
+    return f"{getattr(fn, '__qualname__', type(fn).__name__)}@{id(fn)}"
+
+
+def cache_key(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions,
+              cfg: SpyreConfig) -> tuple[str, str, str]:
+    """(key, structure digest, input signature)."""
+    structure = hashlib.sha1(_structure(fn).encode()).hexdigest()[:16]
+    signature = _signature(example_inputs)
+    key = hashlib.sha1(f"{structure}#{signature}#{options!r}#{cfg!r}".encode()).hexdigest()[:20]
+    return key, structure, signature
+
+
+def lookup(key: str) -> Any | None:
+    with _lock:
+        program = _programs.get(key)
+        if program is None:
+            _stats.misses += 1
+            return None
+        _stats.hits += 1
+        _programs.move_to_end(key)
+        return program
+
+
+def store(key: str, structure: str, signature: str, program: Any, keep_alive: Any = None) -> str:
+    """Remember a freshly compiled program; returns the note explain() shows (first compile or recompile)."""
+    with _lock:
+        _stats.compiles += 1
+        before = _seen_graphs.setdefault(structure, [])
+        note = "compiled (first time this graph was seen)"
+        if before and signature not in before:
+            note = (f"recompiled: new input shapes {signature} (this graph was compiled before for "
+                    f"{before[-1]}; Spyre programs are static, so each shape gets its own program)")
+        before.append(signature)
+        _programs[key] = (program, keep_alive)
+        while len(_programs) > MAX_ENTRIES:
+            _programs.popitem(last=False)
+        return note
+
+
+def get(key: str) -> Any | None:
+    entry = lookup(key)
+    return None if entry is None else entry[0]
+
+
+def stats() -> dict[str, int]:
+    """Hits, misses and compiles since start (or the last ``clear()``)."""
+    with _lock:
+        return {**_stats.as_dict(), "entries": len(_programs)}
+
+
+def clear() -> None:
+    """Forget every program and reset the counters."""
+    with _lock:
+        _programs.clear()
+        _seen_graphs.clear()
+        _stats.hits = _stats.misses = _stats.compiles = 0

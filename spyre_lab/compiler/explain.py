@@ -1,0 +1,94 @@
+"""explain(): graph -> kernels (rule, ops) -> work division -> LX plan -> modeled times, plus cache status."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
+
+
+class Explanation(str):
+    """The explanation text; prints as plain text in a terminal and as a preformatted block in notebooks."""
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre style='font-size:12px'>{html.escape(str(self))}</pre>"
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def _division_line(launch: Any) -> str:
+    division = getattr(launch, "division", None)
+    if division is None:
+        return ""
+    splits = " x ".join(f"{d}:{n}" for d, n in division.splits.items() if n > 1) or "one core"
+    return f"      division [{division.strategy}] {splits} on {division.cores_used} cores -- {division.reason}"
+
+
+def _lx_line(launch: Any) -> str:
+    plan = getattr(launch, "lx_plan", None)
+    if plan is None:
+        return ""
+    return f"      LX plan [{plan.strategy}] peak {plan.peak:,} of {plan.budget:,} B per core ({len(plan.offsets)} buffers)"
+
+
+def explain_program(program: Program, mode: str | None = None) -> Explanation:
+    mode = mode or program.options.timing
+    lines = [f"Program {program.name}: {program.aten_ops} ATen ops -> {program.unfused_kernels} LoopIR nodes -> "
+             f"{len(program.launches)} kernels  [{program.cache_note}; compiled in {program.compile_ms:.0f} ms]"]
+    lines.append(f"  inputs: {', '.join(f'{b}{list(program.buffers[b].shape)}' for b in program.inputs)}")
+    lines.append(f"  outputs: {', '.join(r.describe() for r in program.outputs)}")
+    lines.append(f"  fusion rules on: {', '.join(sorted(program.options.fusion)) or 'none'}; "
+                 f"work division: {program.options.work_division}")
+    if program.restickifies:
+        lines.append("  layouts (restickify where producer and consumer disagree):")
+        for r in program.restickifies:
+            when = "folded at compile time" if r.at_compile_time else "kernel"
+            lines.append(f"    {r.source} -> {r.buffer} for {r.consumer}: {r.reason} ({when})")
+    if program.fallback_ops:
+        lines.append(f"  host fallbacks: {', '.join(program.fallback_ops)}")
+    lines.append("  kernels (modeled times):")
+    total = 0.0
+    for i, (launch, kernel) in enumerate(zip(program.launches, program.kernels)):
+        ops = " -> ".join(n.op for n in kernel.nodes)
+        if isinstance(launch, HostFallback):
+            lines.append(f"  [{i:2d}] HOST   {ops}  ({getattr(kernel.nodes[0], 'reason', '')})")
+            continue
+        timing = ""
+        if not isinstance(launch, UnplannedKernel):
+            sim = launch.simulate(mode)
+            total += sim.time_us
+            timing = f"  {sim.time_us:8.2f} us modeled ({getattr(sim, 'bottleneck', '')})"
+        lx = f"  LX-resident: {', '.join(kernel.lx_resident)}" if kernel.lx_resident else ""
+        lines.append(f"  [{i:2d}] {kernel.rule:<16} {ops}{timing}")
+        lines.append(f"        DRAM in: {', '.join(kernel.inputs)}  out: {', '.join(kernel.outputs)}{lx}")
+        for extra in (_division_line(launch), _lx_line(launch)):
+            if extra:
+                lines.append("  " + extra)
+        if isinstance(launch, UnplannedKernel):
+            lines.append(f"        (no tile plan: {launch.error})")
+    lines.append(f"  intermediates pool: {program.pool_bytes:,} B for {len(program.dram_plan)} DRAM intermediates")
+    if total:
+        lines.append(f"  total device time: {total:.2f} us modeled ({mode})")
+    return Explanation("\n".join(lines))
+
+
+def explain(obj: Any, mode: str | None = None) -> Explanation:
+    """Explain a Program, a CompiledGraph, or a module compiled with ``torch.compile(backend="spyre")``."""
+    from spyre_lab.compiler import cache
+    from spyre_lab.compiler.backend import compiled_graphs_for
+
+    if isinstance(obj, Program):
+        text = explain_program(obj, mode)
+    else:
+        graphs = compiled_graphs_for(obj)
+        programs = [p for g in graphs for p in ([g.program] if g.program else [])]
+        if not programs:
+            raise ValueError(f"nothing compiled for {type(obj).__name__} yet: call the compiled model once "
+                             "(torch.compile is lazy), or pass a Program from compile_graph")
+        text = "\n\n".join(explain_program(p, mode) for p in programs)
+    stats = cache.stats()
+    return Explanation(f"{text}\n  program cache: {stats['hits']} hits, {stats['misses']} misses, "
+                       f"{stats['compiles']} compiles")

@@ -1,0 +1,283 @@
+"""The scheduler: LoopIR nodes -> ``FusedKernel``s (Inductor's ``Scheduler`` + torch-spyre's ``spyre_fuse_nodes``).
+
+A fused kernel is one SuperDSC bundle: its inputs and outputs travel through DRAM, everything it
+produces and consumes itself stays in the cores' LX scratchpads. Rules (names from
+``options.FUSION_RULES``, each switchable):
+
+* ``softmax``: amax -> sub -> exp -> sum -> div over one row, all five in one kernel. Off, the
+  staged form of the torch-spyre study is used: max | sub-exp-sum | div, through DRAM.
+* ``mlp``: gate and up matmuls sharing their input, SiLU, multiply, and the down matmul when it
+  follows -- only x, the weights and the result touch DRAM.
+* ``matmul_epilogue``: pointwise ops on a matmul's output (bias, residual add, scale) in the matmul kernel.
+* ``reduction_fusion``: pointwise prologue into a reduction and its epilogue after it (RMSNorm, LayerNorm).
+* ``pointwise_chain``: producer -> consumer pointwise ops.
+
+Hard boundaries: host fallbacks, restickify kernels, the bundle limit of
+``max_bundle_tensors`` unique DRAM tensors, and iteration spaces that do not share rows.
+Nodes join in program order, like torch-spyre's consecutive bundling.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.lowering import Lowered, Read
+from spyre_lab.compiler.options import CompileOptions
+
+
+def _rows(node: IRNode) -> int:
+    """Rows of a node's iteration space (everything but the innermost dim): fused nodes must agree."""
+    if isinstance(node, MatMul):
+        return node.b * node.m
+    sizes = list(node.dims.values())
+    return math.prod(sizes[:-1]) if sizes else 1
+
+
+def _layout_preserving(r: Read) -> bool:
+    """A view that only regroups outer dims keeps the sticks where they are: safe inside a kernel."""
+    if r.is_identity:
+        return True
+    m = r.meta
+    return m.is_contiguous() and m.storage_offset() == 0 and m.dim() > 0
+
+
+class _Scheduler:
+    def __init__(self, lowered: Lowered, options: CompileOptions) -> None:
+        self.lowered = lowered
+        self.graph: Graph = lowered.graph
+        self.options = options
+        self.rules = options.fusion
+        self.producer = {n.output: n for n in self.graph.nodes}
+        self.users: dict[str, list[IRNode]] = {}
+        for n in self.graph.nodes:
+            for b in dict.fromkeys(n.inputs):
+                self.users.setdefault(b, []).append(n)
+        self.graph_outputs = {r.buffer for r in lowered.outputs}
+        self.position = {n.name: i for i, n in enumerate(self.graph.nodes)}
+
+    # --- helpers --------------------------------------------------------------------------------
+    def reads(self, node: IRNode) -> list[Read]:
+        return self.lowered.access[node.name].reads
+
+    def only_user(self, buffer: str, user: IRNode) -> bool:
+        return buffer not in self.graph_outputs and all(u is user for u in self.users.get(buffer, []))
+
+    def read_of(self, node: IRNode, buffer: str) -> Read | None:
+        return next((r for r in self.reads(node) if r.buffer == buffer), None)
+
+    def internal_edge(self, consumer: IRNode, buffer: str) -> bool:
+        r = self.read_of(consumer, buffer)
+        return r is not None and _layout_preserving(r)
+
+    def users_of(self, node: IRNode) -> list[IRNode]:
+        return self.users.get(node.output, [])
+
+    def dram_tensors(self, nodes: Sequence[IRNode]) -> tuple[list[str], list[str], list[str]]:
+        produced = {n.output for n in nodes}
+        members = {n.name for n in nodes}
+        inputs = list(dict.fromkeys(b for n in nodes for b in n.inputs if b not in produced))
+        outputs, lx = [], []
+        for n in nodes:
+            external = n.output in self.graph_outputs or any(u.name not in members for u in self.users_of(n))
+            (outputs if external else lx).append(n.output)
+        return inputs, outputs, lx
+
+    def fits_bundle(self, nodes: Sequence[IRNode]) -> bool:
+        ins, outs, _ = self.dram_tensors(nodes)
+        return len(set(ins) | set(outs)) <= self.options.max_bundle_tensors
+
+    # --- patterns -------------------------------------------------------------------------------
+    def match_softmax(self, amax: IRNode) -> list[IRNode] | None:
+        if not (isinstance(amax, Reduction) and amax.op == "amax"):
+            return None
+        x = self.reads(amax)[0]
+        sub = next((u for u in self.users_of(amax) if u.op == "sub" and self.read_of(u, x.buffer) == x), None)
+        if sub is None or not self.only_user(amax.output, sub):
+            return None
+        exp = self._single_user(sub, "exp")
+        red = self._single_user(exp, "sum", allow_more=True) if exp else None
+        if red is None or red.reduction_dims != amax.reduction_dims:
+            return None
+        div = next((u for u in self.users_of(red) if u.op == "div"), None)
+        if div is None or set(div.inputs) != {exp.output, red.output}:
+            return None
+        if not {u.name for u in self.users_of(exp)} <= {red.name, div.name}:
+            return None
+        if exp.output in self.graph_outputs or red.output in self.graph_outputs:
+            return None
+        return [amax, sub, exp, red, div]
+
+    def _single_user(self, node: IRNode, op: str, allow_more: bool = False) -> IRNode | None:
+        users = self.users_of(node)
+        hit = [u for u in users if u.op == op and self.internal_edge(u, node.output)]
+        if not hit or (len(users) != 1 and not allow_more) or node.output in self.graph_outputs:
+            return None
+        return hit[0]
+
+    def match_mlp(self, gate: IRNode) -> list[IRNode] | None:
+        if not isinstance(gate, MatMul):
+            return None
+        silu = self._single_user(gate, "silu")
+        if silu is None:
+            return None
+        mul = self._single_user(silu, "mul")
+        if mul is None:
+            return None
+        other = next((b for b in mul.inputs if b != silu.output), None)
+        up = self.producer.get(other)
+        a_gate = self.reads(gate)[0]
+        if not isinstance(up, MatMul) or up is gate or self.reads(up)[0].buffer != a_gate.buffer:
+            return None
+        if not (self.only_user(up.output, mul) and self.internal_edge(mul, up.output)):
+            return None
+        group = [gate, up, silu, mul]
+        down = next((u for u in self.users_of(mul) if isinstance(u, MatMul)), None)
+        if (down is not None and self.only_user(mul.output, down) and self.reads(down)[0].buffer == mul.output
+                and self.internal_edge(down, mul.output) and self.fits_bundle([*group, down])):
+            group.append(down)
+        return group if self.fits_bundle(group) else None
+
+    def schedulable(self, group: list[IRNode]) -> bool:
+        """A pattern group runs at its last member's position: outside users of its outputs must come later."""
+        last = max(self.position[n.name] for n in group)
+        members = {n.name for n in group}
+        for n in group:
+            for u in self.users_of(n):
+                if u.name not in members and self.position[u.name] < last:
+                    return False
+        return True
+
+    # --- greedy bundling --------------------------------------------------------------------------
+    def join_rule(self, group: list[IRNode], node: IRNode) -> str | None:
+        """The rule under which ``node`` may join ``group`` (None: start a new kernel)."""
+        if isinstance(node, (Fallback, MatMul)) or node.op == "restickify":
+            return None
+        if any(isinstance(n, Fallback) or n.op == "restickify" for n in group):
+            return None
+        if not any(b in {n.output for n in group} and self.internal_edge(node, b) for b in node.inputs):
+            return None
+        if _rows(node) != _rows(group[0]) and not isinstance(group[0], MatMul):
+            return None
+        has_mm = any(isinstance(n, MatMul) for n in group)
+        reductions = sum(isinstance(n, Reduction) for n in [*group, node])
+        if has_mm:
+            if isinstance(node, Reduction) or _rows(node) != _rows(group[0]):
+                return None
+            if "reduction_fusion" in self.rules and self.feeds_reduction(node):
+                return None
+            rule = "matmul_epilogue"
+        elif reductions:
+            rule = "reduction_fusion"
+        else:
+            rule = "pointwise_chain"
+        if rule not in self.rules or not self.fits_bundle([*group, node]):
+            return None
+        return rule
+
+    def join(self, groups: list[_Group], group_of: dict[str, int], node: IRNode) -> bool:
+        """Join ``node`` to the latest open group that produces one of its inputs, if a rule allows it and
+        every other input is ready by then (the node moves up to that kernel)."""
+        candidates = sorted({group_of[b] for b in node.inputs if b in group_of}, reverse=True)
+        for gi in candidates:
+            g = groups[gi]
+            if not g.open:
+                continue
+            if any(group_of.get(b, -1) > gi for b in node.inputs):
+                continue
+            rule = self.join_rule(g.nodes, node)
+            if rule is None:
+                continue
+            g.nodes.append(node)
+            g.rule = rule if g.rule == "single" else _combine(g.rule, rule)
+            group_of[node.output] = gi
+            return True
+        return False
+
+    def feeds_reduction(self, node: IRNode, depth: int = 4) -> bool:
+        """Does ``node`` lead (through pointwise ops) into a reduction? Then it is that reduction's prologue."""
+        frontier = [node]
+        for _ in range(depth):
+            frontier = [u for n in frontier for u in self.users_of(n) if isinstance(u, (Pointwise, Reduction))]
+            if any(isinstance(u, Reduction) for u in frontier):
+                return True
+        return False
+
+    def staged_softmax(self, group: list[IRNode]) -> list[tuple[list[IRNode], str]]:
+        amax, sub, exp, red, div = group
+        middle: list[tuple[list[IRNode], str]]
+        if "reduction_fusion" in self.rules:
+            middle = [([sub, exp, red], "reduction_fusion")]
+        elif "pointwise_chain" in self.rules:
+            middle = [([sub, exp], "pointwise_chain"), ([red], "single")]
+        else:
+            middle = [([sub], "single"), ([exp], "single"), ([red], "single")]
+        return [([amax], "single"), *middle, ([div], "single")]
+
+    def run(self) -> list[FusedKernel]:
+        patterns: dict[str, tuple[list[IRNode], str]] = {}      # last member name -> group
+        claimed: set[str] = set()
+        for node in self.graph.nodes:
+            if node.name in claimed:
+                continue
+            for rule, matcher in (("softmax", self.match_softmax), ("mlp", self.match_mlp)):
+                group = matcher(node)
+                if group is None or any(n.name in claimed for n in group) or not self.schedulable(group):
+                    continue
+                if rule == "mlp" and rule not in self.rules:
+                    continue
+                last = max(group, key=lambda n: self.position[n.name])
+                patterns[last.name] = (group, rule)
+                claimed |= {n.name for n in group}
+                break
+        groups: list[_Group] = []
+        group_of: dict[str, int] = {}                           # buffer -> index of the group producing it
+
+        def add(nodes: list[IRNode], rule: str, open_: bool) -> None:
+            groups.append(_Group(list(nodes), rule, open_))
+            for n in nodes:
+                group_of[n.output] = len(groups) - 1
+
+        for node in self.graph.nodes:
+            if node.name in patterns:
+                group, prule = patterns[node.name]
+                if prule == "softmax" and "softmax" not in self.rules:
+                    for nodes, rule in self.staged_softmax(group):
+                        add(nodes, rule, False)
+                else:
+                    add(group, prule, False)
+                continue
+            if node.name in claimed:
+                continue
+            if self.join(groups, group_of, node):
+                continue
+            add([node], "restickify" if node.op == "restickify" else "single", True)
+        kernels = []
+        for i, g in enumerate(groups):
+            nodes, rule = g.nodes, (g.rule if len(g.nodes) > 1 or g.rule == "restickify" else "single")
+            ins, outs, lx = self.dram_tensors(nodes)
+            if len(nodes) == 1 and nodes[0].op == "restickify":
+                rule = "restickify"
+            name = f"k{i}_{rule}_{'_'.join(dict.fromkeys(n.op for n in nodes))}"[:64]
+            kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx))
+        return kernels
+
+
+@dataclass
+class _Group:
+    nodes: list[IRNode]
+    rule: str
+    open: bool                      # pattern groups and staged softmax pieces take no more nodes
+
+
+def _combine(current: str, joined: str) -> str:
+    """A group keeps its most specific rule: matmul_epilogue > reduction_fusion > pointwise_chain."""
+    order = ["pointwise_chain", "reduction_fusion", "matmul_epilogue"]
+    return max(current, joined, key=order.index)
+
+
+def schedule(lowered: Lowered, options: CompileOptions) -> list[FusedKernel]:
+    """Group the lowered nodes into fused kernels, in an order that respects every dependency."""
+    return _Scheduler(lowered, options).run()

@@ -1,0 +1,509 @@
+"""Lowering: an ATen FX graph becomes LoopIR (``Pointwise``, ``Reduction``, ``MatMul``, ``Fallback``).
+
+This is the stage Inductor calls ``GraphLowering``: every ATen op is turned into one node over a
+named iteration space, reading and writing named buffers. Three things never become nodes:
+
+* **views** (view, permute, expand, slice, ...) are folded into the *reads* of their consumers, the
+  way Inductor folds them into indexing; layout propagation later decides whether the device can
+  read through a view for free or needs a restickify.
+* **constants**: values that depend on no graph input (the causal mask SDPA builds from ``arange``,
+  ``full``, ``scalar_tensor``) are computed once at compile time, like torch-spyre's
+  ``dedup_and_promote_constants``.
+* **shape-only ops** (``full_like``, ``zeros_like``) depend on a shape, never on data, so they fold too.
+
+Every node's ``compute`` is the real CPU torch computation of the op on fp16 device buffers:
+elementwise and reduction ops call the ATen op itself (CPU fp16 kernels compute in fp32 and round
+once), matmuls accumulate explicitly in fp32. Ops the device does not run become ``Fallback`` nodes
+(host CPU, with a one-time warning naming the op) -- never a wrong answer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.fx as fx
+from torch.utils._pytree import tree_map
+
+from spyre_lab.compiler.ir import BufferInfo, Fallback, Graph, IRNode, MatMul, Pointwise, Reduction
+
+aten = torch.ops.aten
+
+# --- op tables ---------------------------------------------------------------------------------
+
+DEVICE_POINTWISE: dict[str, str] = {
+    # aten overload packet -> LoopIR op name
+    "add": "add", "sub": "sub", "rsub": "rsub", "mul": "mul", "div": "div", "neg": "neg", "pow": "pow",
+    "rsqrt": "rsqrt", "sqrt": "sqrt", "exp": "exp", "log": "log", "abs": "abs", "reciprocal": "reciprocal",
+    "silu": "silu", "gelu": "gelu", "sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu", "erf": "erf",
+    "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp", "maximum": "maximum", "minimum": "minimum",
+    "where": "where", "masked_fill": "masked_fill",
+    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
+    "logical_not": "logical_not", "logical_and": "logical_and", "logical_or": "logical_or",
+    "_to_copy": "cast", "clone": "copy", "copy": "copy", "alias": "copy", "lift_fresh_copy": "copy",
+    "cat": "cat", "index_select": "index_select",
+}
+"""Elementwise (and data-movement) ops the SFU runs. sin/cos stay on the host, as on the real stack."""
+
+DEVICE_REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "any", "all", "prod", "max", "min", "topk"}
+
+VIEW_OPS = {
+    "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze",
+    "slice", "select", "detach", "alias_copy", "view_copy", "permute_copy", "expand_copy", "squeeze_copy",
+    "unsqueeze_copy", "slice_copy", "t_copy", "transpose_copy",
+}
+
+SHAPE_ONLY_OPS = {"full_like", "zeros_like", "ones_like", "empty_like", "new_zeros", "new_ones", "new_full",
+                  "new_empty", "empty_strided", "empty"}
+
+MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm"}
+
+HOST_ONLY_REASON = {
+    "embedding": "embedding gather runs on the host, as in torch-spyre (CPU fallback with auto-transfer)",
+    "sin": "sin/cos run on the host in torch-spyre", "cos": "sin/cos run on the host in torch-spyre",
+    "cumsum": "scan ops run on the host", "tril": "tril/triu run on the host", "triu": "tril/triu run on the host",
+    "convolution": "convolution has no Spyre lowering here",
+}
+
+
+def decomposition_table() -> dict:
+    """ATen core decompositions, minus the ops Spyre keeps whole (silu/gelu/softmax lower as fused targets),
+    plus layer_norm and var_mean so they reach the device as reductions and pointwise ops."""
+    from torch._decomp import core_aten_decompositions, get_decompositions
+
+    keep = {aten.silu, aten.gelu, aten._softmax, aten.clamp, aten.masked_fill, aten.sigmoid, aten.relu}
+    table = {op: fn for op, fn in core_aten_decompositions().items()
+             if getattr(op, "overloadpacket", None) not in keep}
+    table.update(get_decompositions([aten.native_layer_norm, aten.var_mean, aten.var]))
+    return table
+
+
+# --- what lowering produces --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Read:
+    """How a node reads one input: a base buffer seen through a chain of free views.
+
+    ``steps`` are ``(aten_op, args)`` applied in order; ``meta`` is the viewed tensor on the meta
+    device (its strides tell layout propagation which base axis the stick lands on); ``axes`` names
+    the node dim each axis of the viewed tensor runs along (None: not aligned with a dim).
+    """
+
+    buffer: str
+    steps: tuple[tuple[object, tuple], ...]
+    meta: torch.Tensor = field(compare=False)
+    axes: tuple[str | None, ...] = ()
+
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        for op, args in self.steps:
+            t = op(t, *args)
+        return t
+
+    @property
+    def is_identity(self) -> bool:
+        return not self.steps
+
+    def describe(self) -> str:
+        return self.buffer + "".join(f".{op.__name__.split('.')[0]}{list(args)}" for op, args in self.steps)
+
+
+@dataclass
+class Access:
+    """Per node: its input reads and the node dim of each output axis (for tile-by-tile execution)."""
+
+    reads: list[Read]
+    out_axes: tuple[str | None, ...]
+    op_fn: Callable[..., torch.Tensor] = field(repr=False)
+
+
+@dataclass
+class Lowered:
+    """The lowering result: the LoopIR graph plus what the executor needs to run it."""
+
+    graph: Graph
+    constants: dict[str, torch.Tensor]
+    access: dict[str, Access]
+    outputs: list[Read]
+    input_names: list[str]
+    fallback_ops: list[str]
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_fallback(op: str, reason: str) -> None:
+    if op not in _WARNED:
+        _WARNED.add(op)
+        warnings.warn(f"spyre: aten.{op} runs on the host CPU (Fallback): {reason}", stacklevel=3)
+
+
+class _Slot:
+    """Placeholder for the i-th tensor argument of an op call."""
+
+    __slots__ = ("i",)
+
+    def __init__(self, i: int) -> None:
+        self.i = i
+
+
+def _bind(op: Callable, args: tuple, kwargs: dict) -> Callable[..., torch.Tensor]:
+    def call(*tensors: torch.Tensor) -> torch.Tensor:
+        fill = lambda a: tensors[a.i] if isinstance(a, _Slot) else a
+        return op(*tree_map(fill, args), **tree_map(fill, kwargs))
+    return call
+
+
+def _matmul_fp32(out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a.float(), b.float()).to(out_dtype)
+    return mm
+
+
+def _compose(reads: Sequence[Read], fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def compute(*inputs: torch.Tensor) -> torch.Tensor:
+        return fn(*(r.apply(x) for r, x in zip(reads, inputs)))
+    return compute
+
+
+def _dim_names(n: int) -> tuple[str, ...]:
+    return tuple(f"d{i}" for i in range(n))
+
+
+def _broadcast_axes(shape: Sequence[int], out_dims: Sequence[str]) -> tuple[str | None, ...]:
+    """Right-align an input against the output dims (numpy broadcasting)."""
+    pad = len(out_dims) - len(shape)
+    return tuple(out_dims[pad + i] if pad + i >= 0 else None for i in range(len(shape)))
+
+
+# --- the lowering pass ---------------------------------------------------------------------------
+
+class _Lowerer:
+    def __init__(self, gm: fx.GraphModule) -> None:
+        self.gm = gm
+        self.buffers: dict[str, BufferInfo] = {}
+        self.nodes: list[IRNode] = []
+        self.constants: dict[str, torch.Tensor] = {}
+        self.access: dict[str, Access] = {}
+        self.env: dict[fx.Node, object] = {}
+        self.inputs: list[str] = []
+        self.fallback_ops: list[str] = []
+        self._names = itertools.count()
+
+    # values in env: Read (device value), torch.Tensor (constant), python scalars, or tuples thereof
+    def run(self) -> Lowered:
+        outputs: list[Read] = []
+        for node in self.gm.graph.nodes:
+            if node.op == "placeholder":
+                val = node.meta.get("val")
+                if not isinstance(val, torch.Tensor):
+                    raise LoweringError(f"graph input {node.name} is {type(val).__name__}, not a tensor; spyre "
+                                        "compiles static shapes: use torch.compile(..., dynamic=False)")
+                self._check_static(node.name, val)
+                self.buffers[node.name] = BufferInfo(node.name, tuple(val.shape), val.dtype, "input")
+                self.inputs.append(node.name)
+                self.env[node] = self._base_read(node.name, val)
+            elif node.op == "get_attr":
+                self.env[node] = getattr(self.gm, node.target).detach()
+            elif node.op == "call_function":
+                self.env[node] = self._lower_call(node)
+            elif node.op == "output":
+                for out in torch.utils._pytree.tree_leaves(node.args[0]):
+                    outputs.append(self._as_read(self.env[out], out.name))
+        for r in outputs:
+            if r.buffer in self.buffers and self.buffers[r.buffer].role == "intermediate":
+                self.buffers[r.buffer].role = "output"
+        graph = Graph(self.buffers, self.nodes, self.inputs, list(dict.fromkeys(r.buffer for r in outputs)))
+        return Lowered(graph, self.constants, self.access, outputs, self.inputs, sorted(set(self.fallback_ops)))
+
+    @staticmethod
+    def _check_static(name: str, val: torch.Tensor) -> None:
+        if any(not isinstance(s, int) for s in val.shape):
+            raise LoweringError(f"{name} has symbolic shape {tuple(val.shape)}; spyre programs are static "
+                                "dataflow: compile with dynamic=False (a new shape recompiles)")
+
+    def _base_read(self, buffer: str, val: torch.Tensor) -> Read:
+        meta = torch.empty(tuple(val.shape), dtype=val.dtype, device="meta")
+        return Read(buffer, (), meta)
+
+    def _as_read(self, value: object, name: str) -> Read:
+        """Graph outputs and device inputs must be device values; constants become constant buffers."""
+        if isinstance(value, Read):
+            return value
+        if isinstance(value, torch.Tensor):
+            return self._constant_buffer(value, name)
+        raise LoweringError(f"{name} is a {type(value).__name__}, expected a tensor")
+
+    def _constant_buffer(self, t: torch.Tensor, hint: str) -> Read:
+        name = f"const_{hint}"
+        if name not in self.buffers:
+            t = t.contiguous()
+            self.constants[name] = t
+            self.buffers[name] = BufferInfo(name, tuple(t.shape), t.dtype, "constant")
+        return self._base_read(name, self.constants[name])
+
+    def _fresh(self, stem: str) -> str:
+        return f"{stem}_{next(self._names)}"
+
+    # --- dispatch -----------------------------------------------------------------------------
+    def _lower_call(self, node: fx.Node) -> object:
+        target = node.target
+        if target is operator.getitem:
+            seq, idx = self.env[node.args[0]], node.args[1]
+            return seq[idx]
+        if not isinstance(target, torch._ops.OpOverload):
+            raise LoweringError(f"{node.name}: expected an ATen op, got {target}; compile_graph lowers to ATen first")
+        packet = target.overloadpacket.__name__
+        args = tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a, node.args)
+        kwargs = tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a, node.kwargs)
+        val = node.meta.get("val")
+        leaves = torch.utils._pytree.tree_leaves((args, kwargs))
+        if not any(isinstance(a, Read) for a in leaves):
+            if torch.Tag.nondeterministic_seeded in target.tags:
+                return self._fallback(node, target, packet, args, kwargs, "random op")
+            return target(*args, **kwargs)                       # constant folding at compile time
+        if packet in SHAPE_ONLY_OPS:
+            return self._shape_only(node, target, args, kwargs)
+        if isinstance(val, torch.Tensor):
+            self._check_static(node.name, val)
+        if packet in VIEW_OPS:
+            return self._view(target, args, kwargs)
+        if packet == "_softmax" or packet == "softmax":
+            return self._softmax(node, args)
+        if packet in MATMUL_OPS:
+            return self._matmul(node, packet, args, kwargs)
+        if packet in DEVICE_POINTWISE and isinstance(val, torch.Tensor):
+            return self._pointwise(node, target, DEVICE_POINTWISE[packet], args, kwargs)
+        if packet in DEVICE_REDUCTIONS:
+            return self._reduction(node, target, packet, args, kwargs)
+        reason = HOST_ONLY_REASON.get(packet, "no Spyre lowering for this op")
+        return self._fallback(node, target, packet, args, kwargs, reason)
+
+    def _shape_only(self, node: fx.Node, target, args, kwargs) -> Read:
+        val = node.meta["val"]
+        if target.overloadpacket in (aten.empty_like, aten.new_empty, aten.empty_strided, aten.empty):
+            t = torch.zeros(tuple(val.shape), dtype=val.dtype)
+        else:
+            fill = {aten.zeros_like: 0, aten.ones_like: 1, aten.new_zeros: 0, aten.new_ones: 1}.get(
+                target.overloadpacket)
+            if fill is None:
+                fill = args[1] if target.overloadpacket is aten.full_like else args[2]
+            t = torch.full(tuple(val.shape), fill, dtype=val.dtype)
+        return self._constant_buffer(t, node.name)
+
+    def _view(self, target, args, kwargs) -> Read:
+        src = args[0]
+        if isinstance(src, torch.Tensor):
+            return target(*args, **kwargs)
+        rest = tuple(args[1:])
+        if kwargs:
+            raise LoweringError(f"view op {target} with keyword arguments {kwargs} is not supported")
+        if target.overloadpacket is aten.reshape:
+            target = aten.view.default
+        op = target
+        meta = op(src.meta, *rest)
+        return Read(src.buffer, (*src.steps, (op, rest)), meta)
+
+    def _tensor_reads(self, args, kwargs, hint: str) -> tuple[list[Read], tuple, dict]:
+        """Replace every tensor argument with a slot; constants become constant buffers."""
+        reads: list[Read] = []
+
+        def slot(a: object) -> object:
+            if isinstance(a, torch.Tensor) and a.dim() == 0 and a.numel() == 1 and not isinstance(a, Read):
+                reads.append(self._constant_buffer(a, f"{hint}_{len(reads)}"))
+                return _Slot(len(reads) - 1)
+            if isinstance(a, (Read, torch.Tensor)):
+                reads.append(self._as_read(a, f"{hint}_{len(reads)}"))
+                return _Slot(len(reads) - 1)
+            return a
+
+        return reads, tree_map(slot, args), tree_map(slot, kwargs)
+
+    def _emit(self, cls: type[IRNode], name: str, op: str, reads: list[Read], out_shape: Sequence[int],
+              out_dtype: torch.dtype, op_fn: Callable, dims: dict[str, int], out_axes: tuple[str | None, ...],
+              **extra) -> Read:
+        out = name
+        self.buffers[out] = BufferInfo(out, tuple(out_shape), out_dtype, "intermediate")
+        node = cls(name=f"{op}:{name}", op=op, inputs=tuple(r.buffer for r in reads), output=out, dims=dims,
+                   compute=_compose(reads, op_fn), **extra)
+        self.nodes.append(node)
+        self.access[node.name] = Access(reads, out_axes, op_fn)
+        return self._base_read(out, torch.empty(tuple(out_shape), dtype=out_dtype, device="meta"))
+
+    def _pointwise(self, node: fx.Node, target, op: str, args, kwargs) -> Read:
+        val = node.meta["val"]
+        reads, sargs, skw = self._tensor_reads(args, kwargs, node.name)
+        if op == "cast":          # the device buffer is where the value lives; drop host placement kwargs
+            skw = {k: v for k, v in skw.items() if k not in ("device", "pin_memory", "layout", "memory_format")}
+        dims = dict(zip(_dim_names(val.dim()), val.shape))
+        names = tuple(dims)
+        reads = [Read(r.buffer, r.steps, r.meta, self._pointwise_axes(op, r, names, sargs)) for r in reads]
+        return self._emit(Pointwise, node.name, op, reads, val.shape, val.dtype, _bind(target, sargs, skw),
+                          dims, names, stick_dim=names[-1] if names else None)
+
+    @staticmethod
+    def _pointwise_axes(op: str, r: Read, names: tuple[str, ...], sargs) -> tuple[str | None, ...]:
+        if op in ("cat", "index_select"):
+            gather_dim = sargs[1] if len(sargs) > 1 and isinstance(sargs[1], int) else -1
+            axes = list(_broadcast_axes(r.meta.shape, names)) if r.meta.dim() == len(names) else [None] * r.meta.dim()
+            if (axes and op == "cat") or (op == "index_select" and r.meta.dim() == len(names)):
+                axes[gather_dim % len(axes)] = None
+            return tuple(axes)
+        return _broadcast_axes(r.meta.shape, names)
+
+    def _reduction(self, node: fx.Node, target, packet: str, args, kwargs) -> object:
+        src = args[0]
+        if not isinstance(src, Read):
+            raise LoweringError(f"{node.name}: reduction of a non-device value")
+        rank = src.meta.dim()
+        names = _dim_names(rank)
+        if packet == "topk":
+            reduced = [args[2] if len(args) > 2 else kwargs.get("dim", -1)]
+        elif len(args) > 1 and isinstance(args[1], (int, list, tuple)) and packet not in ("prod",):
+            reduced = [args[1]] if isinstance(args[1], int) else list(args[1])
+        elif "dim" in kwargs and kwargs["dim"] is not None:
+            reduced = [kwargs["dim"]] if isinstance(kwargs["dim"], int) else list(kwargs["dim"])
+        else:
+            reduced = list(range(rank))
+        reduced_names = tuple(names[d % rank] for d in reduced) if rank else ()
+        vals = node.meta["val"]
+        outs = vals if isinstance(vals, (tuple, list)) else (vals,)
+        reads, sargs, skw = self._tensor_reads(args, kwargs, node.name)
+        reads = [Read(r.buffer, r.steps, r.meta, names if i == 0 else ()) for i, r in enumerate(reads)]
+        fn = _bind(target, sargs, skw)
+        results = []
+        for i, out in enumerate(outs):
+            op = packet if len(outs) == 1 else f"{packet}_{['values', 'indices'][i]}"
+            out_axes = self._reduced_out_axes(names, reduced_names, out.dim())
+            pick = fn if len(outs) == 1 else (lambda *t, _i=i, _fn=fn: _fn(*t)[_i])
+            name = node.name if len(outs) == 1 else f"{node.name}_{i}"
+            stick = [d for d in names if d not in reduced_names]
+            results.append(self._emit(Reduction, name, op, reads, out.shape, out.dtype, pick,
+                                      dict(zip(names, src.meta.shape)), out_axes, reduction_dims=reduced_names,
+                                      stick_dim=stick[-1] if stick else None))
+        return results[0] if len(outs) == 1 else tuple(results)
+
+    @staticmethod
+    def _reduced_out_axes(names, reduced, out_rank: int) -> tuple[str | None, ...]:
+        kept = [d for d in names if d not in reduced]
+        if out_rank == len(names):                               # keepdim
+            return tuple(None if d in reduced else d for d in names)
+        return tuple(kept[-out_rank:]) if out_rank else ()
+
+    def _softmax(self, node: fx.Node, args) -> Read:
+        """softmax -> amax, sub, exp, sum, div (torch-spyre's decomposition); the scheduler may fuse them back."""
+        x, dim = args[0], args[1]
+        if not isinstance(x, Read):
+            return torch.softmax(x, dim)
+        dim = dim % x.meta.dim()
+        steps = [
+            ("amax", aten.amax.default, (x, [dim], True)),
+            ("sub", aten.sub.Tensor, (x, "amax")),
+            ("exp", aten.exp.default, ("sub",)),
+            ("sum", aten.sum.dim_IntList, ("exp", [dim], True)),
+            ("div", aten.div.Tensor, ("exp", "sum")),
+        ]
+        env: dict[str, Read] = {}
+        dtype = node.meta["val"].dtype
+        for op, target, a in steps:
+            a = tuple(env[v] if isinstance(v, str) else v for v in a)
+            fake = _FakeNode(f"{node.name}_{op}", target(*[v.meta if isinstance(v, Read) else v for v in a]))
+            fake.meta["val"] = fake.meta["val"].to(dtype) if op != "amax" else fake.meta["val"]
+            if op in ("amax", "sum"):
+                env[op] = self._reduction(fake, target, op, a, {})
+            else:
+                env[op] = self._pointwise(fake, target, op, a, {})
+        return env["div"]
+
+    def _matmul(self, node: fx.Node, packet: str, args, kwargs) -> Read:
+        val = node.meta["val"]
+        bias = None
+        if packet in ("addmm", "baddbmm"):
+            bias, a, b = args[0], args[1], args[2]
+            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+        else:
+            a, b = args[0], args[1]
+        reads, _, _ = self._tensor_reads((a, b), {}, node.name)
+        ra, rb = reads
+        if ra.meta.dim() == 2:
+            (m, k), n, bsz = ra.meta.shape, rb.meta.shape[-1], 1
+            ra = Read(ra.buffer, ra.steps, ra.meta, ("M", "K"))
+            rb = Read(rb.buffer, rb.steps, rb.meta, ("K", "N"))
+            out_axes: tuple[str, ...] = ("M", "N")
+        else:
+            bsz, m, k = ra.meta.shape
+            n = rb.meta.shape[-1]
+            ra = Read(ra.buffer, ra.steps, ra.meta, ("B", "M", "K"))
+            rb = Read(rb.buffer, rb.steps, rb.meta, ("B", "K", "N"))
+            out_axes = ("B", "M", "N")
+        mm_name = node.name if bias is None else f"{node.name}_mm"
+        dims = {"B": bsz, "M": m, "N": n, "K": k}
+        out = self._emit(MatMul, mm_name, "matmul", [ra, rb], val.shape, val.dtype, _matmul_fp32(val.dtype), dims,
+                         out_axes, reduction_dims=("K",), stick_dim="N", b=bsz, m=m, n=n, k=k)
+        if bias is None:
+            return out
+        fake = _FakeNode(node.name, val)
+        if beta == 1 and alpha == 1:
+            return self._pointwise(fake, aten.add.Tensor, "add", (out, bias), {})
+        return self._scaled_add(fake, out, bias, alpha, beta)
+
+    def _scaled_add(self, fake, out: Read, bias, alpha, beta) -> Read:
+        def fn(c: torch.Tensor, bias_t: torch.Tensor) -> torch.Tensor:
+            return (c.float() * alpha + bias_t.float() * beta).to(c.dtype)
+        reads, _, _ = self._tensor_reads((out, bias), {}, fake.name)
+        val = fake.meta["val"]
+        names = _dim_names(val.dim())
+        reads = [Read(r.buffer, r.steps, r.meta, _broadcast_axes(r.meta.shape, names)) for r in reads]
+        return self._emit(Pointwise, fake.name, "add", reads, val.shape, val.dtype, fn,
+                          dict(zip(names, val.shape)), names, stick_dim=names[-1])
+
+    def _fallback(self, node: fx.Node, target, packet: str, args, kwargs, reason: str) -> object:
+        _warn_fallback(packet, reason)
+        self.fallback_ops.append(packet)
+        reads, sargs, skw = self._tensor_reads(args, kwargs, node.name)
+        reads = [Read(r.buffer, r.steps, r.meta, ()) for r in reads]
+        fn = _bind(target, sargs, skw)
+        vals = node.meta.get("val")
+        outs = vals if isinstance(vals, (tuple, list)) else (vals,)
+        results = []
+        for i, out in enumerate(outs):
+            if not isinstance(out, torch.Tensor):
+                raise LoweringError(f"{node.name}: host fallback of aten.{packet} returns {type(out).__name__}")
+            self._check_static(node.name, out)
+            pick = fn if len(outs) == 1 else (lambda *t, _i=i, _fn=fn: _fn(*t)[_i])
+            name = node.name if len(outs) == 1 else f"{node.name}_{i}"
+            results.append(self._emit(Fallback, name, packet, reads, out.shape, out.dtype, pick, {},
+                                      (None,) * out.dim(), reason=reason))
+        return results[0] if len(outs) == 1 else tuple(results)
+
+
+@dataclass
+class _FakeNode:
+    """Stands in for an fx.Node when one ATen op lowers to several LoopIR nodes."""
+
+    name: str
+    val: torch.Tensor
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.meta["val"] = self.val
+
+
+def lower(gm: fx.GraphModule) -> Lowered:
+    """ATen FX graph (with ``meta['val']`` fake tensors on every node) -> LoopIR."""
+    return _Lowerer(gm).run()
+
+
+def node_flops(node: IRNode) -> int:
+    """Rough FLOPs of one node, for explain() and reports."""
+    if isinstance(node, MatMul):
+        return 2 * node.macs
+    return math.prod(node.dims.values()) if node.dims else 1

@@ -1,0 +1,226 @@
+"""Executor: run a compiled Program kernel by kernel -- real numbers from torch, modeled time from the simulator.
+
+Numerics: every buffer is held at its graph dtype (fp16 on the device), elementwise ops and
+reductions run the ATen op on the CPU (fp32 inside, one rounding), matmuls accumulate in fp32.
+A kernel that has a work division is computed the way the cores compute it: each core's slice of
+the iteration space separately, K-split partial sums added in K order (the ring reduction). So the
+tile-by-tile mode, which keeps every core's slice for the step-through view, gives exactly the same
+numbers as the default mode -- it is the same computation with the per-core results kept.
+
+Time: device kernels are placed back to back on a Trace, each kernel's per-core events (from
+``KernelSpec.simulate(mode)``) shifted to its start; host fallbacks appear as a host event between
+two modeled PCIe copies (``cfg.pcie_bandwidth``, ``cfg.pcie_latency_us``). All times are modeled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul
+from spyre_lab.compiler.lowering import Access
+from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
+from spyre_lab.device.trace import Trace
+
+KERNEL_LANE = "stream0"
+
+
+@dataclass
+class CoreTile:
+    """What one core computed in one kernel: its slice and the values it produced (LX and DRAM)."""
+
+    core: int
+    slice: dict[str, tuple[int, int]]
+    values: dict[str, torch.Tensor]
+
+
+@dataclass
+class ExecutionResult:
+    outputs: list[torch.Tensor]
+    trace: Trace
+    kernel_times_us: dict[str, float | None]
+    tiles: dict[str, list[CoreTile]] = field(default_factory=dict)
+
+    @property
+    def total_us(self) -> float:
+        """Modeled end-to-end time of the launches (device kernels and host fallbacks)."""
+        return self.trace.end_us
+
+
+def _check_inputs(program: Program, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    if len(inputs) != len(program.inputs):
+        raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
+                         f"({', '.join(program.inputs)}), got {len(inputs)}")
+    out = []
+    for name, x in zip(program.inputs, inputs):
+        info = program.buffers[name]
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input {name} must be a tensor, got {type(x).__name__}")
+        if tuple(x.shape) != info.shape or x.dtype != info.dtype:
+            raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
+                             f"{info.shape} {info.dtype}; compile again for the new shape (compile_graph caches "
+                             "one program per shape)")
+        out.append(x.cpu() if x.device.type != "cpu" else x)
+    return out
+
+
+def _run_node(node: IRNode, env: dict[str, torch.Tensor]) -> torch.Tensor:
+    return node.compute(*(env[b] for b in node.inputs))
+
+
+# --- per-core slicing --------------------------------------------------------------------------
+
+def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict[str, tuple[int, int]]]) -> bool:
+    """Can every node of the kernel be computed per core from the anchor's slices?"""
+    anchor = kernel.anchor
+    split = {d for s in slices for d, (a, b) in s.items() if (a, b) != (0, anchor.dims.get(d, -1))}
+    if not split:
+        return False
+    produced = {n.output for n in kernel.nodes}
+    for _i, node in enumerate(kernel.nodes):
+        for d in split:
+            if node.dims.get(d) != anchor.dims.get(d):
+                return False
+            if d in node.reduction_dims and not (node is anchor and isinstance(node, MatMul) and d == "K"):
+                return False
+        if isinstance(node, MatMul) and node is not anchor:
+            return False
+        if any(r.buffer in produced and not r.is_identity for r in access[node.name].reads):
+            return False
+    return not ("K" in split and kernel.nodes[-1] is not anchor)
+
+
+def _narrow(t: torch.Tensor, axes: Sequence[str | None], s: dict[str, tuple[int, int]],
+            full: dict[str, int]) -> torch.Tensor:
+    for i, name in enumerate(axes):
+        if name in s and t.shape[i] == full[name] and s[name] != (0, full[name]):
+            a, b = s[name]
+            t = t.narrow(i, a, b - a)
+    return t
+
+
+def _core_values(kernel: FusedKernel, access: dict[str, Access], env: dict[str, torch.Tensor],
+                 s: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+    """One core's computation of its slice; a K-split matmul leaves its fp32 partial sum."""
+    anchor = kernel.anchor
+    local: dict[str, torch.Tensor] = {}
+    for node in kernel.nodes:
+        acc = access[node.name]
+        ins = []
+        for r in acc.reads:
+            if r.buffer in local:
+                ins.append(local[r.buffer])
+            else:
+                ins.append(_narrow(r.apply(env[r.buffer]), r.axes, s, node.dims))
+        if node is anchor and isinstance(node, MatMul) and "K" in s and s["K"] != (0, node.k):
+            local[node.output] = torch.matmul(ins[0].float(), ins[1].float())
+        else:
+            local[node.output] = _narrow(acc.op_fn(*ins), acc.out_axes, s, node.dims)
+    return local
+
+
+def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+                slices: list[dict[str, tuple[int, int]]]) -> list[CoreTile]:
+    access = program.access
+    anchor = kernel.anchor
+    tiles = [CoreTile(c, dict(s), _core_values(kernel, access, env, s)) for c, s in enumerate(slices) if s]
+    k_split = isinstance(anchor, MatMul) and any(t.slice.get("K", (0, anchor.k)) != (0, anchor.k) for t in tiles)
+    if k_split:                                # ring reduction: partners' fp32 partials added in K order
+        dtype = program.buffers[anchor.output].dtype
+        blocks: dict[tuple, list[CoreTile]] = {}
+        for t in tiles:
+            blocks.setdefault(tuple(t.slice.get(d, (0, anchor.dims[d])) for d in ("B", "M", "N")), []).append(t)
+        for group in blocks.values():
+            group.sort(key=lambda t: t.slice["K"][0])
+            total = group[0].values[anchor.output]
+            for t in group[1:]:
+                total = total + t.values[anchor.output]
+            group[0].values[anchor.output] = total.to(dtype)
+            for t in group[1:]:
+                t.values[anchor.output + ".partial"] = t.values.pop(anchor.output)
+    for name in kernel.outputs:
+        info = program.buffers[name]
+        node = next(n for n in kernel.nodes if n.output == name)
+        out_axes = access[node.name].out_axes
+        full = torch.empty(info.shape, dtype=info.dtype)
+        for t in tiles:
+            if name not in t.values:
+                continue
+            index = tuple(slice(*t.slice[a]) if a in t.slice and info.shape[i] == node.dims[a] else slice(None)
+                          for i, a in enumerate(out_axes))
+            full[index] = t.values[name]
+        env[name] = full
+    return tiles
+
+
+def _run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor], slices: Any) -> list[CoreTile]:
+    if slices and _sliceable(kernel, program.access, slices):
+        return _run_sliced(kernel, program, env, slices)
+    for node in kernel.nodes:
+        env[node.output] = _run_node(node, env)
+    return []
+
+
+# --- timing ------------------------------------------------------------------------------------
+
+def _pcie_us(program: Program, nbytes: int) -> float:
+    cfg = program.cfg
+    return cfg.pcie_latency_us + nbytes / cfg.pcie_bandwidth * 1e6
+
+
+def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analytic",
+            tile_by_tile: bool = False) -> ExecutionResult:
+    """Run ``program`` on real CPU tensors. Returns outputs, the modeled Trace and per-kernel modeled times."""
+    if mode not in ("analytic", "event"):
+        raise ValueError(f"mode must be 'analytic' or 'event', got {mode!r}")
+    env: dict[str, torch.Tensor] = dict(zip(program.inputs, _check_inputs(program, inputs)))
+    env.update(program.constants)
+    trace = Trace(meta={"program": program.name, "mode": mode})
+    times: dict[str, float | None] = {}
+    tiles: dict[str, list[CoreTile]] = {}
+    clock = 0.0
+    for launch, kernel in zip(program.launches, program.kernels):
+        if isinstance(launch, HostFallback):
+            clock = _host_fallback(program, kernel, env, trace, clock)
+            times[launch.name] = None
+            continue
+        slices = getattr(launch, "slices", None)
+        core_tiles = _run_kernel(kernel, program, env, slices)
+        if tile_by_tile:
+            tiles[launch.name] = core_tiles
+        if isinstance(launch, UnplannedKernel):
+            times[launch.name] = None
+            continue
+        sim = launch.simulate(mode)
+        if sim.trace is not None:
+            trace.extend(sim.trace, offset_us=clock)
+        trace.add(KERNEL_LANE, launch.name, clock, sim.time_us, rule=kernel.rule,
+                  ops=[n.op for n in kernel.nodes], bottleneck=getattr(sim, "bottleneck", ""))
+        times[launch.name] = sim.time_us
+        clock += sim.time_us
+    outputs = [r.apply(env[r.buffer]).clone() for r in program.outputs]
+    return ExecutionResult(outputs, trace, times, tiles)
+
+
+def _host_fallback(program: Program, kernel: FusedKernel, env: dict[str, torch.Tensor], trace: Trace,
+                   clock: float) -> float:
+    bytes_in = sum(program.buffers[b].nbytes for b in kernel.inputs if program.buffers[b].role != "constant")
+    bytes_out = sum(program.buffers[b].nbytes for b in kernel.outputs)
+    d2h = _pcie_us(program, bytes_in)
+    trace.add("pcie", f"D2H {kernel.name}", clock, d2h, bytes=bytes_in, modeled=True)
+    clock += d2h
+    start = time.perf_counter()
+    for node in kernel.nodes:
+        env[node.output] = _run_node(node, env)
+    measured_us = (time.perf_counter() - start) * 1e6
+    host_us = program.cfg.host_launch_us
+    trace.add("host", f"fallback {', '.join(n.op for n in kernel.nodes)}", clock, host_us,
+              modeled=True, measured_cpu_us=round(measured_us, 1), reason=getattr(kernel.nodes[0], "reason", ""))
+    clock += host_us
+    h2d = _pcie_us(program, bytes_out)
+    trace.add("pcie", f"H2D {kernel.name}", clock, h2d, bytes=bytes_out, modeled=True)
+    return clock + h2d
