@@ -1,32 +1,55 @@
 """spyre_lab.runtime: ``torch.device("spyre")`` in pure Python.
 
 Importing this package registers the device. It also happens on a bare ``import torch`` through the
-``torch.backends`` entry point, which calls :func:`_autoload`.
+``torch.backends`` entry point, which calls :func:`_autoload` (set ``TORCH_DEVICE_BACKEND_AUTOLOAD=0``
+to switch that off).
 
 * ``torch.spyre``            device module (device_count, memory_allocated, Stream, Event, synchronize, ...)
 * :func:`last_trace`         the Trace of the last launch (eager op, copy or compiled program)
 * :func:`recording`          ``with recording() as trace:`` every modeled event of a block
 * :func:`launch`             run a program through the JobPlan path (program correction, H2D, Compute)
+
+The public names are loaded on first use so that the autoload inside ``import torch`` stays small.
 """
 
 from __future__ import annotations
 
+import importlib
 import warnings
+from typing import Any
 
-from spyre_lab.runtime.registration import register
+_EXPORTS = {
+    "register": "spyre_lab.runtime.registration",
+    "JobPlan": "spyre_lab.runtime.jobplan",
+    "RuntimeOptions": "spyre_lab.runtime.jobplan",
+    "StepKind": "spyre_lab.runtime.jobplan",
+    "launch": "spyre_lab.runtime.jobplan",
+    "plan_launch": "spyre_lab.runtime.jobplan",
+    "Event": "spyre_lab.runtime.streams",
+    "Stream": "spyre_lab.runtime.streams",
+    "last_trace": "spyre_lab.runtime.streams",
+    "recording": "spyre_lab.runtime.streams",
+    "configure": "spyre_lab.runtime.device_module",
+}
 
-register()
+__all__ = sorted(_EXPORTS)
 
-from spyre_lab.runtime.jobplan import JobPlan, RuntimeOptions, StepKind, launch, plan_launch  # noqa: E402
-from spyre_lab.runtime.streams import Event, Stream, last_trace, recording  # noqa: E402
 
-__all__ = ["Event", "JobPlan", "RuntimeOptions", "StepKind", "Stream", "last_trace", "launch", "plan_launch",
-           "recording", "register"]
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'spyre_lab.runtime' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 
 def _autoload() -> None:
     """Entry point of ``torch.backends``: runs inside ``import torch``, so it must never raise."""
     try:
+        from spyre_lab.runtime.registration import register
+
         register()
     except Exception as exc:  # a broken backend must not break every `import torch`
         warnings.warn(f"spyre_lab could not register the spyre device: {exc!r}", RuntimeWarning, stacklevel=2)
+
+
+_autoload()
