@@ -11,6 +11,8 @@ demonstrated on kernels whose structure a learner can read in a few lines:
   intermediate stays in LX) or staged (every intermediate round-trips DRAM).
 
 Work is split in whole sticks so a core never shares a stick with another core, as on the device.
+Cores that do the same work get programs holding the same (frozen) ``TileOp`` objects, which makes
+building a 32-core kernel cheap and lets the analytic simulator time such cores once.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ def _chunks(total: int, size: int) -> list[int]:
     return [min(size, total - start) for start in range(0, total, size)]
 
 
+def _same_work(program: CoreProgram) -> CoreProgram:
+    """A core program holding the same (immutable) ops: the simulators recognise and reuse it."""
+    return CoreProgram(list(program.ops))
+
+
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
         if not isinstance(value, int) or value <= 0:
@@ -67,8 +74,12 @@ def elementwise_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile
     stick_elems = cfg.stick_bytes // FP16
     tile_elems = max(stick_elems, tile_bytes // FP16 // stick_elems * stick_elems)
     programs = []
+    built: dict[int, CoreProgram] = {}
     for share in _split(elements, cores, stick_elems):
-        p = CoreProgram()
+        if share in built:
+            programs.append(_same_work(built[share]))
+            continue
+        p = built[share] = CoreProgram()
         computes: list[int] = []
         for t, n in enumerate(_chunks(share, tile_elems)):
             nbytes = cfg.sticks(n * FP16) * cfg.stick_bytes
@@ -112,7 +123,14 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
     def core_id(mi: int, ni: int, ki: int) -> int:
         return (mi * cores_n + ni) * cores_k + ki
 
+    built: dict[tuple[int, int], CoreProgram] = {}
     for mi, ni, ki in ((a, b, c) for a in range(cores_m) for b in range(cores_n) for c in range(cores_k)):
+        if cores_k == 1:  # no ring traffic: cores with the same block shape run the same program
+            shape = (m_shares[mi], n_shares[ni])
+            if shape in built:
+                programs[core_id(mi, ni, ki)] = _same_work(built[shape])
+                continue
+            built[shape] = programs[core_id(mi, ni, ki)]
         p = programs[core_id(mi, ni, ki)]
         matmuls: list[int] = []
         for t, (rows, cols) in enumerate((r, c) for r in _chunks(m_shares[mi], tm) for c in _chunks(n_shares[ni], tn)):
@@ -168,8 +186,12 @@ def softmax_kernel(rows: int, cols: int, cores: int = 1, cfg: SpyreConfig = SPYR
     if row_tile is None:
         row_tile = max(1, min(64, (cfg.lx_bytes // 8) // (3 * row_bytes)))
     programs = []
+    built: dict[int, CoreProgram] = {}
     for share in _split(rows, cores):
-        p = CoreProgram()
+        if share in built:
+            programs.append(_same_work(built[share]))
+            continue
+        p = built[share] = CoreProgram()
         last_div: list[int] = []
         for t, r in enumerate(_chunks(share, row_tile)):
             tile, reds, elems = r * row_bytes, r * red_bytes, r * cols

@@ -23,6 +23,9 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
 Ring: a ``ring_recv`` finishes when its send does. Cores are scheduled senders first (a
 topological order of the ring edges), so a receiver sees when its partial sums land.
 
+Cores whose programs are the very same ``TileOp`` objects (builders share the ops of cores that
+do the same work) and hold no ring ops are scheduled once: their timing cannot differ.
+
 LX: ``lx_peak`` is the footprint of running each core's ops one at a time in program order (a
 buffer lives from its op to its last user), a lower bound of the event mode's peak.
 """
@@ -60,7 +63,8 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     """Time ``kernel`` with the analytic model (see the module docstring)."""
     programs = kernel.programs
     active = [c for c, p in enumerate(programs) if p.ops]
-    loads, stores, senders = _survey(kernel, active)
+    same_as = _same_programs(kernel, active)
+    loads, stores, senders, ringless = _survey(kernel, active, same_as)
     r1, r2, card_floor = _dram_rates(loads, stores, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
@@ -69,8 +73,11 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     for _ in range(3):  # one pass suffices unless ring edges form a cycle between cores
         waited = False
         for c in _senders_first(senders, active):
-            cores[c], late = _schedule(kernel, c, cfg, capacity, r1, r2, card_floor, send_done,
-                                       mm_cache)
+            twin = same_as[c]
+            if twin != c and twin in ringless and twin in cores:  # same ops, no ring: same timing
+                cores[c] = cores[twin]
+                continue
+            cores[c], late = _schedule(kernel, c, cfg, capacity, r1, r2, card_floor, send_done, mm_cache)
             waited |= late
         if not waited:
             break
@@ -218,23 +225,59 @@ def _backfill(gaps: list[tuple[float, float]], ready: float, cycles: float) -> f
     return -1.0
 
 
-def _survey(kernel: Kernel, active: list[int]) -> tuple[dict[int, int], dict[int, int], dict[int, set[int]]]:
-    """Per core: bytes loaded, bytes stored, and the cores it receives ring data from."""
+def _same_programs(kernel: Kernel, active: list[int]) -> dict[int, int]:
+    """Core -> the first core whose program is the very same ``TileOp`` objects (itself if none).
+
+    Builders share the (frozen) ops of cores that do the same work, so a 32-core kernel is often
+    a handful of distinct programs; those are scheduled once. The check compares object identity
+    at the ends first, so it costs next to nothing when programs differ.
+    """
+    same_as: dict[int, int] = {}
+    firsts: list[int] = []
+    programs = kernel.programs
+    for c in active:
+        ops = programs[c].ops
+        for r in firsts:
+            other = programs[r].ops
+            if other is ops or (len(other) == len(ops) and other[0] is ops[0] and other[-1] is ops[-1]
+                                and other == ops):
+                same_as[c] = r
+                break
+        else:
+            same_as[c] = c
+            firsts.append(c)
+    return same_as
+
+
+def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
+            ) -> tuple[dict[int, int], dict[int, int], dict[int, set[int]], set[int]]:
+    """Per core: bytes loaded, bytes stored, the cores it receives ring data from; and the cores without ring ops."""
     loads: dict[int, int] = {}
     stores: dict[int, int] = {}
     senders: dict[int, set[int]] = {}
+    ringless: set[int] = set()
     for c in active:
+        twin = same_as[c]
+        if twin != c and twin in ringless:
+            loads[c], stores[c] = loads[twin], stores[twin]
+            ringless.add(c)
+            continue
         loaded = stored = 0
+        ring = False
         for op in kernel.programs[c].ops:
             kind = op.kind
             if kind is _LOAD:
                 loaded += op.nbytes
             elif kind is _STORE:
                 stored += op.nbytes
-            elif kind is _RECV and op.peer is not None and op.peer != c:
-                senders.setdefault(c, set()).add(op.peer)
+            elif kind is _RECV or kind is _SEND:
+                ring = True
+                if kind is _RECV and op.peer is not None and op.peer != c:
+                    senders.setdefault(c, set()).add(op.peer)
         loads[c], stores[c] = loaded, stored
-    return loads, stores, senders
+        if not ring:
+            ringless.add(c)
+    return loads, stores, senders, ringless
 
 
 def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[float, float, float]:
