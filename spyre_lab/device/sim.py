@@ -40,7 +40,8 @@ class SimResult:
     of each active core was busy (units ``load``, ``pt``, ``sfu``, ``store``, ``ring``; for
     ``ring``, the sender's time). ``core_utilization[c]`` is the fraction of ``time_us`` during
     which core ``c``'s PT or SFU was computing. ``pt_utilization`` is the MACs done divided by what
-    the PT units of the cores that ran matmuls could have done in ``time_us``. ``lx_peak[c]`` is the
+    the PT units of the cores that ran matmuls could have done in ``time_us``; ``dram_utilization``
+is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. ``lx_peak[c]`` is the
     most LX core ``c`` held at once (in analytic mode, the footprint of running the core's ops one at
     a time in program order, a lower bound of the event mode's peak). ``bottleneck`` is the class
     (memory, compute, communication) of the busiest unit on any core.
@@ -53,6 +54,7 @@ class SimResult:
     busy_us: dict[tuple[int, str], float] = field(repr=False)
     core_utilization: dict[int, float] = field(repr=False)
     pt_utilization: float
+    dram_utilization: float
     bytes_loaded: int
     bytes_stored: int
     ring_bytes: int
@@ -80,17 +82,25 @@ class SimResult:
                 f"{self.flops / 1e9:.3f} GFLOP, PT utilization {self.pt_utilization:.1%}")
 
     def explain(self) -> str:
-        """One sentence for learners: what bounds this kernel and how hard that unit works."""
+        """One sentence for learners: what bounds this kernel, how hard that unit works, what would help."""
         core, unit, busy = self.busiest()
-        compute_us = self.time_us - self.launch_us
-        share = busy / compute_us if compute_us > 0 else 0.0
-        why = {
-            "memory": "waiting on DRAM: more cores or bigger tiles will not help unless each byte is reused more",
-            "compute": "the cores are computing: spread the work over more cores or feed the PT fuller tiles",
-            "communication": "the ring is the critical path: reduce fewer partial sums or keep K partners adjacent",
-        }[self.bottleneck]
+        after_launch = self.time_us - self.launch_us
+        share = busy / after_launch if after_launch > 0 else 0.0
+        dram = self.dram_utilization * self.time_us / after_launch if after_launch > 0 else 0.0
+        if self.bottleneck == "memory" and dram >= 0.95:
+            why = f"DRAM is {dram:.0%} busy, so more cores will not help; reuse each byte more (bigger tiles, fusion)"
+        elif self.bottleneck == "memory":
+            why = f"DRAM is only {dram:.0%} busy: each core's DMA engine is the limit, so spread the transfers over " \
+                  "more cores"
+        elif self.bottleneck == "compute":
+            why = "spread the work over more cores or feed the PT fuller tiles"
+        else:
+            why = "reduce fewer partial sums over the ring or keep K partners adjacent"
+        launch = ""
+        if self.launch_us >= 0.5 * self.time_us:
+            launch = f"; the launch is {self.launch_us / self.time_us:.0%} of the time, so fusing kernels matters more"
         return (f"{self.kernel.name}: {self.bottleneck}-bound; core {core}'s {unit} unit is busy {busy:.2f} of the "
-                f"{compute_us:.2f} us after launch ({share:.0%}); {why}.")
+                f"{after_launch:.2f} us after launch ({share:.0%}); {why}{launch}.")
 
     def __repr__(self) -> str:
         return (f"SimResult({self.kernel.name!r}, mode={self.mode!r}, time_us={self.time_us:.3f} modeled, "
@@ -139,6 +149,7 @@ def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capaci
     return SimResult(
         kernel=kernel, mode=mode, time_us=total_cycles * to_us, launch_us=launch * to_us, busy_us=busy_us,
         core_utilization=utilization, pt_utilization=run.macs / peak_macs if peak_macs else 0.0,
+        dram_utilization=(run.bytes_loaded + run.bytes_stored) / (cfg.dram_bytes_per_cycle * total_cycles),
         bytes_loaded=run.bytes_loaded, bytes_stored=run.bytes_stored, ring_bytes=run.ring_bytes, flops=run.flops,
         lx_peak=run.lx_peak, lx_capacity=capacity, bottleneck=_bottleneck(run), trace=trace_out,
     )
