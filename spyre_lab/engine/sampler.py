@@ -21,7 +21,7 @@ def filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.
     if top_p < 1.0:
         sorted_logits, order = torch.sort(logits, descending=True)
         probs = sorted_logits.softmax(-1)
-        outside = probs.cumsum(-1) - probs > top_p  # mass before this token already exceeds top_p
+        outside = probs.cumsum(-1) - probs >= top_p  # the tokens before this one already reach top_p
         logits = logits.scatter(-1, order, sorted_logits.masked_fill(outside, float("-inf")))
     return logits
 
