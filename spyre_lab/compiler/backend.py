@@ -158,7 +158,12 @@ class CompiledGraph:
     def program_for(self, args: Sequence[Any]) -> Program:
         if self.program is not None:
             return self.program
-        return compile_graph(self.gm, args, self.options, self.cfg)   # symbolic graph: one static program per shape
+        program = compile_graph(self.gm, args, self.options, self.cfg)   # symbolic graph: one program per shape
+        self.programs[program.cache_key] = program
+        return program
+
+    def all_programs(self) -> list[Program]:
+        return ([self.program] if self.program is not None else []) + list(self.programs.values())
 
     def __call__(self, *args: Any) -> Any:
         from spyre_lab.runtime.executor import execute
@@ -200,11 +205,16 @@ def last_result() -> Any:
 
 
 def register() -> None:
-    """Make ``backend="spyre"`` resolve even without the installed entry point."""
+    """Make ``backend="spyre"`` resolve. With the package installed, Dynamo finds it through the
+    ``torch_dynamo_backends`` entry point (and registers it itself when loading it, so registering
+    here too would collide); from a plain source checkout, register it directly."""
+    from importlib.metadata import entry_points
+
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
-    if "spyre" not in _COMPILER_FNS:
-        register_backend(spyre_backend, name="spyre")
+    if "spyre" in _COMPILER_FNS or any(ep.name == "spyre" for ep in entry_points(group="torch_dynamo_backends")):
+        return
+    register_backend(spyre_backend, name="spyre")
 
 
 __all__ = ["CompiledGraph", "compile_graph", "options_from", "register", "spyre_backend", "to_aten"]

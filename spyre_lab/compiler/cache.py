@@ -34,7 +34,7 @@ class CacheStats:
 _lock = threading.Lock()
 _stats = CacheStats()
 _programs: OrderedDict[str, Any] = OrderedDict()
-_seen_graphs: dict[str, list[str]] = {}     # structure digest -> signatures compiled for it
+_seen_graphs: dict[str, list[str]] = {}     # lineage digest -> signatures compiled for it
 MAX_ENTRIES = 256
 
 
@@ -56,13 +56,23 @@ def _structure(fn: Callable | fx.GraphModule) -> str:
     return f"{getattr(fn, '__qualname__', type(fn).__name__)}@{id(fn)}"
 
 
+def _lineage(fn: Callable | fx.GraphModule) -> str:
+    """The ops a graph calls, ignoring sizes: the same model traced statically and with symbolic sizes
+    (Dynamo's recompile after a shape change) shares a lineage, so explain() can say "recompiled"."""
+    if isinstance(fn, fx.GraphModule):
+        return ",".join(str(n.target) for n in fn.graph.nodes
+                        if n.op == "call_function" and "sym_size" not in str(n.target))
+    return _structure(fn)
+
+
 def cache_key(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions,
               cfg: SpyreConfig) -> tuple[str, str, str]:
-    """(key, structure digest, input signature)."""
+    """(key, lineage digest, input signature)."""
     structure = hashlib.sha1(_structure(fn).encode()).hexdigest()[:16]
+    lineage = hashlib.sha1(_lineage(fn).encode()).hexdigest()[:16]
     signature = _signature(example_inputs)
     key = hashlib.sha1(f"{structure}#{signature}#{options!r}#{cfg!r}".encode()).hexdigest()[:20]
-    return key, structure, signature
+    return key, lineage, signature
 
 
 def lookup(key: str) -> Any | None:
@@ -76,11 +86,11 @@ def lookup(key: str) -> Any | None:
         return program
 
 
-def store(key: str, structure: str, signature: str, program: Any, keep_alive: Any = None) -> str:
+def store(key: str, lineage: str, signature: str, program: Any, keep_alive: Any = None) -> str:
     """Remember a freshly compiled program; returns the note explain() shows (first compile or recompile)."""
     with _lock:
         _stats.compiles += 1
-        before = _seen_graphs.setdefault(structure, [])
+        before = _seen_graphs.setdefault(lineage, [])
         note = "compiled (first time this graph was seen)"
         if before and signature not in before:
             note = (f"recompiled: new input shapes {signature} (this graph was compiled before for "

@@ -31,7 +31,8 @@ def _lx_line(launch: Any) -> str:
     plan = getattr(launch, "lx_plan", None)
     if plan is None:
         return ""
-    return f"      LX plan [{plan.strategy}] peak {plan.peak:,} of {plan.budget:,} B per core ({len(plan.offsets)} buffers)"
+    return (f"      LX plan [{plan.strategy}] peak {plan.peak:,} of {plan.budget:,} B per core "
+            f"({len(plan.offsets)} buffers)")
 
 
 def explain_program(program: Program, mode: str | None = None) -> Explanation:
@@ -84,7 +85,7 @@ def explain(obj: Any, mode: str | None = None) -> Explanation:
         text = explain_program(obj, mode)
     else:
         graphs = compiled_graphs_for(obj)
-        programs = [p for g in graphs for p in ([g.program] if g.program else [])]
+        programs = [p for g in graphs for p in g.all_programs()]
         if not programs:
             raise ValueError(f"nothing compiled for {type(obj).__name__} yet: call the compiled model once "
                              "(torch.compile is lazy), or pass a Program from compile_graph")

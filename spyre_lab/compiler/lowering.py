@@ -19,6 +19,7 @@ once), matmuls accumulate explicitly in fp32. Ops the device does not run become
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -28,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from spyre_lab.compiler.ir import BufferInfo, Fallback, Graph, IRNode, MatMul, Pointwise, Reduction
 
@@ -71,6 +72,7 @@ HOST_ONLY_REASON = {
 }
 
 
+@functools.cache
 def decomposition_table() -> dict:
     """ATen core decompositions, minus the ops Spyre keeps whole (silu/gelu/softmax lower as fused targets),
     plus layer_norm and var_mean so they reach the device as reductions and pointwise ops."""
@@ -156,9 +158,23 @@ class _Slot:
 
 
 def _bind(op: Callable, args: tuple, kwargs: dict) -> Callable[..., torch.Tensor]:
+    """``op`` with its tensor arguments left open: ``call(*tensors)`` fills the slots in order."""
+    flat, spec = tree_flatten((args, kwargs))
+    slots = [(pos, a.i) for pos, a in enumerate(flat) if isinstance(a, _Slot)]
+    if not kwargs and all(not isinstance(a, (list, tuple, dict)) for a in args):
+        def call_flat(*tensors: torch.Tensor) -> torch.Tensor:
+            filled = list(args)
+            for pos, i in slots:
+                filled[pos] = tensors[i]
+            return op(*filled)
+        return call_flat
+
     def call(*tensors: torch.Tensor) -> torch.Tensor:
-        fill = lambda a: tensors[a.i] if isinstance(a, _Slot) else a
-        return op(*tree_map(fill, args), **tree_map(fill, kwargs))
+        filled = list(flat)
+        for pos, i in slots:
+            filled[pos] = tensors[i]
+        a, k = tree_unflatten(filled, spec)
+        return op(*a, **k)
     return call
 
 
@@ -204,6 +220,9 @@ class _Lowerer:
         for node in self.gm.graph.nodes:
             if node.op == "placeholder":
                 val = node.meta.get("val")
+                if val is None or isinstance(val, (int, float, bool, torch.SymInt)):
+                    self.env[node] = val          # a size Dynamo passed in; make_fx already specialised on it
+                    continue
                 if not isinstance(val, torch.Tensor):
                     raise LoweringError(f"graph input {node.name} is {type(val).__name__}, not a tensor; spyre "
                                         "compiles static shapes: use torch.compile(..., dynamic=False)")

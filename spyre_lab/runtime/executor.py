@@ -74,10 +74,16 @@ def _run_node(node: IRNode, env: dict[str, torch.Tensor]) -> torch.Tensor:
 
 # --- per-core slicing --------------------------------------------------------------------------
 
+def _split_dims(kernel: FusedKernel, slices: list[dict[str, tuple[int, int]]]) -> set[str]:
+    """The anchor dims some core does not cover whole."""
+    anchor = kernel.anchor
+    return {d for s in slices for d, (a, b) in s.items() if (a, b) != (0, anchor.dims.get(d, -1))}
+
+
 def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict[str, tuple[int, int]]]) -> bool:
     """Can every node of the kernel be computed per core from the anchor's slices?"""
     anchor = kernel.anchor
-    split = {d for s in slices for d, (a, b) in s.items() if (a, b) != (0, anchor.dims.get(d, -1))}
+    split = _split_dims(kernel, slices)
     if not split:
         return False
     produced = {n.output for n in kernel.nodes}
@@ -127,7 +133,9 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
                 slices: list[dict[str, tuple[int, int]]]) -> list[CoreTile]:
     access = program.access
     anchor = kernel.anchor
-    tiles = [CoreTile(c, dict(s), _core_values(kernel, access, env, s)) for c, s in enumerate(slices) if s]
+    split = _split_dims(kernel, slices)
+    tiles = [CoreTile(c, dict(s), _core_values(kernel, access, env, {d: r for d, r in s.items() if d in split}))
+             for c, s in enumerate(slices) if s]
     k_split = isinstance(anchor, MatMul) and any(t.slice.get("K", (0, anchor.k)) != (0, anchor.k) for t in tiles)
     if k_split:                                # ring reduction: partners' fp32 partials added in K order
         dtype = program.buffers[anchor.output].dtype
@@ -150,7 +158,7 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
         for t in tiles:
             if name not in t.values:
                 continue
-            index = tuple(slice(*t.slice[a]) if a in t.slice and info.shape[i] == node.dims[a] else slice(None)
+            index = tuple(slice(*t.slice[a]) if a in split and info.shape[i] == node.dims[a] else slice(None)
                           for i, a in enumerate(out_axes))
             full[index] = t.values[name]
         env[name] = full
