@@ -102,9 +102,10 @@ def _is_view(op: torch._ops.OpOverload) -> bool:
 
 
 @functools.cache
-def _mutated_args(op: torch._ops.OpOverload) -> tuple[tuple[int, str], ...]:
-    """(position, name) of every argument the op writes (self of in-place ops, out= tensors)."""
-    return tuple((i, a.name) for i, a in enumerate(op._schema.arguments)
+def _mutated_args(op: torch._ops.OpOverload) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, kwarg_only) of every argument the op writes: self of in-place ops (read and
+    written) and out= tensors (keyword-only, written without being read)."""
+    return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(op._schema.arguments)
                  if a.alias_info is not None and a.alias_info.is_write)
 
 
@@ -279,7 +280,8 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     resize = {i: (tuple(meta_leaves[i].shape), meta_leaves[i].stride()) for i in written
               if tuple(meta_leaves[i].shape) != tuple(leaves[i].shape)}
     name = f"aten::{op.overloadpacket.__name__}"
-    in_metas = [meta_leaves[i] for i in input_leaves]
+    write_only = set(_written_leaves(op, leaves, spec, only_out=True))
+    in_metas = [meta_leaves[i] for i in input_leaves if i not in write_only]
     out_metas = [o for o in out_leaves if isinstance(o, torch.Tensor)]
     time_us, detail = roofline_us(packet_name(op), in_metas, out_metas, cfg)
     slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
@@ -292,15 +294,19 @@ def _dense(t: torch.Tensor) -> bool:
     return t.is_contiguous() or t.is_non_overlapping_and_dense()
 
 
-def _written_leaves(op: torch._ops.OpOverload, leaves: list[Any], spec: Any) -> list[int]:
-    """Leaf positions of the tensors the op writes, found by tagging leaves and reading the schema."""
+def _written_leaves(op: torch._ops.OpOverload, leaves: list[Any], spec: Any,
+                    only_out: bool = False) -> list[int]:
+    """Leaf positions of the tensors the op writes (``only_out``: just the out= ones), found by tagging
+    the leaves and reading the schema."""
     mutated = _mutated_args(op)
     if not mutated:
         return []
     tags = list(range(len(leaves)))
     args, kwargs = tree_unflatten(tags, spec)
     found = []
-    for pos, name in mutated:
+    for pos, name, kwarg_only in mutated:
+        if only_out and not kwarg_only:
+            continue
         tag = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
         if isinstance(tag, int):
             found.append(tag)
@@ -381,7 +387,7 @@ def _run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index:
     if warn and name not in _warned_ops:
         _warned_ops.add(name)
         warnings.warn(f"{name} has no spyre kernel; it runs as a CPU fallback (inputs copied to the host, the CPU op, "
-                      "results copied back). Each call pays two PCIe transfers.", stacklevel=3)
+                      "results copied back). Each call pays two PCIe transfers.", stacklevel=4)
     device = get_device(index)
     stream = current_stream(index)
     written = set(_written_leaves(op, leaves, spec))

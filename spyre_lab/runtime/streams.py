@@ -277,6 +277,13 @@ def stream(s: Stream | None) -> Iterator[Stream | None]:
         yield s
 
 
+def reset_time() -> None:
+    """Modeled time back to zero on the host and every stream (reproducible traces in notebooks/tests)."""
+    TIMELINE.reset()
+    for s in _STREAMS.values():
+        s.ready_us = 0.0
+
+
 def synchronize(device: Any = None) -> None:
     """Block the host (modeled) until every stream of the device has drained."""
     from spyre_lab.runtime.device_module import _device_index

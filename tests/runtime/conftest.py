@@ -1,0 +1,42 @@
+"""Shared fixtures for the spyre runtime tests: a clean modeled clock and fresh warning state."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+os.environ.setdefault("SPYRE_LAB_DEVICES", "2")
+
+import torch
+
+import spyre_lab.runtime  # noqa: F401  (registers the device even with autoload switched off)
+from spyre_lab.runtime import ops, tensor
+from spyre_lab.runtime.streams import reset_time
+
+
+@pytest.fixture(autouse=True)
+def clean_clock():
+    """Every test starts at modeled time zero on the default stream of spyre:0."""
+    reset_time()
+    torch.spyre.set_device(0)
+    yield
+
+
+@pytest.fixture
+def fresh_warnings():
+    """Forget which one-time warnings were already given, so a test can observe them."""
+    saved_ops, saved_dtypes = set(ops._warned_ops), set(tensor._warned_dtypes)
+    ops._warned_ops.clear()
+    tensor._warned_dtypes.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        yield
+    ops._warned_ops.update(saved_ops)
+    tensor._warned_dtypes.update(saved_dtypes)
+
+
+def half(*shape: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g).to(torch.float16)
