@@ -15,10 +15,9 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
 2. **DRAM sharing.** A core that loads ``L`` and stores ``S`` bytes needs at least
    ``max(L / r1, S / r1, all bytes of the kernel / dram)`` cycles to move them (its own streams'
    fair share, and the card's total bandwidth, which every transfer shares), plus the time before
-   its first load and after its last transfer. Its reported load and store busy times assume the
-   two streams overlap: while both run each gets ``r2 = min(dma, dram / 2n)``, so the smaller is
-   busy ``min(L, S) / r2`` and the larger ``|L - S| / r1`` more (processor sharing of two
-   backlogged streams, the event mode's fair-share rule).
+   its first load and after its last transfer. When the card's bandwidth is the tighter limit,
+   every transfer is slowed by the same factor (the event mode's fair share), so the reported load
+   and store busy times are the schedule's, stretched by it.
 
 Ring: a ``ring_recv`` finishes when its send does. Cores are scheduled senders first (a
 topological order of the ring edges), so a receiver sees when its partial sums land.
@@ -65,7 +64,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     active = [c for c, p in enumerate(programs) if p.ops]
     same_as = _same_programs(kernel, active)
     loads, stores, senders, ringless = _survey(kernel, active, same_as)
-    r1, r2, card_floor = _dram_rates(loads, stores, cfg)
+    r1, card_floor = _dram_rates(loads, stores, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
     mm_cache: dict[tuple[int, int, int], int] = {}
@@ -77,7 +76,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
             if twin != c and twin in ringless and twin in cores:  # same ops, no ring: same timing
                 cores[c] = cores[twin]
                 continue
-            cores[c], late = _schedule(kernel, c, cfg, capacity, r1, r2, card_floor, send_done, mm_cache)
+            cores[c], late = _schedule(kernel, c, cfg, capacity, r1, card_floor, send_done, mm_cache)
             waited |= late
         if not waited:
             break
@@ -98,7 +97,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     return run
 
 
-def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: float, r2: float, card_floor: float,
+def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: float, card_floor: float,
               send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
     """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled."""
@@ -187,10 +186,10 @@ def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: fl
             send_done[(core, op.tag)] = end
 
     tot = _Core()
-    lo, hi = sorted((load_bytes, store_bytes))
-    both, alone = lo / r2, (hi - lo) / r1
-    busy[LOAD] = both + (alone if load_bytes >= store_bytes else 0.0)
-    busy[STORE] = both + (alone if store_bytes > load_bytes else 0.0)
+    own_streams = max(load_bytes, store_bytes) / r1
+    if own_streams > 0 and card_floor > own_streams:  # DRAM, not this core's streams, is the limit: all slow down
+        busy[LOAD] *= card_floor / own_streams
+        busy[STORE] *= card_floor / own_streams
     tot.busy = busy
     tot.counts = counts
     tot.first_start = [max(0.0, f) for f in first]
@@ -280,13 +279,12 @@ def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
     return loads, stores, senders, ringless
 
 
-def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[float, float, float]:
-    """(r1, r2, card floor): the rate of one stream per streaming core, of each of two, and ``sum(bytes) / dram``."""
+def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[float, float]:
+    """(r1, card floor): one stream's rate when every streaming core runs one, and ``all bytes / dram``."""
     streaming = sum(1 for c in loads if loads[c] or stores[c])
     dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle
     r1 = min(dma, dram / max(1, streaming))
-    r2 = min(dma, dram / max(1, 2 * streaming))
-    return r1, r2, (sum(loads.values()) + sum(stores.values())) / dram
+    return r1, (sum(loads.values()) + sum(stores.values())) / dram
 
 
 def _senders_first(senders: dict[int, set[int]], active: list[int]) -> list[int]:
