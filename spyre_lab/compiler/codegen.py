@@ -364,6 +364,44 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
 
 # --- fused MLP ----------------------------------------------------------------------------------------
 
+def _mlp_division(gate: MatMul, has_down: bool, dtype: torch.dtype, cfg: SpyreConfig,
+                  options: CompileOptions) -> WorkDivision:
+    """Split the intermediate dim I first; split rows only while that shortens the modeled critical path.
+
+    Every core re-reads the weights of its I-slice once per row slice, and the weights dominate an MLP's
+    traffic: a row split divides each core's MACs but multiplies weight reads. ``planned`` picks the row
+    split ``m`` minimising ``max(compute per core, all DRAM bytes / bandwidth)``; ``naive`` splits I alone.
+    With a down projection the I-slices hold partial sums of the output, so I is the reduced dim
+    (partners adjacent under K-fast placement).
+    """
+    eps = cfg.elems_per_stick(dtype)
+    i_sticks = -(-gate.n // eps)
+    n = max(d for d in range(1, min(i_sticks, cfg.cores) + 1) if i_sticks % d == 0)
+    item = dtype.itemsize
+    weights = gate.k * gate.n * item * (3 if has_down else 2)
+    macs = gate.m * gate.n * gate.k * (3 if has_down else 2)
+    mac_per_us = cfg.macs_per_cycle_per_core * cfg.clock_hz / 1e6
+
+    def critical_path_us(m: int) -> float:
+        rows_eff = min(1.0, gate.m / m / cfg.pe_rows)
+        compute = macs / (n * m) / (mac_per_us * rows_eff)
+        dram = (m * weights + n * gate.m * gate.k * item) / cfg.dram_bandwidth * 1e6
+        return max(compute, dram)
+
+    m = 1
+    if options.work_division == "planned":
+        options_m = [d for d in range(1, cfg.cores // n + 1) if gate.m % d == 0]
+        m = min(options_m, key=lambda d: (critical_path_us(d), d))
+    reason = (f"MLP: the intermediate dim I takes {n} cores ({i_sticks} sticks), rows {m} (modeled critical path "
+              f"{critical_path_us(m):.1f} us); weights are re-read once per row slice, so I is split first")
+    splits = {"N": n, "M": m, "K": 1} if has_down else {"K": 1, "M": m, "N": n}
+    reason = (f"MLP: the intermediate dim I takes {n} cores ({i_sticks} sticks), rows take {m} of the rest; "
+              "weights are re-read once per row slice, so I is split first")
+    red = "N" if has_down else None
+    return WorkDivision(splits, placement(splits, red, options.k_fast_placement), options.work_division, reason,
+                        None, ("N",) if has_down else ("K",))
+
+
 def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     matmuls = [n for n in kernel.nodes if isinstance(n, MatMul)]
@@ -381,15 +419,7 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     x = gate.inputs[0]
     dtype = buffers[x].dtype
     sizes = {"B": 1, "M": gate.m, "N": gate.n, "K": gate.k}
-    planned = divide_matmul(1, gate.m, gate.n, gate.k, dtype, cfg, options.work_division, options.k_fast_placement,
-                            allow_k_split=False)
-    if down is not None:
-        splits = {"N": planned.splits["N"], "M": planned.splits["M"], "K": 1}
-        division = WorkDivision(splits, placement(splits, "N", options.k_fast_placement), planned.strategy,
-                                planned.reason + "; I-slices are partial sums of the down projection, reduced "
-                                "over the ring", planned.cost, ("N",))
-    else:
-        division = planned
+    division = _mlp_division(gate, down is not None, dtype, cfg, options)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
     out = down.output if down is not None else h

@@ -1,0 +1,305 @@
+"""Codegen: per-core tile programs fit LX, move the bytes the mechanism says, and document themselves."""
+
+import math
+
+import pytest
+import torch
+
+from spyre_lab.compiler.codegen import generate_kernel
+from spyre_lab.compiler.ir import BufferInfo, Fallback, FusedKernel, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.options import CompileOptions
+from spyre_lab.compiler.work_division import ring_hops
+from spyre_lab.device.config import SPYRE
+from spyre_lab.device.isa import LXOverflowError, OpKind
+
+F16 = torch.float16
+OPTS = CompileOptions()
+SB = SPYRE.stick_bytes
+
+
+def _noop(*_):
+    return None
+
+
+def _bufs(*rows):
+    return {name: BufferInfo(name, shape, F16, role) for name, shape, role in rows}
+
+
+def softmax_graph(m, n):
+    d = {"d0": m, "d1": n}
+    bufs = _bufs(("x", (m, n), "input"), ("amax", (m, 1), "intermediate"), ("sub", (m, n), "intermediate"),
+                 ("exp", (m, n), "intermediate"), ("sum", (m, 1), "intermediate"), ("div", (m, n), "output"))
+    nodes = [Reduction("amax", "amax", ("x",), "amax", dict(d), _noop, ("d1",), "d0"),
+             Pointwise("sub", "sub", ("x", "amax"), "sub", dict(d), _noop, (), "d1"),
+             Pointwise("exp", "exp", ("sub",), "exp", dict(d), _noop, (), "d1"),
+             Reduction("sum", "sum", ("exp",), "sum", dict(d), _noop, ("d1",), "d0"),
+             Pointwise("div", "div", ("exp", "sum"), "div", dict(d), _noop, (), "d1")]
+    return nodes, bufs
+
+
+def fused_softmax(m, n):
+    nodes, bufs = softmax_graph(m, n)
+    return FusedKernel("softmax", nodes, "softmax", ["x"], ["div"], ["amax", "sub", "exp", "sum"]), bufs
+
+
+def single(node, rule="single"):
+    return FusedKernel(node.name, [node], rule, list(dict.fromkeys(node.inputs)), [node.output])
+
+
+def matmul_graph(m, n, k, bias=False):
+    bufs = _bufs(("a", (m, k), "input"), ("w", (k, n), "constant"), ("c", (m, n), "output"))
+    nodes = [MatMul("mm", "matmul", ("a", "w"), "c", {"B": 1, "M": m, "N": n, "K": k}, _noop, ("K",), "N", 1, m, n, k)]
+    if not bias:
+        return FusedKernel("mm", nodes, "single", ["a", "w"], ["c"]), bufs
+    bufs.update(_bufs(("bias", (n,), "constant"), ("y", (m, n), "output")))
+    bufs["c"].role = "intermediate"
+    nodes.append(Pointwise("add", "add", ("c", "bias"), "y", {"d0": m, "d1": n}, _noop, (), "d1"))
+    return FusedKernel("mm_bias", nodes, "matmul_epilogue", ["a", "w", "bias"], ["y"], ["c"]), bufs
+
+
+def mlp_graph(m, h, i, down=True):
+    bufs = _bufs(("x", (m, h), "input"), ("wg", (h, i), "constant"), ("wu", (h, i), "constant"),
+                 ("g", (m, i), "intermediate"), ("u", (m, i), "intermediate"), ("s", (m, i), "intermediate"),
+                 ("p", (m, i), "intermediate" if down else "output"), ("wd", (i, h), "constant"),
+                 ("y", (m, h), "output"))
+    dims = {"B": 1, "M": m, "N": i, "K": h}
+    nodes = [MatMul("gate", "matmul", ("x", "wg"), "g", dict(dims), _noop, ("K",), "N", 1, m, i, h),
+             MatMul("up", "matmul", ("x", "wu"), "u", dict(dims), _noop, ("K",), "N", 1, m, i, h),
+             Pointwise("silu", "silu", ("g",), "s", {"d0": m, "d1": i}, _noop, (), "d1"),
+             Pointwise("mul", "mul", ("s", "u"), "p", {"d0": m, "d1": i}, _noop, (), "d1")]
+    if down:
+        nodes.append(MatMul("down", "matmul", ("p", "wd"), "y", {"B": 1, "M": m, "N": h, "K": i}, _noop, ("K",), "N",
+                            1, m, h, i))
+    ins = ["x", "wg", "wu", *(["wd"] if down else [])]
+    return FusedKernel("mlp", nodes, "mlp", ins, ["y" if down else "p"], ["g", "u", "s"]), bufs, nodes
+
+
+def bias_add(m, n):
+    bufs = _bufs(("x", (m, n), "input"), ("b", (n,), "constant"), ("y", (m, n), "output"))
+    node = Pointwise("add", "add", ("x", "b"), "y", {"d0": m, "d1": n}, _noop, (), "d1")
+    return FusedKernel("bias_add", [node], "single", ["x", "b"], ["y"]), bufs
+
+
+def rms_norm(m, n):
+    d = {"d0": m, "d1": n}
+    bufs = _bufs(("x", (m, n), "input"), ("sq", (m, n), "intermediate"), ("ms", (m, 1), "intermediate"),
+                 ("r", (m, 1), "intermediate"), ("y", (m, n), "output"))
+    nodes = [Pointwise("pow", "pow", ("x",), "sq", dict(d), _noop, (), "d1"),
+             Reduction("mean", "mean", ("sq",), "ms", dict(d), _noop, ("d1",), "d0"),
+             Pointwise("rsqrt", "rsqrt", ("ms",), "r", {"d0": m, "d1": 1}, _noop, (), "d1"),
+             Pointwise("mul", "mul", ("x", "r"), "y", dict(d), _noop, (), "d1")]
+    return FusedKernel("rms", nodes, "reduction_fusion", ["x"], ["y"], ["sq", "ms", "r"]), bufs
+
+
+def restickify(m, n):
+    bufs = _bufs(("x", (m, n), "input"), ("xt", (m, n), "output"))
+    node = Pointwise("copy", "copy", ("x",), "xt", {"d0": m, "d1": n}, _noop, (), "d1")
+    return FusedKernel("restick", [node], "restickify", ["x"], ["xt"]), bufs
+
+
+def _cases():
+    nodes, bufs = softmax_graph(256, 512)
+    yield "softmax", *fused_softmax(256, 512)
+    for n in nodes:
+        yield f"staged_{n.op}", single(n), bufs
+    yield "bias_add", *bias_add(200, 320)
+    yield "rms_norm", *rms_norm(96, 1024)
+    yield "restickify", *restickify(128, 256)
+    yield "matmul", *matmul_graph(256, 512, 1024)
+    yield "matmul_decode_ksplit", *matmul_graph(1, 1024, 2048)
+    yield "matmul_epilogue", *matmul_graph(128, 640, 256, bias=True)
+    k, b, _ = mlp_graph(16, 256, 512)
+    yield "mlp", k, b
+    k, b, _ = mlp_graph(8, 128, 256, down=False)
+    yield "mlp_no_down", k, b
+
+
+CASES = list(_cases())
+
+
+@pytest.mark.parametrize("label,kernel,bufs", CASES, ids=[c[0] for c in CASES])
+def test_lx_plan_fits_and_bounds_the_simulated_peak(label, kernel, bufs):
+    spec = generate_kernel(kernel, bufs, SPYRE, OPTS)
+    assert spec.lx_plan.peak <= SPYRE.lx_budget_bytes
+    sim = spec.simulate("event")
+    assert max(sim.lx_peak.values()) <= spec.lx_plan.peak, "tile programs hold more LX than the plan gave them"
+    assert sim.time_us > sim.launch_us
+    assert spec.simulate("event") is sim  # cached per mode
+
+
+def test_pointwise_bytes_match_tensor_sizes_with_broadcast_loaded_once_per_core():
+    m, n = 200, 320
+    spec = generate_kernel(*bias_add(m, n), SPYRE, OPTS)
+    cores = len(spec.tile_kernel.active_cores)
+    assert spec.bytes_out == m * n * 2
+    # x once, plus the bias row loaded once by each core (its slice of the stick dim, whole sticks)
+    per_core_bias = sum(op.nbytes for p in spec.tile_kernel.programs for op in p
+                        if op.kind is OpKind.LOAD and op.out == "b")
+    assert spec.bytes_in == m * n * 2 + per_core_bias
+    assert per_core_bias == cores * (math.ceil(n / 64) // spec.division.splits["d1"]) * SB
+    for p in spec.tile_kernel.programs:
+        if len(p):
+            assert sum(op.kind is OpKind.LOAD and op.out == "b" for op in p) == 1
+    assert spec.tile_kernel.programs[0].ops and max(
+        sum(op.kind is OpKind.LOAD and op.out.startswith("x") for op in p) for p in spec.tile_kernel.programs) >= 1
+
+
+def test_fused_softmax_moves_2mn_and_staged_moves_8mn_plus_reductions():
+    m, n = 512, 1024
+    cfg = SPYRE.replace(cores=1)
+    fused = generate_kernel(*fused_softmax(m, n), cfg, OPTS)
+    assert fused.bytes_in + fused.bytes_out == 2 * m * n * 2
+    nodes, bufs = softmax_graph(m, n)
+    staged = [generate_kernel(single(nd), bufs, cfg, OPTS) for nd in nodes]
+    moved = sum(k.bytes_in + k.bytes_out for k in staged)
+    # 8 MN values through DRAM, plus max and sum written and read once each: 4 M values, one stick each
+    # (a keepdim reduction along the stick dim leaves one value per stick)
+    assert moved == 8 * m * n * 2 + 4 * m * SB
+    # no intermediate of the fused kernel reaches DRAM: only x is loaded, only the result stored
+    loads = {op.out.split("[")[0] for p in fused.tile_kernel.programs for op in p if op.kind is OpKind.LOAD}
+    assert loads == {"x"}
+
+
+def test_fused_softmax_writes_exp_and_sub_in_place():
+    spec = generate_kernel(*fused_softmax(256, 512), SPYRE.replace(cores=1), OPTS)
+    plan = spec.lx_plan
+    assert plan.offsets["sub[0]"] == plan.offsets["x[0]"] == plan.offsets["exp[0]"]
+    ops = spec.tile_kernel.programs[0].ops
+    exps = [op.kind for op in ops if op.name.startswith("exp")]
+    assert exps and set(exps) == {OpKind.SPECIAL}
+    assert all(op.out is None for op in ops if "(in place)" in op.name)
+
+
+def test_to_json_has_superdsc_keys_and_per_core_addresses():
+    # the documented example: abs fp16 (4, 64) on 2 cores -> 2 rows per core, slices 256 B apart
+    bufs = _bufs(("x", (4, 64), "input"), ("y", (4, 64), "output"))
+    node = Pointwise("abs", "abs", ("x",), "y", {"d0": 4, "d1": 64}, _noop, (), "d1")
+    spec = generate_kernel(single(node), bufs, SPYRE.replace(cores=2), OPTS)
+    doc = spec.to_json()
+    for key in ("coreFoldProp_", "coreletFoldProp_", "numWkSlicesPerDim_", "coreIdToWkSlice_", "dscs_"):
+        assert key in doc
+    assert doc["numWkSlicesPerDim_"] == {"d0": 2, "d1": 1}
+    dsc = doc["dscs_"][0]["abs"]
+    for key in ("N_", "dataStageParam_", "primaryDsInfo_", "labeledDs_", "scheduleTree_", "computeOp_"):
+        assert key in dsc
+    assert dsc["N_"] == {"d0": 4, "d1": 64}
+    assert dsc["dataStageParam_"]["0"]["perCore_"] == {"0": {"d0": 2, "d1": 64}, "1": {"d0": 2, "d1": 64}}
+    assert set(dsc["primaryDsInfo_"]) == {"INPUT", "OUTPUT"}
+    assert dsc["primaryDsInfo_"]["INPUT"]["stickSize_"] == [64]
+    hbm = {a["name_"]: a for a in dsc["scheduleTree_"] if a["component_"] == "hbm"}
+    for name in ("x", "y"):
+        data = hbm[name]["startAddressCoreCorelet_"]["data_"]
+        assert data == {"0": {"slot": name, "offset": 0}, "1": {"slot": name, "offset": 256}}
+        assert hbm[name]["startAddressCoreCorelet_"]["dim_prop_func"][0]["affine"]["alpha"] == 256
+    assert {lds["memOrg_"].keys().__iter__().__next__() for lds in dsc["labeledDs_"]} == {"hbm", "lx"}
+    assert dsc["computeOp_"] == [{"exUnit": "sfp", "opFuncName": "abs", "fidelity": "regular"}]
+    assert spec.address_slots == ["x", "y"]
+    assert spec.slices == [{"d0": (0, 2), "d1": (0, 64)}, {"d0": (2, 4), "d1": (0, 64)}]
+
+
+def test_matmul_json_marks_pt_and_weights():
+    spec = generate_kernel(*matmul_graph(128, 640, 256, bias=True), SPYRE, OPTS)
+    dsc = spec.to_json()["dscs_"][0]["mm_bias"]
+    assert {"INPUT", "KERNEL", "OUTPUT"} <= set(dsc["primaryDsInfo_"])
+    assert dsc["primaryDsInfo_"]["INPUT"]["stickDimOrder_"] == ["K"]
+    assert [c["exUnit"] for c in dsc["computeOp_"]] == ["pt", "sfp"]
+    assert "matmul" in spec.explain()
+
+
+def test_too_big_working_set_is_tiled_smaller_and_fits():
+    m, n = 4096, 2048  # 16 MB of x on one core
+    spec = generate_kernel(*fused_softmax(m, n), SPYRE.replace(cores=1), OPTS)
+    assert spec.tiles["d0"] < m and spec.tiles["d1"] == n  # rows shrink, reduced rows stay whole
+    assert spec.lx_plan.peak <= SPYRE.lx_budget_bytes
+    assert spec.bytes_in == m * n * 2 and spec.bytes_out == m * n * 2
+
+
+def test_a_row_that_cannot_fit_raises_with_the_kernel_name():
+    with pytest.raises(LXOverflowError, match="softmax"):
+        generate_kernel(*fused_softmax(2, 1 << 20), SPYRE, OPTS)
+
+
+def test_matmul_bytes_and_tiles():
+    m, n, k = 64, 128, 256
+    spec = generate_kernel(*matmul_graph(m, n, k), SPYRE.replace(cores=1), OPTS)
+    assert spec.bytes_in == (m * k + k * n) * 2  # one tile holds it all: each operand loaded once
+    assert spec.bytes_out == m * n * 2
+    assert spec.flops == 2 * m * n * k
+    big = generate_kernel(*matmul_graph(1024, 4096, 4096), SPYRE, OPTS)
+    assert big.tiles["M"] >= 8 and big.lx_plan.peak <= SPYRE.lx_budget_bytes
+    assert big.bytes_out == 1024 * 4096 * 2
+    assert big.flops == 2 * 1024 * 4096 * 4096
+
+
+@pytest.mark.parametrize("k_fast", [True, False])
+def test_k_split_reduces_over_the_ring_and_one_partner_stores(k_fast):
+    m, n, k = 1, 1024, 2048
+    spec = generate_kernel(*matmul_graph(m, n, k), SPYRE, OPTS.replace(k_fast_placement=k_fast))
+    d = spec.division
+    ks = d.splits["K"]
+    assert ks > 1
+    sends = [(c, op) for c, p in enumerate(spec.tile_kernel.programs) for op in p if op.kind is OpKind.RING_SEND]
+    assert sends
+    expected_hops = 1 if k_fast else d.splits["M"] * d.splits["N"]
+    assert {op.hops for _, op in sends} == {min(expected_hops, SPYRE.cores - expected_hops)}
+    for c, op in sends:
+        assert op.hops == ring_hops(c, op.peer, SPYRE.cores)
+    storers = {c for c, p in enumerate(spec.tile_kernel.programs) if any(op.kind is OpKind.STORE for op in p)}
+    assert len(storers) == d.cores_used // ks
+    assert spec.bytes_out == m * n * 2
+    assert spec.simulate("event").ring_bytes == spec.ring_bytes > 0
+
+
+def test_double_buffering_is_written_into_load_deps():
+    for double, gap in ((True, 2), (False, 1)):
+        spec = generate_kernel(*fused_softmax(4096, 1024), SPYRE.replace(cores=1), OPTS.replace(double_buffer=double))
+        ops = spec.tile_kernel.programs[0].ops
+        loads = [i for i, op in enumerate(ops) if op.kind is OpKind.LOAD]
+        assert len(loads) > 3
+        assert all(not ops[i].deps for i in loads[:gap])
+        assert all(ops[i].deps for i in loads[gap:])
+        assert ops[loads[gap]].deps[0] < loads[1] if double else ops[loads[1]].deps[0] < loads[1]
+
+
+def test_mlp_keeps_intermediates_in_lx():
+    m, h, i = 16, 256, 512
+    kernel, bufs, nodes = mlp_graph(m, h, i)
+    spec = generate_kernel(kernel, bufs, SPYRE, OPTS)
+    loaded = {op.out.split("[")[0] for p in spec.tile_kernel.programs for op in p if op.kind is OpKind.LOAD}
+    assert loaded == {"x", "wg", "wu", "wd"}
+    assert spec.bytes_out == m * h * 2
+    weights = (2 * h * i + i * h) * 2
+    assert spec.bytes_in >= weights
+    kinds = [op.kind for p in spec.tile_kernel.programs for op in p]
+    assert OpKind.SPECIAL in kinds  # SiLU on the SFU
+    separate = [generate_kernel(single(n), bufs, SPYRE, OPTS) for n in nodes]
+    assert sum(k.bytes_in + k.bytes_out for k in separate) > spec.bytes_in + spec.bytes_out
+
+
+def test_restickify_is_a_copy():
+    spec = generate_kernel(*restickify(128, 256), SPYRE, OPTS)
+    kinds = {op.kind for p in spec.tile_kernel.programs for op in p}
+    assert kinds == {OpKind.LOAD, OpKind.STORE}
+    assert spec.bytes_in == spec.bytes_out == 128 * 256 * 2
+
+
+def test_lone_reduction_may_split_its_reduced_dim_and_combine_over_the_ring():
+    bufs = _bufs(("x", (4, 4096), "input"), ("s", (4, 1), "output"))
+    node = Reduction("sum", "sum", ("x",), "s", {"d0": 4, "d1": 4096}, _noop, ("d1",), "d0")
+    spec = generate_kernel(single(node), bufs, SPYRE, OPTS)
+    assert spec.division.splits["d1"] > 1
+    assert spec.ring_bytes > 0
+    assert spec.bytes_out == 4 * SB  # one value per stick per row, stored once by partner 0
+    spec.simulate("event")
+
+
+def test_bad_kernels_are_rejected_clearly():
+    bufs = _bufs(("x", (4, 64), "input"), ("y", (4, 64), "output"))
+    fb = Fallback("cumsum", "cumsum", ("x",), "y", {"d0": 4, "d1": 64}, _noop)
+    with pytest.raises(ValueError, match="host"):
+        generate_kernel(single(fb), bufs, SPYRE, OPTS)
+    node = Pointwise("abs", "abs", ("x",), "zz", {"d0": 4, "d1": 64}, _noop)
+    with pytest.raises(ValueError, match="missing"):
+        generate_kernel(single(node), bufs, SPYRE, OPTS)
+    with pytest.raises(ValueError, match="rule"):
+        generate_kernel(FusedKernel("k", [node], "magic", ["x"], ["zz"]), bufs, SPYRE, OPTS)
