@@ -22,10 +22,10 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import torch  # noqa: E402
-from transformers import GraniteConfig, GraniteForCausalLM  # noqa: E402
+import torch
+from transformers import GraniteConfig, GraniteForCausalLM
 
-from spyre_lab.engine.tokenizer import CharTokenizer  # noqa: E402
+from spyre_lab.engine.tokenizer import CharTokenizer
 
 OUT = Path(__file__).resolve().parents[1] / "spyre_lab" / "engine" / "models" / "tiny_granite"
 CHARS = string.ascii_lowercase + string.digits + " .:+=,"
@@ -64,7 +64,7 @@ def sample_text(rng: random.Random) -> str:
 
 
 def make_batch(rng: random.Random, tokenizer: CharTokenizer, batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    rows = [tokenizer.encode(sample_text(rng)) + [tokenizer.eos_token_id] for _ in range(batch_size)]
+    rows = [[*tokenizer.encode(sample_text(rng)), tokenizer.eos_token_id] for _ in range(batch_size)]
     width = max(map(len, rows))
     ids = torch.full((batch_size, width), tokenizer.pad_token_id)
     labels = torch.full((batch_size, width), -100)

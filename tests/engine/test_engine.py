@@ -59,7 +59,7 @@ def test_engine_step_loop_and_abort(hf_granite_dir):
     engine.add_request("never-run", PROMPTS[2], GREEDY)
     assert engine.abort_request("never-run")
     first = engine.step()
-    assert [(o.request_id, o.outputs[0].finish_reason) for o in first][0] == ("never-run", "abort")
+    assert next((o.request_id, o.outputs[0].finish_reason) for o in first) == ("never-run", "abort")
     engine.step()
     assert engine.abort_request("drop") and not engine.abort_request("drop")
     finished = {}
