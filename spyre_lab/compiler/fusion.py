@@ -205,6 +205,23 @@ class _Scheduler:
                 return True
         return False
 
+    def align_epilogue_dims(self, nodes: list[IRNode]) -> None:
+        """Name an epilogue's dims after the matmul's output dims (d0, d1 -> M, N), so a core's M/N slice
+        of the matmul is also its slice of the epilogue."""
+        mm = next(n for n in nodes if isinstance(n, MatMul))
+        out_names = self.lowered.access[mm.name].out_axes
+        out_shape = self.graph.buffers[mm.output].shape
+        for n in nodes:
+            if not isinstance(n, Pointwise) or self.graph.buffers[n.output].shape != out_shape:
+                continue
+            rename = dict(zip(n.dims, out_names))
+            access = self.lowered.access[n.name]
+            n.dims = {rename[d]: size for d, size in n.dims.items()}
+            n.stick_dim = rename.get(n.stick_dim, n.stick_dim)
+            access.reads = [Read(r.buffer, r.steps, r.meta, tuple(rename.get(a, a) for a in r.axes))
+                            for r in access.reads]
+            access.out_axes = tuple(rename.get(a, a) for a in access.out_axes)
+
     def staged_softmax(self, group: list[IRNode]) -> list[tuple[list[IRNode], str]]:
         amax, sub, exp, red, div = group
         middle: list[tuple[list[IRNode], str]]
@@ -254,6 +271,9 @@ class _Scheduler:
             if self.join(groups, group_of, node):
                 continue
             add([node], "restickify" if node.op == "restickify" else "single", True)
+        for g in groups:
+            if g.rule == "matmul_epilogue":
+                self.align_epilogue_dims(g.nodes)
         kernels = []
         for i, g in enumerate(groups):
             nodes, rule = g.nodes, (g.rule if len(g.nodes) > 1 or g.rule == "restickify" else "single")

@@ -89,7 +89,7 @@ def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict
     produced = {n.output for n in kernel.nodes}
     for _i, node in enumerate(kernel.nodes):
         for d in split:
-            if node.dims.get(d) != anchor.dims.get(d):
+            if node.dims.get(d) != anchor.dims.get(d) and not (d == "K" and node is not anchor and d not in node.dims):
                 return False
             if d in node.reduction_dims and not (node is anchor and isinstance(node, MatMul) and d == "K"):
                 return False
@@ -97,7 +97,7 @@ def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict
             return False
         if any(r.buffer in produced and not r.is_identity for r in access[node.name].reads):
             return False
-    return not ("K" in split and kernel.nodes[-1] is not anchor)
+    return not ("K" in split and kernel.nodes[0] is not anchor)
 
 
 def _narrow(t: torch.Tensor, axes: Sequence[str | None], s: dict[str, tuple[int, int]],
@@ -109,12 +109,12 @@ def _narrow(t: torch.Tensor, axes: Sequence[str | None], s: dict[str, tuple[int,
     return t
 
 
-def _core_values(kernel: FusedKernel, access: dict[str, Access], env: dict[str, torch.Tensor],
-                 s: dict[str, tuple[int, int]]) -> dict[str, torch.Tensor]:
+def _core_values(nodes: Sequence[IRNode], anchor: IRNode, access: dict[str, Access], env: dict[str, torch.Tensor],
+                 s: dict[str, tuple[int, int]], local: dict[str, torch.Tensor] | None = None,
+                 ) -> dict[str, torch.Tensor]:
     """One core's computation of its slice; a K-split matmul leaves its fp32 partial sum."""
-    anchor = kernel.anchor
-    local: dict[str, torch.Tensor] = {}
-    for node in kernel.nodes:
+    local = {} if local is None else local
+    for node in nodes:
         acc = access[node.name]
         ins = []
         for r in acc.reads:
@@ -134,9 +134,10 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
     access = program.access
     anchor = kernel.anchor
     split = _split_dims(kernel, slices)
-    tiles = [CoreTile(c, dict(s), _core_values(kernel, access, env, {d: r for d, r in s.items() if d in split}))
+    k_split = isinstance(anchor, MatMul) and "K" in split
+    first = kernel.nodes[:1] if k_split else kernel.nodes
+    tiles = [CoreTile(c, dict(s), _core_values(first, anchor, access, env, {d: r for d, r in s.items() if d in split}))
              for c, s in enumerate(slices) if s]
-    k_split = isinstance(anchor, MatMul) and any(t.slice.get("K", (0, anchor.k)) != (0, anchor.k) for t in tiles)
     if k_split:                                # ring reduction: partners' fp32 partials added in K order
         dtype = program.buffers[anchor.output].dtype
         blocks: dict[tuple, list[CoreTile]] = {}
@@ -150,6 +151,9 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
             group[0].values[anchor.output] = total.to(dtype)
             for t in group[1:]:
                 t.values[anchor.output + ".partial"] = t.values.pop(anchor.output)
+            leader = group[0]                  # the partner that stores runs the epilogue on the reduced block
+            s = {d: r for d, r in leader.slice.items() if d in split and d != "K"}
+            _core_values(kernel.nodes[1:], anchor, access, env, s, local=leader.values)
     for name in kernel.outputs:
         info = program.buffers[name]
         node = next(n for n in kernel.nodes if n.output == name)
@@ -206,6 +210,10 @@ def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analy
         sim = launch.simulate(mode)
         if sim.trace is not None:
             trace.extend(sim.trace, offset_us=clock)
+        else:                                  # analytic mode: one summary event per busy unit per core
+            for (core, unit), busy in sorted(getattr(sim, "busy_us", {}).items()):
+                if busy > 0:
+                    trace.add(f"core{core}.{unit}", launch.name, clock, busy, summary=True)
         trace.add(KERNEL_LANE, launch.name, clock, sim.time_us, rule=kernel.rule,
                   ops=[n.op for n in kernel.nodes], bottleneck=getattr(sim, "bottleneck", ""))
         times[launch.name] = sim.time_us
