@@ -83,6 +83,8 @@ is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. `
 
     def explain(self) -> str:
         """One sentence for learners: what bounds this kernel, how hard that unit works, what would help."""
+        if not self.kernel.num_ops:
+            return f"{self.kernel.name}: no ops; the {self.launch_us:.2f} us are the launch alone."
         core, unit, busy = self.busiest()
         after_launch = self.time_us - self.launch_us
         share = busy / after_launch if after_launch > 0 else 0.0

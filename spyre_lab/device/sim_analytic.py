@@ -20,7 +20,9 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
    and store busy times are the schedule's, stretched by it.
 
 Ring: a ``ring_recv`` finishes when its send does. Cores are scheduled senders first (a
-topological order of the ring edges), so a receiver sees when its partial sums land.
+topological order of the ring edges), so a receiver sees when its partial sums land. The event
+mode's flow control (a send waits until its receive is posted) is not modeled, so a ring deadlock
+the event mode reports goes unnoticed here.
 
 Cores whose programs are the very same ``TileOp`` objects (builders share the ops of cores that
 do the same work) and hold no ring ops are scheduled once: their timing cannot differ.

@@ -223,8 +223,8 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
         for g in completed:
             finish(g, t)
             done += 1
-            r = recv_of.get(g)
-            if r is not None:
+            if unit[g] == RING and g in recv_of:  # the receive lands with its send
+                r = recv_of[g]
                 recv_xfer_start[r] = start[g]
                 finish(r, t)
                 done += 1

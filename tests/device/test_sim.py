@@ -283,3 +283,25 @@ def test_bad_input_is_named():
         simulate(elementwise_kernel(1024, 1), SPYRE.replace(cores=8))
     with pytest.raises(TypeError, match=r"takes a spyre_lab\.device\.isa\.Kernel"):
         simulate([kernel])
+
+
+def test_ring_exchange_that_waits_on_itself_is_reported():
+    """A send fires only once its receive is posted, so two cores that each receive after sending deadlock."""
+    p0, p1 = CoreProgram(), CoreProgram()
+    p0.ring_recv("x", 128, peer=1, tag="b", deps=[p0.ring_send(128, peer=1, hops=1, tag="a", deps=[])])
+    p1.ring_recv("y", 128, peer=0, tag="a", deps=[p1.ring_send(128, peer=0, hops=1, tag="b", deps=[])])
+    with pytest.raises(RuntimeError, match="deadlocked after 0 of 4 ops"):
+        simulate(Kernel("swap", [p0, p1]))
+    q0, q1 = CoreProgram(), CoreProgram()  # receives posted first: the exchange completes
+    q0.ring_recv("x", 128, peer=1, tag="b")
+    q0.ring_send(128, peer=1, hops=1, tag="a", deps=[])
+    q1.ring_recv("y", 128, peer=0, tag="a")
+    q1.ring_send(128, peer=0, hops=1, tag="b", deps=[])
+    result = simulate(Kernel("swap", [q0, q1]))
+    assert result.ring_bytes == 256 and result.lx_peak == {0: 128, 1: 128}
+    assert result.time_us - result.launch_us == pytest.approx(SPYRE.cycles_to_us(1 + SPYRE.ring_hop_cycles))
+
+
+def test_empty_kernel_costs_the_launch():
+    result = simulate(Kernel("empty", [CoreProgram()]), mode="analytic")
+    assert result.time_us == pytest.approx(result.launch_us) and "launch alone" in result.explain()
