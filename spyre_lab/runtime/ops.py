@@ -72,6 +72,10 @@ HOST_BY_DESIGN = frozenset({
 })
 """Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
 
+DIRECT_KERNELS = (aten.native_layer_norm.default, aten.view.dtype)
+"""Ops with a CompositeExplicitAutograd kernel, which the dispatcher would prefer over a backend
+fallback: they get a direct PrivateUse1 registration so the device sees them whole."""
+
 _TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
                              "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
                              "_fused_rms_norm", "reciprocal", "div"})
@@ -394,8 +398,11 @@ def _run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index:
     with TIMELINE.launch(f"{name} (CPU fallback)", fallback=True):
         host = list(leaves)
         moved_in = 0
+        write_only = set(_written_leaves(op, leaves, spec, only_out=True))
         for i, x in enumerate(leaves):
-            if isinstance(x, torch.Tensor) and x.device.type == "spyre":
+            if i in write_only:  # out= tensors are written, never read: nothing to copy over
+                host[i] = torch.empty_strided(x.size(), x.stride(), dtype=x.dtype)
+            elif isinstance(x, torch.Tensor) and x.device.type == "spyre":
                 nbytes = device_nbytes(x)
                 moved_in += nbytes
                 stream.enqueue(f"D2H {name} input", "pcie.d2h", _pcie(index), dma_us(nbytes, device), bytes=nbytes,

@@ -12,6 +12,8 @@ It runs on ``import torch`` through the ``torch.backends`` entry point (:func:`s
 from __future__ import annotations
 
 import types
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -62,9 +64,19 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_hook(SpyreHooks())
     torch._C._acc.register_python_privateuseone_device_guard(SpyreDeviceGuard())
 
-    from spyre_lab.runtime.ops import dispatch
+    from spyre_lab.runtime.ops import DIRECT_KERNELS, dispatch
 
     lib = torch.library.Library("_", "IMPL")  # fallbacks live in the global namespace "_"
     lib.fallback(dispatch, "PrivateUse1")
     lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-    _LIBRARIES.append(lib)
+    direct = torch.library.Library("aten", "IMPL")
+    for op in DIRECT_KERNELS:
+        direct.impl(op, _kernel_for(op, dispatch), "PrivateUse1")
+    _LIBRARIES.extend((lib, direct))
+
+
+def _kernel_for(op: torch._ops.OpOverload, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return dispatch(op, *args, **kwargs)
+
+    return kernel

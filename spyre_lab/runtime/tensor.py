@@ -215,14 +215,24 @@ def buffer_of(t: torch.Tensor) -> DeviceBuffer:
     return buffer
 
 
+def _typed_buffer(t: torch.Tensor) -> DeviceBuffer:
+    buffer = buffer_of(t)
+    if t.dtype != buffer.host_dtype:
+        raise SpyreUsageError(
+            f"this {t.dtype} tensor views a storage written as {buffer.host_dtype}: it reinterprets the bits, but "
+            "spyre keeps data stickified in its device dtype. Reinterpret on the CPU: t.cpu().view(dtype)"
+        )
+    return buffer
+
+
 def host_view(t: torch.Tensor) -> torch.Tensor:
     """A CPU tensor with ``t``'s values, viewing the buffer's host mirror (read-only by convention)."""
-    return buffer_of(t).read_window(t.size(), t.stride(), t.storage_offset())
+    return _typed_buffer(t).read_window(t.size(), t.stride(), t.storage_offset())
 
 
 def write_into(t: torch.Tensor, values: torch.Tensor) -> None:
     """Write host ``values`` (broadcast and cast like ``copy_``) into spyre tensor ``t``'s window."""
-    buffer_of(t).write_window(t.size(), t.stride(), t.storage_offset(), values)
+    _typed_buffer(t).write_window(t.size(), t.stride(), t.storage_offset(), values)
 
 
 def from_host(cpu: torch.Tensor, device_index: int) -> torch.Tensor:

@@ -1,0 +1,147 @@
+"""Eager ops: one launch function, cached one-op programs on the JobPlan path, traced CPU fallbacks."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spyre_lab.runtime import last_trace, ops
+from spyre_lab.runtime.tensor import SpyreUsageError
+
+
+def half(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.float16)
+
+
+CASES = [
+    ("add", lambda a, b: a + b),
+    ("mul_scalar", lambda a, b: a * 3.5),
+    ("sub_broadcast", lambda a, b: a - b[0]),
+    ("div", lambda a, b: a / (b.abs() + 1)),
+    ("softmax", lambda a, b: torch.softmax(a, dim=-1)),
+    ("log_softmax", lambda a, b: F.log_softmax(a, dim=0)),
+    ("silu_gelu", lambda a, b: F.silu(a) + F.gelu(b)),
+    ("rsqrt_mean", lambda a, b: torch.rsqrt(a.pow(2).mean(-1, keepdim=True) + 1e-6)),
+    ("matmul", lambda a, b: a @ b.t()),
+    ("bmm", lambda a, b: torch.bmm(a.view(4, 4, 16), b.view(4, 16, 4))),
+    ("layer_norm", lambda a, b: F.layer_norm(a, (16,))),
+    ("where", lambda a, b: torch.where(a > b, a, b)),
+    ("amax_sum", lambda a, b: a.amax(0) + b.sum(1).sum()),
+    ("cat_transpose", lambda a, b: torch.cat([a.t(), b.t()], dim=1)),
+    ("masked_fill", lambda a, b: a.masked_fill(b > 0, -1.0)),
+    ("clamp_tanh", lambda a, b: torch.tanh(a).clamp(-0.5, 0.5)),
+]
+
+
+@pytest.mark.parametrize("name,fn", CASES, ids=[c[0] for c in CASES])
+def test_device_ops_match_cpu(name, fn):
+    a, b = half(16, 16, seed=1), half(16, 16, seed=2)
+    expected = fn(a, b)
+    got = fn(a.to("spyre"), b.to("spyre"))
+    assert got.device.type == "spyre"
+    torch.testing.assert_close(got.cpu(), expected, atol=2e-2, rtol=2e-2)
+
+
+def test_a_device_op_runs_as_a_one_kernel_program_with_correction_steps():
+    x = half(64, 64).to("spyre")
+    torch.exp(x)
+    trace = last_trace()
+    assert trace.meta["launch"] == "aten::exp"
+    assert [e.args["kind"] for e in trace.on("host.callback")] == ["HostCompute"]
+    blob = [e for e in trace.on("pcie") if e.name.startswith("correction blob")]
+    assert len(blob) == 1 and blob[0].args["bytes"] == 16
+    (compute,) = trace.on("stream0")
+    assert compute.name == "aten::exp" and compute.args["timing"].startswith("modeled (roofline")
+    cfg = torch.spyre.get_device(0).config
+    assert compute.args["bytes"] == 2 * 64 * 64 * 2
+    assert compute.dur_us == pytest.approx(compute.args["launch_us"] + max(
+        compute.args["bytes"] / cfg.dram_bandwidth,
+        compute.args["flops"] / (cfg.sfu_elems_per_cycle_per_core * cfg.cores * cfg.clock_hz)) * 1e6)
+
+
+def test_one_op_programs_are_cached_per_op_shape_and_dtype():
+    x, y = half(32, 8).to("spyre"), half(8, 8).to("spyre")
+    torch.sigmoid(x)
+    size = ops.program_cache_size()
+    torch.sigmoid(x)
+    torch.sigmoid(half(32, 8, seed=5).to("spyre"))          # same signature, other data
+    assert ops.program_cache_size() == size
+    torch.sigmoid(y)                                         # new shape: a new program
+    assert ops.program_cache_size() == size + 1
+
+
+def test_matmul_time_is_compute_or_memory_bound_by_the_roofline():
+    a, b = half(512, 512).to("spyre"), half(512, 512).to("spyre")
+    a @ b
+    (compute,) = last_trace().on("stream0")
+    assert compute.args["flops"] == 2 * 512 * 512 * 512
+    assert compute.args["bound"] in ("memory", "compute")
+
+
+def test_in_place_and_out_variants_write_the_spyre_tensor():
+    a, b = half(8, 8, seed=1), half(8, 8, seed=2)
+    x = a.to("spyre")
+    alias = x
+    result = x.add_(b.to("spyre"))
+    assert result is alias
+    torch.testing.assert_close(x.cpu(), a + b)
+    out = torch.empty(8, 8, dtype=torch.float16, device="spyre")
+    torch.mul(a.to("spyre"), b.to("spyre"), out=out)
+    torch.testing.assert_close(out.cpu(), a * b)
+
+
+def test_zero_dim_cpu_tensors_act_as_scalars_but_others_are_refused():
+    x = half(4, 4).to("spyre")
+    torch.testing.assert_close((x * torch.tensor(2.0, dtype=torch.float16)).cpu(), half(4, 4) * 2)
+    with pytest.raises((SpyreUsageError, RuntimeError), match="cpu"):
+        x + half(4, 4)
+
+
+def test_cpu_fallback_copies_both_ways_and_warns_once_naming_the_op(fresh_warnings):
+    x = torch.arange(12, dtype=torch.float16).reshape(3, 4).to("spyre")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cumsum(x, dim=1)
+        y = torch.cumsum(x, dim=1)
+    trace = last_trace()
+    named = [w for w in caught if "aten::cumsum" in str(w.message)]
+    assert len(named) == 1
+    assert torch.equal(y.cpu(), torch.cumsum(torch.arange(12, dtype=torch.float16).reshape(3, 4), dim=1))
+    assert trace.meta["launch"] == "aten::cumsum (CPU fallback)"
+    kinds = [e.args["kind"] for e in trace.on("pcie")]
+    assert kinds == ["D2H", "H2D"]
+    host = [e for e in trace.on("host") if e.name == "aten::cumsum on CPU"]
+    assert host and host[0].args["timing"] == "modeled (host estimate)"
+
+
+def test_data_dependent_ops_run_on_the_host_without_warning(fresh_warnings):
+    x = torch.tensor([0.0, 2.0, -1.0, 0.0], dtype=torch.float16).to("spyre")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        nz = torch.nonzero(x)
+        sel = torch.masked_select(x, x != 0)
+    assert not [w for w in caught if "no spyre kernel" in str(w.message)]
+    assert torch.equal(nz.cpu(), torch.tensor([[1], [2]]))
+    assert torch.equal(sel.cpu(), torch.tensor([2.0, -1.0], dtype=torch.float16))
+
+
+def test_item_and_tolist_read_back_through_a_d2h():
+    x = torch.tensor([1.5, 2.5], dtype=torch.float16).to("spyre")
+    assert x[1].item() == 2.5
+    assert x.tolist() == [1.5, 2.5]
+    assert [e.args["kind"] for e in last_trace().on("pcie")] == ["D2H"]
+
+
+def test_view_dtype_reinterpretation_is_refused():
+    with pytest.raises(SpyreUsageError, match="reinterprets"):
+        half(4).to("spyre").view(torch.int16)
+
+
+def test_autocast_on_the_device_falls_through():
+    x = half(4, 4).to("spyre")
+    with torch.autocast("spyre", dtype=torch.float16):
+        y = x @ x
+    torch.testing.assert_close(y.cpu(), half(4, 4) @ half(4, 4))
