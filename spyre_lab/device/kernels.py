@@ -220,11 +220,14 @@ def softmax_kernel(rows: int, cols: int, cores: int = 1, cfg: SpyreConfig = SPYR
         raise ValueError(f"softmax_kernel asks for {cores} cores but {cfg.name} has {cfg.cores}")
     row_bytes = cfg.sticks(cols * FP16) * cfg.stick_bytes
     red_bytes = cfg.stick_bytes  # a per-row reduction result still occupies whole sticks
-    if row_tile is None:
-        row_tile = max(1, min(64, (cfg.lx_bytes // 8) // (3 * row_bytes)))
+    shares = _split(rows, cores)
+    if row_tile is None:  # small enough for two tiles in flight, and at least ~4 tiles per core to pipeline
+        row_tile = max(1, min(64, (cfg.lx_bytes // 8) // (3 * row_bytes), math.ceil(max(shares) / 4)))
+    elif row_tile <= 0:
+        raise ValueError(f"row_tile must be a positive number of rows (or None to choose), got {row_tile}")
     programs = []
     built: dict[int, CoreProgram] = {}
-    for share in _split(rows, cores):
+    for share in shares:
         if share in built:
             programs.append(_same_work(built[share]))
             continue

@@ -48,6 +48,7 @@ is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. `
     """
 
     kernel: Kernel = field(repr=False)
+    cfg: SpyreConfig = field(repr=False)
     mode: Mode
     time_us: float
     launch_us: float
@@ -89,11 +90,15 @@ is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. `
         after_launch = self.time_us - self.launch_us
         share = busy / after_launch if after_launch > 0 else 0.0
         dram = self.dram_utilization * self.time_us / after_launch if after_launch > 0 else 0.0
-        if self.bottleneck == "memory" and dram >= 0.95:
-            why = f"DRAM is {dram:.0%} busy, so more cores will not help; reuse each byte more (bigger tiles, fusion)"
+        streams = sum(1 for c in self.active_cores if self.busy_us.get((c, "load")) or self.busy_us.get((c, "store")))
+        dma_limited = streams * self.cfg.core_dma_bytes_per_cycle < self.cfg.dram_bytes_per_cycle
+        if self.bottleneck == "memory" and dma_limited:
+            why = (f"only {streams} core(s) move data and one core's DMA engine moves at most "
+                   f"{self.cfg.core_dma_bytes_per_cycle * self.cfg.clock_hz / 1e9:.0f} GB/s, less than DRAM's "
+                   f"{self.cfg.dram_bandwidth / 1e9:.1f} GB/s: spread the transfers over more cores")
         elif self.bottleneck == "memory":
-            why = f"DRAM is only {dram:.0%} busy: each core's DMA engine is the limit, so spread the transfers over " \
-                  "more cores"
+            why = (f"DRAM is {dram:.0%} busy after launch and shared by all cores, so more cores will not help; "
+                   "reuse each byte more (bigger tiles, fusion)")
         elif self.bottleneck == "compute":
             why = "spread the work over more cores or feed the PT fuller tiles"
         else:
@@ -149,7 +154,7 @@ def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capaci
         trace_out = Trace(events, meta={"kernel": kernel.name, "mode": mode, "config": cfg.name,
                                         "launch_us": launch * to_us, "time_us": total_cycles * to_us})
     return SimResult(
-        kernel=kernel, mode=mode, time_us=total_cycles * to_us, launch_us=launch * to_us, busy_us=busy_us,
+        kernel=kernel, cfg=cfg, mode=mode, time_us=total_cycles * to_us, launch_us=launch * to_us, busy_us=busy_us,
         core_utilization=utilization, pt_utilization=run.macs / peak_macs if peak_macs else 0.0,
         dram_utilization=(run.bytes_loaded + run.bytes_stored) / (cfg.dram_bytes_per_cycle * total_cycles),
         bytes_loaded=run.bytes_loaded, bytes_stored=run.bytes_stored, ring_bytes=run.ring_bytes, flops=run.flops,
