@@ -11,7 +11,7 @@ with symbolic DRAM addresses the runtime patches at launch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -237,6 +237,27 @@ def _partners(division: WorkDivision, core: int) -> tuple[int, list[int], int] |
     return division.slice_coords(s)[red], [division.core_of_slice[q] for q in division.partners(s)], core
 
 
+def _per_core(slices: Sequence[Mapping[str, tuple[int, int]]], division: WorkDivision | None, cfg: SpyreConfig,
+              emit: Callable[[dict[str, int], tuple[int, list[int], int] | None], CoreProgram]) -> list[CoreProgram]:
+    """Every core's program. Cores with the same slice extents and no partners run the very same ops
+    (one shared program), which keeps codegen and the analytic simulator linear in distinct work."""
+    programs = [CoreProgram() for _ in range(cfg.cores)]
+    shared: dict[tuple, CoreProgram] = {}
+    for c, ranges in enumerate(slices):
+        if not ranges:
+            continue
+        extent = {d: hi - lo for d, (lo, hi) in ranges.items()}
+        partners = _partners(division, c) if division is not None else None
+        if partners is not None:
+            programs[c] = emit(extent, partners)
+            continue
+        key = tuple(sorted(extent.items()))
+        if key not in shared:
+            shared[key] = emit(extent, None)
+        programs[c] = shared[key]
+    return programs
+
+
 def _slots(kernel: FusedKernel) -> list[str]:
     seen: list[str] = []
     for b in [*kernel.inputs, *kernel.outputs]:
@@ -309,11 +330,8 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     busy = [c for c, s in enumerate(slices) if s]
     extent = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()} if busy else dict(dims)
     tile = row_tile_shape(k, extent, cfg, options.double_buffer, _fits(cfg, options, kernel.name))
-    programs = [CoreProgram() for _ in range(cfg.cores)]
-    for c in busy:
-        ext = {d: hi - lo for d, (lo, hi) in slices[c].items()}
-        programs[c] = emit_rows(k, ext, {d: min(tile[d], ext[d]) for d in ext}, cfg, options.double_buffer,
-                                _partners(division, c))
+    programs = _per_core(slices, division, cfg, lambda e, partners: emit_rows(
+        k, e, {d: min(tile[d], e[d]) for d in e}, cfg, options.double_buffer, partners))
     bufs = row_lx_buffers(k, tile, cfg, options.double_buffer)
     return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, dims, tile, operands)
 
@@ -352,11 +370,8 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
     k_split = division.split_reduction_dim is not None
     tiles = choose_matmul_tiles(mk, ext["M"], ext["N"], ext["K"], cfg, options.double_buffer, k_split,
                                 _fits(cfg, options, kernel.name))
-    programs = [CoreProgram() for _ in range(cfg.cores)]
-    for c in busy:
-        e = {d: hi - lo for d, (lo, hi) in slices[c].items()}
-        programs[c] = emit_matmul(mk, e["B"], e["M"], e["N"], e["K"], tiles, cfg, options.double_buffer,
-                                  _partners(division, c))
+    programs = _per_core(slices, division, cfg, lambda e, partners: emit_matmul(
+        mk, e["B"], e["M"], e["N"], e["K"], tiles, cfg, options.double_buffer, partners))
     bufs = matmul_lx_buffers(mk, *tiles, cfg, options.double_buffer, k_split)
     tile_dims = {"B": 1, "M": tiles[0], "N": tiles[1], "K": tiles[2]}
     return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, operands, [b])
@@ -442,11 +457,8 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     reduce = down is not None and division.split_reduction_dim is not None
     tiles = choose_mlp_tiles(mk, ext["M"], ext["N"], cfg, options.double_buffer, reduce,
                              _fits(cfg, options, kernel.name))
-    programs = [CoreProgram() for _ in range(cfg.cores)]
-    for c in busy:
-        e = {d: hi - lo for d, (lo, hi) in slices[c].items()}
-        programs[c] = emit_mlp(mk, e["M"], e["N"], tiles, cfg, options.double_buffer,
-                               _partners(division, c) if down is not None else None)
+    programs = _per_core(slices, division if down is not None else None, cfg, lambda e, partners: emit_mlp(
+        mk, e["M"], e["N"], tiles, cfg, options.double_buffer, partners))
     bufs = mlp_lx_buffers(mk, *tiles, cfg, options.double_buffer, reduce)
     tile_dims = {"B": 1, "M": tiles[0], "N": tiles[1], "K": tiles[2], "O": tiles[3]}
     weights = [gate.inputs[1], up.inputs[1]] + ([down.inputs[1]] if down else [])
