@@ -6,8 +6,10 @@ Two modes read the same kernel and return the same :class:`SimResult`:
   dataflow rule (deps done, unit free, LX room), with DRAM bandwidth shared between in-flight
   transfers and ring sends between cores. It records a trace of every op, for pictures and for
   questions such as "does the PT start before the last load lands?".
-* ``"analytic"`` (:mod:`spyre_lab.device.sim_analytic`) adds up each unit's busy time and puts a
-  pipeline fill and drain around the busiest one: one cheap pass over the ops, for big shapes.
+* ``"analytic"`` (:mod:`spyre_lab.device.sim_analytic`) makes one pass over each core's ops: a
+  pipeline schedule at fixed DRAM rates (which holds the fill, the drain and the busiest unit),
+  floored by what the card's DRAM bandwidth allows. No event queue and no LX stalls; for big
+  shapes, where it agrees with the event mode within a few percent on the reference kernels.
 
 All times are *modeled*: they come from :class:`~spyre_lab.device.config.SpyreConfig`, whose
 unpublished numbers are estimates. Every kernel pays ``cfg.kernel_launch_cycles`` once, before its
@@ -41,7 +43,7 @@ class SimResult:
     ``ring``, the sender's time). ``core_utilization[c]`` is the fraction of ``time_us`` during
     which core ``c``'s PT or SFU was computing. ``pt_utilization`` is the MACs done divided by what
     the PT units of the cores that ran matmuls could have done in ``time_us``; ``dram_utilization``
-is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. ``lx_peak[c]`` is the
+    is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. ``lx_peak[c]`` is the
     most LX core ``c`` held at once (in analytic mode, the footprint of running the core's ops one at
     a time in program order, a lower bound of the event mode's peak). ``bottleneck`` is the class
     (memory, compute, communication) of the busiest unit on any core.
@@ -99,8 +101,11 @@ is the bytes moved over what ``cfg.dram_bandwidth`` could move in ``time_us``. `
         elif self.bottleneck == "memory":
             why = (f"DRAM is {dram:.0%} busy after launch and shared by all cores, so more cores will not help; "
                    "reuse each byte more (bigger tiles, fusion)")
+        elif unit == "pt":
+            why = (f"the PT arrays run at {self.pt_utilization:.0%} of their peak over the whole launch; spread the "
+                   f"work over more cores and give each matmul at least {self.cfg.pe_rows} rows")
         elif self.bottleneck == "compute":
-            why = "spread the work over more cores or feed the PT fuller tiles"
+            why = "the SFU's vector and transcendental passes are the limit; spread the rows over more cores"
         else:
             why = "reduce fewer partial sums over the ring or keep K partners adjacent"
         launch = ""
@@ -141,8 +146,9 @@ def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capaci
     to_us = 1e6 / cfg.clock_hz
     launch = float(cfg.kernel_launch_cycles)
     total_cycles = launch + run.makespan
+    per_cycle = 1.0 / total_cycles if total_cycles > 0 else 0.0
     busy_us = {(c, UNIT_NAMES[u]): cycles * to_us for (c, u), cycles in run.busy.items()}
-    utilization = {c: (run.compute_busy.get(c, 0.0) / total_cycles) for c in range(len(kernel.programs))}
+    utilization = {c: run.compute_busy.get(c, 0.0) * per_cycle for c in range(len(kernel.programs))}
     peak_macs = cfg.macs_per_cycle_per_core * run.matmul_cores * total_cycles
     trace_out = None
     if run.events is not None:
@@ -156,7 +162,7 @@ def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capaci
     return SimResult(
         kernel=kernel, cfg=cfg, mode=mode, time_us=total_cycles * to_us, launch_us=launch * to_us, busy_us=busy_us,
         core_utilization=utilization, pt_utilization=run.macs / peak_macs if peak_macs else 0.0,
-        dram_utilization=(run.bytes_loaded + run.bytes_stored) / (cfg.dram_bytes_per_cycle * total_cycles),
+        dram_utilization=(run.bytes_loaded + run.bytes_stored) / cfg.dram_bytes_per_cycle * per_cycle,
         bytes_loaded=run.bytes_loaded, bytes_stored=run.bytes_stored, ring_bytes=run.ring_bytes, flops=run.flops,
         lx_peak=run.lx_peak, lx_capacity=capacity, bottleneck=_bottleneck(run), trace=trace_out,
     )
