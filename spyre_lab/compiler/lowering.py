@@ -51,7 +51,10 @@ DEVICE_POINTWISE: dict[str, str] = {
 }
 """Elementwise (and data-movement) ops the SFU runs. sin/cos stay on the host, as on the real stack."""
 
-DEVICE_REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "any", "all", "prod", "max", "min", "topk"}
+DEVICE_REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "any", "all", "prod", "max", "min", "topk",
+                     "var", "var_mean"}
+
+MULTI_OUTPUT_NAMES = {"var_mean": ("var", "mean")}
 
 VIEW_OPS = {
     "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze",
@@ -75,13 +78,13 @@ HOST_ONLY_REASON = {
 @functools.cache
 def decomposition_table() -> dict:
     """ATen core decompositions, minus the ops Spyre keeps whole (silu/gelu/softmax lower as fused targets),
-    plus layer_norm and var_mean so they reach the device as reductions and pointwise ops."""
+    plus layer_norm so it reaches the device as reductions (var_mean) and pointwise ops."""
     from torch._decomp import core_aten_decompositions, get_decompositions
 
     keep = {aten.silu, aten.gelu, aten._softmax, aten.clamp, aten.masked_fill, aten.sigmoid, aten.relu}
     table = {op: fn for op, fn in core_aten_decompositions().items()
              if getattr(op, "overloadpacket", None) not in keep}
-    table.update(get_decompositions([aten.native_layer_norm, aten.var_mean, aten.var]))
+    table.update(get_decompositions([aten.native_layer_norm]))
     return table
 
 
@@ -281,6 +284,10 @@ class _Lowerer:
         if not isinstance(target, torch._ops.OpOverload):
             raise LoweringError(f"{node.name}: expected an ATen op, got {target}; compile_graph lowers to ATen first")
         packet = target.overloadpacket.__name__
+        if packet.endswith("_") and packet[:-1] in DEVICE_POINTWISE and hasattr(aten, packet[:-1]):
+            # an in-place op left by a decomposition (rms_norm's ``add_``): its result is what flows on
+            pure = getattr(aten, packet[:-1])
+            target, packet = getattr(pure, target._overloadname, pure.default), packet[:-1]
         args = tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a, node.args)
         kwargs = tree_map(lambda a: self.env[a] if isinstance(a, fx.Node) else a, node.kwargs)
         val = node.meta.get("val")
@@ -400,7 +407,8 @@ class _Lowerer:
         fn = _bind(target, sargs, skw)
         results = []
         for i, out in enumerate(outs):
-            op = packet if len(outs) == 1 else f"{packet}_{['values', 'indices'][i]}"
+            names_of = MULTI_OUTPUT_NAMES.get(packet, (f"{packet}_values", f"{packet}_indices"))
+            op = packet if len(outs) == 1 else names_of[i]
             out_axes = self._reduced_out_axes(names, reduced_names, out.dim())
             pick = fn if len(outs) == 1 else (lambda *t, _i=i, _fn=fn: _fn(*t)[_i])
             name = node.name if len(outs) == 1 else f"{node.name}_{i}"
