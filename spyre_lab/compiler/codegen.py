@@ -11,13 +11,14 @@ with symbolic DRAM addresses the runtime patches at launch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spyre_lab.compiler.ir import BufferInfo, FusedKernel, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import BufferInfo, FusedKernel, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, LXPlan, plan_scratchpad
 from spyre_lab.compiler.tiling import (
@@ -296,6 +297,19 @@ def _itemsize(buf: BufferInfo) -> int:
 
 # --- non-matmul kernels -----------------------------------------------------------------------------
 
+def _reduced_dims(node: IRNode, buffers: Mapping[str, BufferInfo]) -> tuple[str, ...]:
+    """The dims a reduction folds: its ``reduction_dims``, or, when those are missing, the dims its output
+    shape no longer has (all of them for a scalar result, the size-1 ones of a keepdim result)."""
+    if not isinstance(node, Reduction) or node.reduction_dims:
+        return tuple(node.reduction_dims)
+    out = buffers[node.output].shape
+    if math.prod(out) == 1:
+        return tuple(node.dims)
+    if len(out) == len(node.dims):
+        return tuple(d for d, n in zip(node.dims, out) if n == 1 and node.dims[d] > 1)
+    return ()
+
+
 def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     anchor = kernel.anchor
@@ -304,7 +318,7 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     reds = []
     for n in kernel.nodes:
         rn = renamed(n, names)
-        reds += [rn[d] for d in n.reduction_dims if rn[d] not in reds]
+        reds += [rn[d] for d in _reduced_dims(n, buffers) if rn[d] not in reds]
     inner = names[-1] if names else ""
     col = tuple(d for d in names if d in reds or d == inner)
     operands: dict[str, Operand] = {}
@@ -326,7 +340,7 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     slices = slice_ranges(division, dims, (inner,), eps, cfg.cores)
     copy_only = kernel.rule == "restickify" or all(n.op in ("copy", "clone", "restickify") for n in kernel.nodes)
     k = RowKernel(kernel.name, [] if copy_only else list(kernel.nodes), dims, col, operands,
-                  list(kernel.inputs), list(kernel.outputs), copy_only)
+                  list(kernel.inputs), list(kernel.outputs), copy_only, frozenset(reds))
     busy = [c for c, s in enumerate(slices) if s]
     extent = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()} if busy else dict(dims)
     tile = row_tile_shape(k, extent, cfg, options.double_buffer, _fits(cfg, options, kernel.name))

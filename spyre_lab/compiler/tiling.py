@@ -144,6 +144,7 @@ class RowKernel:
     inputs: list[str]
     outputs: list[str]
     copy_only: bool = False             # restickify: load and store, no compute
+    reduced: frozenset[str] = frozenset()  # anchor dims some node reduces (never cut inside a tile)
 
 
 def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
@@ -212,9 +213,8 @@ def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, do
             tile[d] = math.ceil(tile[d] / 2)
             continue
         inner = list(k.dims)[-1]
-        reduced = {d for n in k.nodes for d in n.reduction_dims}
         eps = cfg.stick_bytes // max(op.itemsize for op in k.operands.values())
-        if inner not in reduced and tile[inner] > eps:
+        if inner not in k.reduced and tile[inner] > eps:
             tile[inner] = math.ceil(math.ceil(tile[inner] / eps) / 2) * eps
             continue
         need = sum(b.size for b in row_lx_buffers(k, tile, cfg, double_buffer))
