@@ -1,0 +1,55 @@
+"""Program cache: same graph and shapes compile nothing; a new shape recompiles and explain() says so."""
+
+from __future__ import annotations
+
+import torch
+
+import spyre_lab.compiler  # noqa: F401
+from spyre_lab.compiler import cache
+from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.explain import explain
+from spyre_lab.compiler.options import CompileOptions
+from spyre_lab.device.config import SPYRE
+
+
+def fn(x):
+    return torch.softmax(x, -1) * 2
+
+
+def test_second_compile_is_a_hit_and_compiles_nothing():
+    cache.clear()
+    x = torch.randn(16, 64).half()
+    first = compile_graph(fn, [x])
+    assert cache.stats() == {"hits": 0, "misses": 1, "compiles": 1, "entries": 1}
+    again = compile_graph(fn, [torch.randn(16, 64).half()])
+    assert again is first and cache.stats()["compiles"] == 1 and cache.stats()["hits"] == 1
+    assert "cache hit" in explain(again)
+
+
+def test_key_covers_shapes_dtypes_options_and_config():
+    cache.clear()
+    x = torch.randn(16, 64).half()
+    base = compile_graph(fn, [x])
+    variants = [
+        compile_graph(fn, [torch.randn(32, 64).half()]),
+        compile_graph(fn, [x.float()]),
+        compile_graph(fn, [x], CompileOptions(work_division="naive")),
+        compile_graph(fn, [x], cfg=SPYRE.replace(cores=8)),
+    ]
+    assert all(v is not base for v in variants) and cache.stats()["compiles"] == 5
+    assert "recompiled: new input shapes" in variants[0].cache_note
+
+
+def test_torch_compile_recompiles_only_for_a_new_shape():
+    cache.clear()
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).half()
+    compiled = torch.compile(model, backend="spyre", dynamic=False)
+    x = torch.randn(8, 64).half()
+    compiled(x)
+    compiles = cache.stats()["compiles"]
+    compiled(torch.randn(8, 64).half())
+    assert cache.stats()["compiles"] == compiles, "same shapes: nothing compiled"
+    compiled(torch.randn(24, 64).half())
+    assert cache.stats()["compiles"] == compiles + 1
+    assert "recompiled" in explain(compiled)
