@@ -46,7 +46,7 @@ def _chunks(total: int, size: int) -> list[int]:
 
 
 def _same_work(program: CoreProgram) -> CoreProgram:
-    """A core program holding the same (immutable) ops: the simulators recognise and reuse it."""
+    """A core program holding the same (immutable) ops, which the analytic simulator times only once."""
     return CoreProgram(list(program.ops))
 
 
@@ -115,7 +115,7 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
                          f"{cores_m * cores_n * cores_k} cores but {cfg.name} has {cfg.cores}")
     tm, tn, tk = tile
     _check_positive(tile_m=tm, tile_n=tn, tile_k=tk)
-    if max(cores_m > m, cores_n > n, cores_k > k):
+    if cores_m > m or cores_n > n or cores_k > k:
         raise ValueError(f"cannot split {m}x{n}x{k} over a {cores_m}x{cores_n}x{cores_k} grid: a dim has fewer "
                          "rows than cores")
     m_shares, n_shares, k_shares = _split(m, cores_m), _split(n, cores_n), _split(k, cores_k)

@@ -305,3 +305,40 @@ def test_ring_exchange_that_waits_on_itself_is_reported():
 def test_empty_kernel_costs_the_launch():
     result = simulate(Kernel("empty", [CoreProgram()]), mode="analytic")
     assert result.time_us == pytest.approx(result.launch_us) and "launch alone" in result.explain()
+
+
+# --- the reference kernel builders ----------------------------------------------------------------
+
+def test_builders_move_the_bytes_and_flops_of_their_math():
+    add = elementwise_kernel(10_000, 3)
+    padded = sum(-(-share // 64) * 64 for share in (3392, 3328, 3280)) * 2  # whole sticks per core
+    assert add.total("nbytes", kind=None) == 3 * padded
+    assert add.total("elements") == 10_000
+
+    mm = matmul_kernel(300, 200, 100, 2, 1, 2, tile=(64, 64, 32))  # ragged tiles, K split over the ring
+    assert mm.total("flops") - mm.total("elements") == 2 * 300 * 200 * 100
+    sim = simulate(mm, trace=False)
+    # each core (150 x 200 x 50) streams an A row-block per N tile (4 of them) and a B column-block per M tile (3)
+    assert sim.bytes_loaded == 4 * (150 * 4 + 200 * 3) * 50 * 2
+    assert sim.bytes_stored == 300 * 200 * 2
+    assert sim.ring_bytes == 300 * 200 * 4  # one fp32 partial per output element crosses the ring
+
+    staged, fused = softmax_kernel(256, 1024, 1, fused=False), softmax_kernel(256, 1024, 1)
+    assert simulate(fused, trace=False).bytes_loaded == 256 * 1024 * 2
+    assert simulate(staged, trace=False).bytes_loaded > 2.9 * 256 * 1024 * 2
+    assert simulate(fused).time_us < simulate(staged).time_us
+
+
+def test_cores_doing_the_same_work_share_their_ops():
+    kernel = matmul_kernel(1024, 1024, 256, 4, 8, 1)
+    assert all(p.ops[0] is kernel.programs[0].ops[0] for p in kernel.programs)
+    assert kernel.programs[1].ops is not kernel.programs[0].ops  # still one list per core
+
+
+def test_builders_reject_bad_shapes_by_name():
+    with pytest.raises(ValueError, match="needs 64 cores but spyre has 32"):
+        matmul_kernel(1024, 1024, 1024, 4, 4, 4)
+    with pytest.raises(ValueError, match="elements must be a positive integer"):
+        elementwise_kernel(0, 1)
+    with pytest.raises(ValueError, match="row_tile must be a positive"):
+        softmax_kernel(64, 64, row_tile=0)
