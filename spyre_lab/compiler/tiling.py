@@ -359,8 +359,8 @@ def choose_matmul_tiles(mk: MatmulKernel, mc: int, nc: int, kc: int, cfg: SpyreC
     for *_, tm, tn, tk in ranked:
         if fits(matmul_lx_buffers(mk, tm, tn, tk, cfg, double_buffer, k_split)):
             return tm, tn, tk
-    tm, tn, tk = ranked[-1][2:]
-    need = sum(b.size for b in matmul_lx_buffers(mk, tm, tn, tk, cfg, double_buffer, k_split))
+    smallest = (min(8, mc), eps_b, eps_a)
+    need = sum(b.size for b in matmul_lx_buffers(mk, *smallest, cfg, double_buffer, k_split))
     raise LXOverflowError(mk.name, 0, need, 0, cfg.lx_budget_bytes)
 
 

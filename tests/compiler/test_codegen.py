@@ -1,9 +1,12 @@
 """Codegen: per-core tile programs fit LX, move the bytes the mechanism says, and document themselves."""
 
+import json
 import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.ir import BufferInfo, Fallback, FusedKernel, MatMul, Pointwise, Reduction
@@ -192,6 +195,7 @@ def test_to_json_has_superdsc_keys_and_per_core_addresses():
     assert {lds["memOrg_"].keys().__iter__().__next__() for lds in dsc["labeledDs_"]} == {"hbm", "lx"}
     assert dsc["computeOp_"] == [{"exUnit": "sfp", "opFuncName": "abs", "fidelity": "regular"}]
     assert spec.address_slots == ["x", "y"]
+    assert json.loads(json.dumps(doc)) == json.loads(json.dumps(doc, sort_keys=True))  # plain JSON
     assert spec.slices == [{"d0": (0, 2), "d1": (0, 64)}, {"d0": (2, 4), "d1": (0, 64)}]
 
 
@@ -320,3 +324,24 @@ def test_reduction_without_reduction_dims_is_inferred_from_its_output_shape():
     assert sum(v > 1 for v in spec.division.splits.values()) == 1  # a full reduction: one reduced dim split
     assert spec.bytes_out == SB  # one scalar, stored once
     assert spec.ring_bytes > 0
+
+
+@settings(max_examples=25, deadline=None)
+@given(shape=st.lists(st.sampled_from([1, 2, 3, 7, 64, 100, 130, 512]), min_size=1, max_size=3).filter(
+    lambda s: s[-1] > 1), cores=st.sampled_from([1, 3, 32]), double=st.booleans())
+def test_pointwise_property_bytes_slices_and_fit(shape, cores, double):
+    names = [f"d{i}" for i in range(len(shape))]
+    dims = dict(zip(names, shape))
+    bufs = {"x": BufferInfo("x", tuple(shape), F16, "input"), "b": BufferInfo("b", (shape[-1],), F16, "constant"),
+            "y": BufferInfo("y", tuple(shape), F16, "output")}
+    node = Pointwise("add", "add", ("x", "b"), "y", dims, _noop, (), names[-1])
+    cfg = SPYRE.replace(cores=cores)
+    spec = generate_kernel(FusedKernel("k", [node], "single", ["x", "b"], ["y"]), bufs, cfg,
+                           OPTS.replace(double_buffer=double))
+    padded = math.prod(shape[:-1]) * math.ceil(shape[-1] / 64) * SB
+    assert spec.bytes_out == padded
+    assert spec.bytes_in >= padded
+    assert spec.lx_plan.peak <= cfg.lx_budget_bytes
+    busy = [s for s in spec.slices if s]
+    assert len(busy) == spec.division.cores_used <= cores
+    assert sum(math.prod(hi - lo for lo, hi in s.values()) for s in busy) == math.prod(shape)
