@@ -1,0 +1,89 @@
+"""The "spyre" torch.compile backend: registration, options, output structure, Program JSON, explain."""
+
+from __future__ import annotations
+
+import json
+from importlib.metadata import entry_points
+
+import pytest
+import torch
+
+import spyre_lab.compiler  # noqa: F401
+from spyre_lab.compiler.backend import compile_graph, last_result, options_from, spyre_backend
+from spyre_lab.compiler.explain import Explanation, explain
+from spyre_lab.compiler.options import CompileOptions
+
+
+def pair(x, y):
+    return torch.relu(x @ y), (x * 2).sum(-1)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def test_backend_is_registered_by_entry_point_and_name():
+    (ep,) = [ep for ep in entry_points(group="torch_dynamo_backends") if ep.name == "spyre"]
+    assert ep.load() is spyre_backend
+    assert "spyre" in torch._dynamo.list_backends()
+
+
+def test_torch_compile_passes_options_and_keeps_output_structure():
+    x, y = torch.randn(32, 64).half(), torch.randn(64, 48).half()
+    compiled = torch.compile(pair, backend="spyre", fullgraph=True,
+                             options={"fusion": [], "work_division": "naive"})
+    out = compiled(x, y)
+    assert isinstance(out, tuple) and len(out) == 2
+    torch.testing.assert_close(out[0], torch.relu(x @ y), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(out[1], (x * 2).sum(-1), atol=1e-1, rtol=1e-2)
+    program = explain(pair)
+    assert "work division: naive" in program and "fusion rules on: none" in program
+    result = last_result()
+    assert result.trace.on("stream0") and result.total_us > 0
+
+
+def test_unknown_option_is_named():
+    with pytest.raises(ValueError, match="fusoin"):
+        options_from({"fusoin": []})
+    with pytest.raises(ValueError, match="unknown fusion rule"):
+        options_from({"fusion": ["softmx"]})
+    assert options_from({"fusion": "softmax"}).fusion == frozenset({"softmax"})
+    assert options_from(None) == CompileOptions()
+    with pytest.raises(TypeError, match="CompileOptions"):
+        compile_graph(pair, [torch.randn(2, 2).half()] * 2, options={"fusion": []})
+
+
+def test_grad_mode_and_parameters_still_compile_for_inference():
+    model = torch.nn.Linear(64, 32).half()
+    compiled = torch.compile(model, backend="spyre")
+    x = torch.randn(4, 64).half()
+    out = compiled(x)
+    torch.testing.assert_close(out, model(x).detach(), atol=1e-2, rtol=1e-2)
+
+
+def test_program_json_lists_launches_slots_and_pool():
+    x, y = torch.randn(32, 64).half(), torch.randn(64, 48).half()
+    program = compile_graph(pair, [x, y])
+    doc = json.loads(json.dumps(program.to_json(), default=str))
+    assert [i["name"] for i in doc["inputs"]] == program.inputs
+    assert len(doc["launches"]) == len(program.launches)
+    for launch in doc["launches"]:
+        assert launch["address_slots"] and "superdsc" in launch
+    assert program.address_slots()[0][:2] == program.inputs
+
+
+def test_explain_is_printable_in_notebooks():
+    x, y = torch.randn(32, 64).half(), torch.randn(64, 48).half()
+    text = explain(compile_graph(pair, [x, y]))
+    assert isinstance(text, Explanation) and text._repr_html_().startswith("<pre")
+    for needle in ("ATen ops", "LoopIR nodes", "division", "LX plan", "us modeled", "program cache"):
+        assert needle in text
+
+
+def test_explain_before_first_call_says_what_to_do():
+    model = torch.nn.Linear(8, 8)
+    with pytest.raises(ValueError, match="call the compiled model once"):
+        explain(torch.compile(model, backend="spyre"))
