@@ -60,7 +60,7 @@ DEVICE_OPS = frozenset({
     "clone", "fill", "zero", "cat", "index_select", "_to_copy", "copy",
     # reductions and normalisations
     "sum", "mean", "amax", "amin", "max", "min", "_softmax", "_log_softmax", "native_layer_norm", "var", "std",
-    "_fused_rms_norm", "prod", "all", "any",
+    "rms_norm", "_fused_rms_norm", "prod", "all", "any",
     # matmuls
     "mm", "bmm", "addmm", "baddbmm", "dot", "mv",
 })
@@ -72,13 +72,14 @@ HOST_BY_DESIGN = frozenset({
 })
 """Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
 
-DIRECT_KERNELS = (aten.native_layer_norm.default, aten.view.dtype)
-"""Ops with a CompositeExplicitAutograd kernel, which the dispatcher would prefer over a backend
-fallback: they get a direct PrivateUse1 registration so the device sees them whole."""
+DIRECT_KERNELS = (aten.native_layer_norm.default, aten.view.dtype, aten.rms_norm.default)
+"""Ops the dispatcher would otherwise decompose or run with a composite kernel before the backend
+fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
+fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
 
 _TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
                              "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
-                             "_fused_rms_norm", "reciprocal", "div"})
+                             "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
 _MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "dot", "mv"})
 
 # estimates (documented nowhere): one host core doing the CPU fallback's work.

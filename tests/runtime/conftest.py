@@ -40,3 +40,14 @@ def fresh_warnings():
 def half(*shape: int, seed: int = 0) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(*shape, generator=g).to(torch.float16)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow runtime checks (the full OpInfo sweep) run only when asked for with ``-m slow``."""
+    if "slow" in (config.getoption("-m") or ""):
+        return
+    skip = pytest.mark.skip(reason="slow: run with -m slow")
+    here = os.path.dirname(__file__)
+    for item in items:
+        if "slow" in item.keywords and str(item.path).startswith(here):
+            item.add_marker(skip)
