@@ -98,107 +98,78 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
     total = len(unit)
 
     # --- state ----------------------------------------------------------------------------------------
-    ready: list[list[int]] = [[] for _ in range(ncores * 6)]  # per (core, unit incl. RECV): heap of ids
-    busy_unit = [False] * (ncores * 5)
-    busy_cycles = [0.0] * (ncores * 5)
+    # Per core: a heap of ready op ids per unit (index RECV holds posted-receive candidates), which
+    # unit is busy, the busy cycles so far, and LX in use. The loop below is written flat (no helper
+    # calls) because it runs once per op.
+    ready = [[[] for _ in range(6)] for _ in range(ncores)]
+    busy_unit = [[False] * 5 for _ in range(ncores)]
+    busy_cycles = [[0.0] * 5 for _ in range(ncores)]
     lx = [0] * ncores
     peak = [0] * ncores
     consumers = [len(ds) for ds in dependents]
     start = [0.0] * total
     end = [0.0] * total
-    events: list[tuple[float, int]] = []  # fixed-duration completions
-    xfers: list[tuple[float, int]] = []  # DRAM transfers keyed on virtual service at completion
-    service = 0.0
-    rate = 0.0
+    events: list[tuple[float, int]] = []  # fixed-duration completions: (end cycle, op)
+    xfers: list[tuple[float, int]] = []  # DRAM transfers: (virtual service at completion, op)
+    service = rate = 0.0
     inflight = 0
     dma_cap = float(cfg.core_dma_bytes_per_cycle)
     dram_bpc = cfg.dram_bytes_per_cycle
-    dirty_flag = [False] * ncores
-    dirty: list[int] = []
-
     for g in range(total):
         if deps_left[g] == 0:
-            ready[core_of[g] * 6 + unit[g]].append(g)  # ascending ids are already a heap
-    for c in range(ncores):
-        dirty_flag[c] = True
-        dirty.append(c)
-
-    def dispatch(c: int, t: float) -> None:
-        """Start every op of core ``c`` that may fire at time ``t``, earliest in program order first."""
-        nonlocal service, rate, inflight
-        r0, b0 = c * 6, c * 5
-        cands = [(q[0], u) for u in range(5) if (q := ready[r0 + u]) and not busy_unit[b0 + u]]
-        if ready[r0 + RECV]:
-            cands.append((ready[r0 + RECV][0], RECV))
-        if not cands:
-            return
-        cands.sort()
-        for g, u in cands:
-            q = ready[r0 + u]
-            while True:
-                need = out_b[g]
-                if need:
-                    if lx[c] + need > capacity:
-                        break
-                    lx[c] += need
-                    if lx[c] > peak[c]:
-                        peak[c] = lx[c]
-                heappop(q)
-                start[g] = t
-                if u == RECV:  # posted: the sender may now push into it
-                    s = send_of[g]
-                    deps_left[s] -= 1
-                    if deps_left[s] == 0:
-                        sc = core_of[s]
-                        heappush(ready[sc * 6 + RING], s)
-                        if not dirty_flag[sc]:
-                            dirty_flag[sc] = True
-                            dirty.append(sc)
-                    if q:
-                        g = q[0]
-                        continue
-                    break
-                busy_unit[b0 + u] = True
-                if u in (LOAD, STORE):
-                    heappush(xfers, (service + cost[g], g))
-                    inflight += 1
-                    rate = min(dma_cap, dram_bpc / inflight)
-                else:
-                    heappush(events, (t + cost[g], g))
-                break
-
-    def finish(g: int, t: float) -> None:
-        end[g] = t
-        c = core_of[g]
-        u = unit[g]
-        if u != RECV:
-            busy_unit[c * 5 + u] = False
-            busy_cycles[c * 5 + u] += t - start[g]
-        ds = dependents[g]
-        for d in ds:
-            deps_left[d] -= 1
-            if deps_left[d] == 0:
-                heappush(ready[c * 6 + unit[d]], d)
-        for p in deps_of[g]:
-            consumers[p] -= 1
-            if consumers[p] == 0 and out_b[p]:
-                lx[c] -= out_b[p]
-        if not ds and out_b[g]:
-            lx[c] -= out_b[g]
-        if not dirty_flag[c]:
-            dirty_flag[c] = True
-            dirty.append(c)
+            ready[core_of[g]][unit[g]].append(g)  # ascending ids are already a heap
+    dirty_flag = [True] * ncores  # cores whose ready ops may be able to start
+    dirty = list(range(ncores - 1, -1, -1))
 
     t = t_last = 0.0
     done = 0
     recv_xfer_start: dict[int, float] = {}
     while True:
+        # 1. fire: on every core something changed on, start what may start, earliest op first
         while dirty:
             c = dirty.pop()
             dirty_flag[c] = False
-            dispatch(c, t)
+            queues, busy_c = ready[c], busy_unit[c]
+            cands = [(q[0], u) for u, q in enumerate(queues) if q and (u == RECV or not busy_c[u])]
+            if len(cands) > 1:
+                cands.sort()
+            for g, u in cands:
+                q = queues[u]
+                while True:
+                    need = out_b[g]
+                    if need:
+                        if lx[c] + need > capacity:
+                            break  # stalls until a buffer on this core is released
+                        lx[c] += need
+                        if lx[c] > peak[c]:
+                            peak[c] = lx[c]
+                    heappop(q)
+                    start[g] = t
+                    if u == RECV:  # posted: the sender may now push into it; post the next receive too
+                        s = send_of[g]
+                        deps_left[s] -= 1
+                        if deps_left[s] == 0:
+                            sc = core_of[s]
+                            heappush(ready[sc][RING], s)
+                            if not dirty_flag[sc]:
+                                dirty_flag[sc] = True
+                                dirty.append(sc)
+                        if q:
+                            g = q[0]
+                            continue
+                        break
+                    busy_c[u] = True
+                    if u in (LOAD, STORE):
+                        heappush(xfers, (service + cost[g], g))
+                        inflight += 1
+                        rate = min(dma_cap, dram_bpc / inflight)
+                    else:
+                        heappush(events, (t + cost[g], g))
+                    break
         if done == total:
             break
+
+        # 2. advance to the next completion: a fixed-duration op or the first DRAM transfer to finish
         t_fixed = events[0][0] if events else _INF
         t_dram = t_last + max(0.0, xfers[0][0] - service) / rate if inflight else _INF
         if t_fixed == _INF and t_dram == _INF:
@@ -220,16 +191,40 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
                 completed.append(heappop(xfers)[1])
                 inflight -= 1
             rate = min(dma_cap, dram_bpc / inflight) if inflight else 0.0
+
+        # 3. retire: free the unit, wake dependents, release buffers whose last user is done
         for g in completed:
-            finish(g, t)
-            done += 1
             if unit[g] == RING and g in recv_of:  # the receive lands with its send
                 r = recv_of[g]
                 recv_xfer_start[r] = start[g]
-                finish(r, t)
+                finished = (g, r)
+            else:
+                finished = (g,)
+            for f in finished:
+                end[f] = t
                 done += 1
+                c = core_of[f]
+                u = unit[f]
+                if u != RECV:
+                    busy_unit[c][u] = False
+                    busy_cycles[c][u] += t - start[f]
+                queues = ready[c]
+                ds = dependents[f]
+                for d in ds:
+                    deps_left[d] -= 1
+                    if deps_left[d] == 0:
+                        heappush(queues[unit[d]], d)
+                for p in deps_of[f]:
+                    consumers[p] -= 1
+                    if consumers[p] == 0 and out_b[p]:
+                        lx[c] -= out_b[p]
+                if not ds and out_b[f]:
+                    lx[c] -= out_b[f]
+                if not dirty_flag[c]:
+                    dirty_flag[c] = True
+                    dirty.append(c)
 
-    busy = {(c, u): busy_cycles[c * 5 + u] for c in range(ncores) if len(programs[c]) for u in range(5)}
+    busy = {(c, u): busy_cycles[c][u] for c in range(ncores) if len(programs[c]) for u in range(5)}
     compute_busy = _compute_union(ncores, unit, core_of, start, end)
     run = EngineRun(makespan=max(end, default=0.0), busy=busy, compute_busy=compute_busy,
                     lx_peak={c: peak[c] for c in range(ncores) if len(programs[c])},
@@ -287,13 +282,12 @@ def _events(programs: list, unit: list[int], start: list[float], end: list[float
     return out
 
 
-def _raise_stuck(kernel: Kernel, ready: list[list[int]], busy_unit: list[bool], out_b: list[int], lx: list[int],
-                 capacity: int, ncores: int, done: int, total: int) -> None:
+def _raise_stuck(kernel: Kernel, ready: list[list[list[int]]], busy_unit: list[list[bool]], out_b: list[int],
+                 lx: list[int], capacity: int, ncores: int, done: int, total: int) -> None:
     """Nothing is running and ops remain: name the LX overflow (or the ring wait) that blocks them."""
     for c in range(ncores):
-        for u in (*range(5), RECV):
-            q = ready[c * 6 + u]
-            if q and (u == RECV or not busy_unit[c * 5 + u]) and lx[c] + out_b[q[0]] > capacity:
+        for u, q in enumerate(ready[c]):
+            if q and (u == RECV or not busy_unit[c][u]) and lx[c] + out_b[q[0]] > capacity:
                 raise LXOverflowError(kernel.name, c, out_b[q[0]], lx[c], capacity)
     raise RuntimeError(
         f"kernel {kernel.name!r} deadlocked after {done} of {total} ops: the remaining ops wait for ring "
