@@ -37,6 +37,9 @@ ACC_BYTES = 4
 IN_PLACE_OPS = frozenset({"exp", "sub", "add", "rsqrt"})
 """Pointwise ops torch-spyre lets write into their first input's LX slot."""
 
+PIPELINE_TILES = 4
+"""Row tiles a core's slice is cut into at least (when it has the rows): load, compute and store overlap."""
+
 COMBINE_OP = {"sum": "add", "mean": "add", "amax": "max", "max": "max", "amin": "min", "min": "min",
               "matmul": "add"}
 """How partners combine partial results of a split reduction."""
@@ -203,7 +206,9 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
 def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool,
                    fits) -> dict[str, int]:
     """The biggest tile of a core's slice that ``fits`` LX: whole col dims, rows halved from the outermost
-    row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks."""
+    row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks. A slice with
+    rows to spare is still cut into at least ``PIPELINE_TILES`` tiles, so one tile's load, SFU work and
+    store overlap its neighbours' instead of running back to back."""
     tile = dict(extent)
     rows = [d for d in k.dims if d not in k.col_dims]
     while not fits(row_lx_buffers(k, tile, cfg, double_buffer)):
@@ -219,6 +224,11 @@ def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, do
             continue
         need = sum(b.size for b in row_lx_buffers(k, tile, cfg, double_buffer))
         raise LXOverflowError(k.name, 0, need, 0, cfg.lx_budget_bytes)
+    while math.prod(math.ceil(extent[d] / tile[d]) for d in rows) < PIPELINE_TILES:
+        shrinkable = [d for d in rows if tile[d] > 1]
+        if not shrinkable:
+            break
+        tile[shrinkable[0]] = math.ceil(tile[shrinkable[0]] / 2)
     return tile
 
 
