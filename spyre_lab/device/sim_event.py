@@ -30,71 +30,83 @@ from spyre_lab.device.sim_costs import LOAD, PT, RECV, RING, SFU, STORE, UNIT_IN
 _INF = float("inf")
 
 
+class _Graph:
+    """Every core's ops flattened into global ids (program order is id order within a core)."""
+
+    def __init__(self, kernel: Kernel, cfg: SpyreConfig, capacity: int) -> None:
+        self.unit: list[int] = []
+        self.cost: list[float] = []  # cycles for PT/SFU/ring ops, bytes for DRAM ops
+        self.out_b: list[int] = []
+        self.core_of: list[int] = []
+        self.deps_of: list[tuple[int, ...]] = []
+        self.deps_left: list[int] = []
+        self.dependents: list[list[int]] = []
+        self.send_of: dict[int, int] = {}  # receive -> its send
+        self.recv_of: dict[int, int] = {}  # send -> its receive
+        bytes_loaded = bytes_stored = ring_bytes = flops = macs = 0
+        matmul_cores: set[int] = set()
+        unit, cost, out_b, core_of = self.unit, self.cost, self.out_b, self.core_of
+        deps_of, deps_left, dependents = self.deps_of, self.deps_left, self.dependents
+        sends_by_tag: dict[tuple[int, str | None], int] = {}
+        recvs: list[tuple[int, int | None, str | None]] = []
+        cycle_cache: dict[tuple, float] = {}
+        for c, program in enumerate(kernel.programs):
+            base = len(unit)
+            for i, op in enumerate(program.ops):
+                kind = op.kind
+                u = UNIT_INDEX[kind]
+                if op.out_bytes > capacity:
+                    raise LXOverflowError(kernel.name, c, op.out_bytes, 0, capacity)
+                if u in (LOAD, STORE):
+                    cost.append(op.nbytes)
+                    if u == LOAD:
+                        bytes_loaded += op.nbytes
+                    else:
+                        bytes_stored += op.nbytes
+                else:
+                    key = (kind, op.m, op.n, op.k, op.elements, op.nbytes, op.hops)
+                    cycles = cycle_cache.get(key)
+                    if cycles is None:
+                        cycles = cycle_cache[key] = fixed_cycles(kind, op.m, op.n, op.k, op.elements, op.nbytes,
+                                                                 op.hops, cfg)
+                    cost.append(cycles)
+                    if u == PT:
+                        flops += 2 * op.m * op.n * op.k
+                        macs += op.m * op.n * op.k
+                        matmul_cores.add(c)
+                    elif u == SFU:
+                        flops += op.elements
+                    elif u == RING:
+                        ring_bytes += op.nbytes
+                        sends_by_tag[(c, op.tag)] = base + i
+                    else:
+                        recvs.append((base + i, op.peer, op.tag))
+                unit.append(u)
+                out_b.append(op.out_bytes)
+                core_of.append(c)
+                deps = tuple(base + d for d in op.deps) if base else op.deps
+                deps_of.append(deps)
+                deps_left.append(len(deps))
+                dependents.append([])
+                g = base + i
+                for d in deps:
+                    dependents[d].append(g)
+        for r, peer, tag in recvs:
+            s = sends_by_tag[(peer, tag)]
+            self.send_of[r], self.recv_of[s] = s, r
+            deps_left[s] += 1  # a send also waits for its receive to be posted
+        self.bytes_loaded, self.bytes_stored, self.ring_bytes = bytes_loaded, bytes_stored, ring_bytes
+        self.flops, self.macs, self.matmul_cores = flops, macs, len(matmul_cores)
+
+
 def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
     """Simulate ``kernel`` op by op; raises :class:`LXOverflowError` when LX cannot hold what it needs."""
     programs = kernel.programs
     ncores = len(programs)
-
-    # --- flatten every core's ops into global ids (program order is id order within a core) ---------
-    unit: list[int] = []
-    cost: list[float] = []  # cycles for PT/SFU/ring ops, bytes for DRAM ops
-    out_b: list[int] = []
-    core_of: list[int] = []
-    deps_of: list[tuple[int, ...]] = []
-    deps_left: list[int] = []
-    dependents: list[list[int]] = []
-    send_of: dict[int, int] = {}
-    recv_of: dict[int, int] = {}
-    sends_by_tag: dict[tuple[int, str | None], int] = {}
-    recvs: list[tuple[int, int, str | None]] = []
-    bytes_loaded = bytes_stored = ring_bytes = flops = macs = 0
-    matmul_cores: set[int] = set()
-    cycle_cache: dict[tuple, float] = {}
-    for c, program in enumerate(programs):
-        base = len(unit)
-        for i, op in enumerate(program.ops):
-            kind = op.kind
-            u = UNIT_INDEX[kind]
-            if op.out_bytes > capacity:
-                raise LXOverflowError(kernel.name, c, op.out_bytes, 0, capacity)
-            if u in (LOAD, STORE):
-                cost.append(op.nbytes)
-                if u == LOAD:
-                    bytes_loaded += op.nbytes
-                else:
-                    bytes_stored += op.nbytes
-            else:
-                key = (kind, op.m, op.n, op.k, op.elements, op.nbytes, op.hops)
-                cycles = cycle_cache.get(key)
-                if cycles is None:
-                    cycles = cycle_cache[key] = fixed_cycles(kind, op.m, op.n, op.k, op.elements, op.nbytes,
-                                                             op.hops, cfg)
-                cost.append(cycles)
-                if u == PT:
-                    flops += 2 * op.m * op.n * op.k
-                    macs += op.m * op.n * op.k
-                    matmul_cores.add(c)
-                elif u == SFU:
-                    flops += op.elements
-                elif u == RING:
-                    ring_bytes += op.nbytes
-                    sends_by_tag[(c, op.tag)] = base + i
-                else:
-                    recvs.append((base + i, op.peer, op.tag))
-            unit.append(u)
-            out_b.append(op.out_bytes)
-            core_of.append(c)
-            deps = tuple(base + d for d in op.deps) if base else op.deps
-            deps_of.append(deps)
-            deps_left.append(len(deps))
-            dependents.append([])
-            g = base + i
-            for d in deps:
-                dependents[d].append(g)
-    for r, peer, tag in recvs:
-        s = sends_by_tag[(peer, tag)]
-        send_of[r], recv_of[s] = s, r
-        deps_left[s] += 1  # a send also waits for its receive to be posted
+    graph = _Graph(kernel, cfg, capacity)
+    unit, cost, out_b, core_of = graph.unit, graph.cost, graph.out_b, graph.core_of
+    deps_of, deps_left, dependents = graph.deps_of, graph.deps_left, graph.dependents
+    send_of, recv_of = graph.send_of, graph.recv_of
     total = len(unit)
 
     # --- state ----------------------------------------------------------------------------------------
@@ -228,8 +240,8 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
     compute_busy = _compute_union(ncores, unit, core_of, start, end)
     run = EngineRun(makespan=max(end, default=0.0), busy=busy, compute_busy=compute_busy,
                     lx_peak={c: peak[c] for c in range(ncores) if len(programs[c])},
-                    bytes_loaded=bytes_loaded, bytes_stored=bytes_stored, ring_bytes=ring_bytes, flops=flops,
-                    macs=macs, matmul_cores=len(matmul_cores))
+                    bytes_loaded=graph.bytes_loaded, bytes_stored=graph.bytes_stored, ring_bytes=graph.ring_bytes,
+                    flops=graph.flops, macs=graph.macs, matmul_cores=graph.matmul_cores)
     if want_events:
         run.events = _events(programs, unit, start, end, recv_xfer_start)
     return run
