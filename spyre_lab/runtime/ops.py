@@ -182,7 +182,7 @@ def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     name = packet_name(op)
     if name in DEVICE_OPS:
         try:
-            program = _eager_program(op, leaves, spec, index)
+            program = _eager_program(op, leaves, spec, index, _shape_of_call(args, kwargs))
         except _NeedsHost:
             program = None
         if program is not None:
@@ -220,8 +220,17 @@ def program_cache_size() -> int:
     return len(_PROGRAMS)
 
 
-def _signature(op: torch._ops.OpOverload, leaves: list[Any], spec: Any) -> Any:
-    parts: list[Any] = [op, spec]
+def _shape_of_call(args: tuple, kwargs: dict) -> tuple:
+    """What fixes the pytree spec of an ATen call (cheaper to hash than the TreeSpec itself): the
+    number of positional args, the keyword names, and the length of every list argument."""
+    def arity(v: Any) -> int:
+        return len(v) if isinstance(v, (list, tuple)) else -1
+
+    return len(args), tuple(arity(a) for a in args), tuple((k, arity(v)) for k, v in kwargs.items())
+
+
+def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> Any:
+    parts: list[Any] = [op, call_shape]
     for x in leaves:
         if isinstance(x, torch.Tensor):
             if x.device.type == "spyre":
@@ -235,9 +244,10 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], spec: Any) -> Any:
     return tuple(parts)
 
 
-def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int) -> EagerProgram:
+def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
+                   call_shape: tuple) -> EagerProgram:
     try:
-        key = _signature(op, leaves, spec)
+        key = _signature(op, leaves, call_shape)
         hash(key)
     except TypeError:
         key = None

@@ -148,6 +148,10 @@ def _host_launch_us(device_index: int) -> float:
     return get_device(device_index).config.host_launch_us
 
 
+def _unit(unit: str, device_index: int) -> str:
+    return f"spyre{device_index}.{unit}"
+
+
 class Stream:
     """A FIFO queue of device work with a modeled completion time.
 
@@ -242,10 +246,6 @@ class Stream:
 
     def __exit__(self, *exc: object) -> None:
         set_stream(self._previous)
-
-
-def _unit(unit: str, device_index: int) -> str:
-    return f"spyre{device_index}.{unit}"
 
 
 _STREAMS: dict[tuple[int, int], Stream] = {}

@@ -19,6 +19,7 @@ kernels that read the same buffer repeatedly do not unstickify it every time.
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -77,11 +78,11 @@ class DeviceBuffer:
         self.device = device
         self.numel = numel
         self.host_dtype = host_dtype
-        self.layout = StickLayout.default(tuple(shape), storage_dtype(host_dtype),
-                                          stick_bytes=device.config.stick_bytes)
+        self.layout = _layout(tuple(shape), storage_dtype(host_dtype), device.config.stick_bytes)
         self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=f"{host_dtype} {tuple(shape)}")
         self.generation = device.generation
-        self.data = torch.zeros(self.layout.device_size, dtype=self.layout.device_dtype)
+        # like torch.empty: contents undefined until written (every copy-in overwrites all of it)
+        self.data = torch.empty(self.layout.device_size, dtype=self.layout.device_dtype)
         self._host: torch.Tensor | None = None
         device.register_buffer(self.allocation.address, self)
 
@@ -135,6 +136,12 @@ class DeviceBuffer:
     def __repr__(self) -> str:
         return (f"DeviceBuffer(spyre:{self.device.index} @ {self.address:#x}, {self.device_nbytes} B, "
                 f"host {self.host_dtype} x {self.numel}, device {self.layout.device_dtype} {self.layout.device_size})")
+
+
+@functools.lru_cache(maxsize=4096)
+def _layout(shape: tuple[int, ...], dtype: torch.dtype, stick_bytes: int) -> StickLayout:
+    """Layouts are immutable and validated on construction: build each (shape, dtype) once."""
+    return StickLayout.default(shape, dtype, stick_bytes=stick_bytes)
 
 
 # --- making tensors ---------------------------------------------------------------------------

@@ -1,0 +1,109 @@
+"""Runtime speed: host overhead of eager ops, H2D throughput, rebuild vs aot_patch launch overhead.
+
+Wall-clock numbers measure this Python implementation on this machine; "modeled" numbers come from
+the device model (SpyreConfig) and are what a trace shows. Run:
+
+    .venv/bin/python benchmarks/bench_runtime.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+import spyre_lab.runtime  # noqa: F401  (registers the device when autoload is off)
+from spyre_lab.runtime import recording
+from spyre_lab.runtime.jobplan import ProgramKernel, RuntimeOptions, launch
+from spyre_lab.runtime.streams import TIMELINE
+
+
+def wall_us(fn, repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat * 1e6
+
+
+def eager_overhead() -> None:
+    x = torch.randn(64, 64, dtype=torch.float16).to("spyre")
+    y = torch.randn(64, 64, dtype=torch.float16).to("spyre")
+    for _ in range(20):
+        torch.add(x, y)
+    cached = wall_us(lambda: torch.add(x, y), 500)
+    shapes = iter(range(1, 10_000))
+
+    def first_time() -> None:
+        n = next(shapes)
+        a = torch.empty(n, 8, dtype=torch.float16, device="spyre")
+        torch.add(a, a)
+
+    alloc_only = wall_us(lambda: torch.empty(7, 8, dtype=torch.float16, device="spyre"), 500)
+    fresh = wall_us(first_time, 200) - alloc_only
+    cpu = wall_us(lambda: torch.add(x.cpu(), y.cpu()), 1) and wall_us(
+        lambda: torch.add(torch.ones(64, 64), torch.ones(64, 64)), 500)
+    print(f"eager torch.add 64x64 fp16, cached program : {cached:8.1f} us host wall clock per op")
+    print(f"eager torch.add n x 8 fp16, first-time op  : {fresh:8.1f} us host wall clock per op (new shape each call)")
+    print(f"  (for scale: the same add on CPU tensors  : {cpu:8.1f} us)")
+    cfg = torch.spyre.get_device(0).config
+    print(f"  modeled host cost per eager op            : {3 * cfg.host_launch_us:8.1f} us (3 enqueues)")
+
+
+def h2d_throughput() -> None:
+    for mb in (1, 16, 64):
+        cpu = torch.randn(mb * 1024 * 1024 // 2, dtype=torch.float16).reshape(-1, 1024)
+        cpu.to("spyre")
+        start = time.perf_counter()
+        reps = 3
+        for _ in range(reps):
+            d = cpu.to("spyre")
+        seconds = (time.perf_counter() - start) / reps
+        with recording() as trace:
+            d = cpu.to("spyre")
+        pcie = trace.on("pcie")[0]
+        back = wall_us(lambda d=d: d.cpu(), 3)
+        print(f'.to("spyre") {mb:3d} MB fp16: {mb / seconds:8.1f} MB/s wall clock (stickify + bookkeeping), '
+              f'.cpu() {mb / back * 1e6:8.1f} MB/s; modeled PCIe {pcie.dur_us:8.1f} us = '
+              f"{pcie.args['bytes'] / pcie.dur_us:8.1f} MB/s")
+
+
+class ChainProgram:
+    """A hand-made program of ``n`` chained pointwise kernels (x -> x + 1 -> ...)."""
+
+    def __init__(self, n: int, time_us: float) -> None:
+        self.name = f"chain{n}"
+
+        def step(src: str, dst: str):
+            return lambda ops: ops.write(dst, ops[src] + 1)
+
+        names = ["x", *[f"t{i}" for i in range(n)]]
+        self.kernels = [ProgramKernel(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
+                        for i in range(n)]
+        self.slots = names
+
+
+def dispatch_overhead(kernels: int = 16, launches: int = 20, kernel_us: float = 40.0) -> None:
+    program = ChainProgram(kernels, kernel_us)
+    binds = {s: torch.zeros(128, 64, dtype=torch.float16, device="spyre") for s in program.slots}
+    print(f"program of {kernels} kernels ({kernel_us:.0f} us modeled each), {launches} back-to-back launches:")
+    for dispatch in ("rebuild", "aot_patch"):
+        torch.spyre.synchronize()
+        options = RuntimeOptions(dispatch=dispatch)
+        with recording() as trace:
+            host0 = TIMELINE.host_us
+            start = time.perf_counter()
+            for _ in range(launches):
+                launch(program, binds, options=options)
+            wall = (time.perf_counter() - start) / launches * 1e6
+            host_per_launch = (TIMELINE.host_us - host0) / launches
+            torch.spyre.synchronize()
+        busy = trace.busy_us(torch.spyre.current_stream().lane)
+        print(f"  {dispatch:9s}: modeled host time {host_per_launch:8.1f} us/launch, end-to-end "
+              f"{trace.duration_us / launches:8.1f} us/launch, device busy {100 * busy / trace.duration_us:5.1f}% "
+              f"| wall clock {wall:8.1f} us/launch")
+
+
+if __name__ == "__main__":
+    eager_overhead()
+    h2d_throughput()
+    dispatch_overhead()
