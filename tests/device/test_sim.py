@@ -342,3 +342,16 @@ def test_builders_reject_bad_shapes_by_name():
         elementwise_kernel(0, 1)
     with pytest.raises(ValueError, match="row_tile must be a positive"):
         softmax_kernel(64, 64, row_tile=0)
+
+
+def test_dram_is_shared_fairly_between_transfers_in_flight():
+    """Processor sharing: two transfers split 100 B/cycle; when one ends the other speeds up (to its DMA cap)."""
+    cfg = SPYRE.replace(dram_bandwidth=100 * SPYRE.clock_hz, core_dma_bytes_per_cycle=80, kernel_launch_cycles=0)
+    small, big = CoreProgram(), CoreProgram()
+    small.load("x", 1000)
+    big.load("y", 3000)
+    result = simulate(Kernel("two_loads", [small, big]), cfg)
+    ends = {e.lane: e.end_us * cfg.clock_hz / 1e6 for e in result.trace}
+    assert ends["core0.load"] == pytest.approx(1000 / 50)  # both at 50 B/cycle
+    assert ends["core1.load"] == pytest.approx(20 + 2000 / 80)  # then alone, capped by its DMA engine
+    assert result.time_us * cfg.clock_hz / 1e6 == pytest.approx(45.0)
