@@ -353,7 +353,8 @@ def choose_matmul_tiles(mk: MatmulKernel, mc: int, nc: int, kc: int, cfg: SpyreC
 
     Candidates halve each dim (keeping >= 8 rows per PT pass when the slice has them) and are ranked by
     the DRAM bytes the core then loads (A is reloaded for every N tile unless a tile spans all of K, B for
-    every M tile), then by op count; the first whose LX plan ``fits`` wins.
+    every M tile), then by how far they fall short of ``PIPELINE_TILES`` steps (loads overlap the PT only
+    across steps), then by op count; the first whose LX plan ``fits`` wins.
     """
     eps_a, eps_b = cfg.stick_bytes // mk.a_item, cfg.stick_bytes // mk.b_item
     n_pad, k_pad = pad_to_sticks(nc, eps_b), pad_to_sticks(kc, eps_a)
@@ -364,7 +365,8 @@ def choose_matmul_tiles(mk: MatmulKernel, mc: int, nc: int, kc: int, cfg: SpyreC
                 mt, nt, kt = math.ceil(mc / tm), math.ceil(n_pad / tn), math.ceil(k_pad / tk)
                 a_loads = mc * k_pad * mk.a_item * (1 if kt == 1 else nt)
                 b_loads = k_pad * n_pad * mk.b_item * mt
-                ranked.append((a_loads + b_loads, mt * nt * kt, tm, tn, tk))
+                steps = mt * nt * kt
+                ranked.append((a_loads + b_loads, max(0, PIPELINE_TILES - steps), steps, tm, tn, tk))
     ranked.sort()
     for *_, tm, tn, tk in ranked:
         if fits(matmul_lx_buffers(mk, tm, tn, tk, cfg, double_buffer, k_split)):
