@@ -65,7 +65,7 @@ def bench_matmul() -> None:
     print("   published: matmul kernel time -29 ... -69% (IBM; mechanism not in the docs)")
     shapes = {"qkv": (HIDDEN, HIDDEN + 2 * KV, HIDDEN), "o_proj": (HIDDEN, HIDDEN, HIDDEN),
               "mlp up": (HIDDEN, INTERMEDIATE, HIDDEN), "mlp down": (HIDDEN, HIDDEN, INTERMEDIATE)}
-    header = f"{'shape':>22} {'M':>5} {'naive split':>22} {'planned split':>22} {'naive us':>9} {'planned us':>10}"
+    header = f"{'shape':>26} {'M':>5} {'naive split':>22} {'planned split':>22} {'naive us':>9} {'planned us':>10}"
     print(header + f" {'change':>8} {'MB in n/p':>15} {'codegen s':>9}")
     for m in (1024, 1):
         for label, (_, n, k) in shapes.items():
@@ -73,7 +73,7 @@ def bench_matmul() -> None:
             naive, t0 = _compile(kernel, bufs, SPYRE, CompileOptions(work_division="naive"))
             planned, t1 = _compile(kernel, bufs, SPYRE, CompileOptions(work_division="planned"))
             tn, tp = naive.simulate().time_us, planned.simulate().time_us
-            print(f"{label + f' {m}x{n}x{k}':>22} {m:>5} {_fmt(naive.division.splits):>22} "
+            print(f"{label + f' {m}x{n}x{k}':>26} {m:>5} {_fmt(naive.division.splits):>22} "
                   f"{_fmt(planned.division.splits):>22} {tn:>9.1f} {tp:>10.1f} {100 * (tp / tn - 1):>+7.1f}% "
                   f"{naive.bytes_in / 1e6:>7.0f}/{planned.bytes_in / 1e6:<7.0f} {t0 + t1:>9.2f}")
     kernel, bufs = matmul_kernel(1, HIDDEN, HIDDEN)

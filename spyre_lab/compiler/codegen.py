@@ -75,7 +75,7 @@ class KernelSpec:
     buffers: dict[str, BufferInfo] = field(default_factory=dict, repr=False)
     units: dict[str, str] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
-    _sims: dict[str, SimResult] = field(default_factory=dict, repr=False)
+    _sims: dict[str, SimResult] = field(default_factory=dict, init=False, repr=False)
 
     # --- totals read off the tile programs -----------------------------------------------------
     @property
@@ -220,7 +220,9 @@ def generate_kernel(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg:
     return _row_spec(kernel, buffers, cfg, options)
 
 
-def _fits(cfg: SpyreConfig, options: CompileOptions, name: str):
+def _fits(cfg: SpyreConfig, options: CompileOptions, name: str) -> Callable[[list[LXBuffer]], bool]:
+    """Does a tile's buffer list fit LX under the chosen allocator?"""
+
     def fits(bufs: list[LXBuffer]) -> bool:
         try:
             plan_scratchpad(bufs, cfg.lx_budget_bytes, options.lx_allocator, name)
@@ -268,14 +270,19 @@ def _slots(kernel: FusedKernel) -> list[str]:
 
 
 def _spec(kernel: FusedKernel, division: WorkDivision, bufs: list[LXBuffer], programs: list[CoreProgram],
-          slices, cfg, options, buffers, dims, tiles, operands, weights=()) -> KernelSpec:
+          slices: list[dict[str, tuple[int, int]]], cfg: SpyreConfig, options: CompileOptions,
+          buffers: Mapping[str, BufferInfo], dims: Mapping[str, int], tiles: Mapping[str, int],
+          operands: dict[str, Operand], weights: Sequence[str] = ()) -> KernelSpec:
+    """Place the steady-state buffers in LX and bundle everything into a KernelSpec."""
     plan = plan_scratchpad(bufs, cfg.lx_budget_bytes, options.lx_allocator, kernel.name)
-    units = {n.op: "pt" if isinstance(n, MatMul) else "sfp" for n in kernel.nodes}
-    spec = KernelSpec(kernel.name, kernel.rule, [n.op for n in kernel.nodes], division, plan,
-                      Kernel.from_programs(kernel.name, programs, cfg.cores), _slots(kernel), slices, cfg,
-                      dict(dims), dict(tiles), operands, {b: buffers[b] for b in _slots(kernel) if b in buffers},
-                      units, _roles(kernel, buffers, weights))
-    return spec
+    slots = _slots(kernel)
+    return KernelSpec(
+        name=kernel.name, rule=kernel.rule, ops=[n.op for n in kernel.nodes], division=division, lx_plan=plan,
+        tile_kernel=Kernel.from_programs(kernel.name, programs, cfg.cores), address_slots=slots, slices=slices,
+        cfg=cfg, dims=dict(dims), tiles=dict(tiles), operands=operands,
+        buffers={b: buffers[b] for b in slots}, units={n.op: "pt" if isinstance(n, MatMul) else "sfp"
+                                                       for n in kernel.nodes},
+        roles=_roles(kernel, buffers, weights))
 
 
 def _roles(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], weights: Sequence[str]) -> dict[str, str]:

@@ -23,16 +23,20 @@ Conventions shared by all emitters:
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from spyre_lab.compiler.ir import IRNode, Pointwise, Reduction
 from spyre_lab.compiler.scratchpad import LXBuffer
+from spyre_lab.compiler.work_division import ring_hops
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreProgram, LXOverflowError
 
 ACC_BYTES = 4
 """Matmul partial sums accumulate (and travel the ring) in fp32."""
+
+Fits = Callable[[list[LXBuffer]], bool]
+"""Does a list of steady-state buffers fit LX? (codegen runs the scratchpad planner to answer)"""
 
 IN_PLACE_OPS = frozenset({"exp", "sub", "add", "rsqrt"})
 """Pointwise ops torch-spyre lets write into their first input's LX slot."""
@@ -119,8 +123,6 @@ def chain_reduce(p: CoreProgram, rank: int, partners: Sequence[int], core: int, 
     Partner ``rank`` receives partner ``rank + 1``'s partial, combines it into its own (in place, into
     the buffer ``owner`` holds), then sends the result to ``rank - 1``. Partner 0 ends with the total.
     """
-    from spyre_lab.compiler.work_division import ring_hops
-
     done = last
     if rank + 1 < len(partners):
         recv = p.ring_recv(f"psum in {tag}", nbytes, partners[rank + 1], f"{tag}:{rank + 1}->{rank}", deps=[last],
@@ -204,7 +206,7 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
 
 
 def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool,
-                   fits) -> dict[str, int]:
+                   fits: Fits) -> dict[str, int]:
     """The biggest tile of a core's slice that ``fits`` LX: whole col dims, rows halved from the outermost
     row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks. A slice with
     rows to spare is still cut into at least ``PIPELINE_TILES`` tiles, so one tile's load, SFU work and
@@ -348,7 +350,7 @@ def _halvings(n: int, quantum: int, floor: int) -> list[int]:
 
 
 def choose_matmul_tiles(mk: MatmulKernel, mc: int, nc: int, kc: int, cfg: SpyreConfig, double_buffer: bool,
-                        k_split: bool, fits) -> tuple[int, int, int]:
+                        k_split: bool, fits: Fits) -> tuple[int, int, int]:
     """Tile sizes (tm rows, tn, tk in whole sticks) for one core's ``mc x nc x kc`` slice.
 
     Candidates halve each dim (keeping >= 8 rows per PT pass when the slice has them) and are ranked by
@@ -509,7 +511,7 @@ def mlp_lx_buffers(mk: MlpKernel, tm: int, ti: int, th: int, to: int, cfg: Spyre
 
 
 def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_buffer: bool, reduce: bool,
-                     fits) -> tuple[int, int, int, int]:
+                     fits: Fits) -> tuple[int, int, int, int]:
     """(tm, ti, th, to): weights are reloaded once per row tile, so rows come first, then fewer ops."""
     eps = cfg.stick_bytes // mk.w_item
     i_pad, h_pad = pad_to_sticks(ic, eps), pad_to_sticks(mk.hidden, eps)
