@@ -8,16 +8,18 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
    the event mode's "earliest ready op first" rule does. The schedule's end already holds the
    pipeline's fill (nothing computes before the first tile lands), its drain (the last store runs
    after the last compute), the busiest unit's total, and any dependency chain longer than all of
-   those (a loop-carried buffer slot, a staged pipeline). DRAM ops run at the rate one stream per
-   core gets, ``r1 = min(dma, dram / n)`` for ``n`` cores streaming. LX is assumed big enough for
-   loads to run ahead, which the double-buffered kernels a compiler emits ensure; the event mode
-   is slower when it is not.
-2. **DRAM sharing.** A core that loads ``L`` and stores ``S`` bytes needs at least
-   ``max(L / r1, S / r1, all bytes of the kernel / dram)`` cycles to move them (its own streams'
-   fair share, and the card's total bandwidth, which every transfer shares), plus the time before
-   its first load and after its last transfer. When the card's bandwidth is the tighter limit,
-   every transfer is slowed by the same factor (the event mode's fair share), so the reported load
-   and store busy times are the schedule's, stretched by it.
+   those (a loop-carried buffer slot, a staged pipeline). A core's DRAM ops run at the average
+   rate its longer stream (loads or stores) gets when every core's stream starts together and
+   shares DRAM equally, each capped by its DMA engine, the smallest finishing first
+   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike. LX is assumed big enough
+   for loads to run ahead, which the double-buffered kernels a compiler emits ensure; the event
+   mode is slower when it is not.
+2. **DRAM sharing.** The card's DRAM must move every byte of the kernel, so the longest stream
+   cannot finish before ``all bytes / dram`` cycles. When that is longer than water-filling says
+   (cores that load and store at once run two streams, so DRAM is oversubscribed), every
+   transfer slows down by the same factor, the event mode's fair share: a core's load and store
+   busy times are stretched by it, and the core cannot finish before the time before its first
+   load, plus its longer stretched stream, plus the work after its last transfer.
 
 Ring: a ``ring_recv`` finishes when its send does. Cores are scheduled senders first (a
 topological order of the ring edges), so a receiver sees when its partial sums land. The event
@@ -66,7 +68,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     active = [c for c, p in enumerate(programs) if p.ops]
     same_as = _same_programs(kernel, active)
     loads, stores, senders, ringless = _survey(kernel, active, same_as)
-    r1, card_floor = _dram_rates(loads, stores, cfg)
+    rates, stretch = _dram_rates(loads, stores, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
     mm_cache: dict[tuple[int, int, int], int] = {}
@@ -78,7 +80,8 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
             if twin != c and twin in ringless and twin in cores:  # same ops, no ring: same timing
                 cores[c] = cores[twin]
                 continue
-            cores[c], late = _schedule(kernel, c, cfg, capacity, r1, card_floor, send_done, mm_cache)
+            cores[c], late = _schedule(kernel, c, cfg, capacity, rates.get(c, 1.0), stretch, send_done,
+                                       mm_cache)
             waited |= late
         if not waited:
             break
@@ -99,7 +102,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     return run
 
 
-def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: float, card_floor: float,
+def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: float, stretch: float,
               send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
     """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled."""
@@ -188,16 +191,14 @@ def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: fl
             send_done[(core, op.tag)] = end
 
     tot = _Core()
-    own_streams = max(load_bytes, store_bytes) / r1
-    if own_streams > 0 and card_floor > own_streams:  # DRAM, not this core's streams, is the limit: all slow down
-        busy[LOAD] *= card_floor / own_streams
-        busy[STORE] *= card_floor / own_streams
+    busy[LOAD] *= stretch  # every transfer slows down alike when the card's DRAM is the tighter limit
+    busy[STORE] *= stretch
     tot.busy = busy
     tot.counts = counts
     tot.first_start = [max(0.0, f) for f in first]
     schedule_end = max(fin, default=0.0)
-    if load_bytes or store_bytes:  # no faster than this core's stream rate or the whole card's DRAM allows
-        moving = max(load_bytes / r1, store_bytes / r1, card_floor)
+    if load_bytes or store_bytes:  # no faster than this core's streams move at their (stretched) share
+        moving = max(busy[LOAD], busy[STORE])
         schedule_end = max(schedule_end, max(0.0, first[LOAD]) + moving + (schedule_end - last_dram_fin))
     tot.finish = schedule_end
     tot.load_bytes, tot.store_bytes, tot.ring_bytes, tot.flops, tot.macs = (load_bytes, store_bytes, ring_bytes,
@@ -281,12 +282,24 @@ def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
     return loads, stores, senders, ringless
 
 
-def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[float, float]:
-    """(r1, card floor): one stream's rate when every streaming core runs one, and ``all bytes / dram``."""
-    streaming = sum(1 for c in loads if loads[c] or stores[c])
+def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[dict[int, float], float]:
+    """Per core, the average rate its longer DRAM stream gets; and how much slower every transfer must go
+    for the card's DRAM to move all the kernel's bytes (1 if it keeps up).
+
+    Water-filling: all streams start together and share DRAM equally (each capped by a DMA
+    engine); when the smallest one is done, the rest share what it leaves. So a core that streams
+    less than the others finishes early, and the biggest one runs faster at the end.
+    """
     dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle
-    r1 = min(dma, dram / max(1, streaming))
-    return r1, (sum(loads.values()) + sum(stores.values())) / dram
+    volumes = sorted((max(loads[c], stores[c]), c) for c in loads if loads[c] or stores[c])
+    rates: dict[int, float] = {}
+    clock = moved = 0.0
+    for i, (volume, c) in enumerate(volumes):
+        clock += (volume - moved) / min(dma, dram / (len(volumes) - i))
+        moved = volume
+        rates[c] = volume / clock if clock > 0 else dma
+    card_floor = (sum(loads.values()) + sum(stores.values())) / dram
+    return rates, max(1.0, card_floor / clock) if clock > 0 else 1.0
 
 
 def _senders_first(senders: dict[int, set[int]], active: list[int]) -> list[int]:

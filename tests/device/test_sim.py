@@ -165,6 +165,9 @@ AGREEMENT = [
     lambda: matmul_kernel(256, 256, 4096, 1, 1, 8),
     lambda: matmul_kernel(1024, 1024, 2048, 2, 4, 4),
     lambda: matmul_kernel(8, 4096, 4096, 1, 8, 4),
+    lambda: matmul_kernel(1000, 1000, 1000, 3, 5, 2),
+    lambda: Kernel("uneven_1_big_15_small", [elementwise_kernel(1 << 20, 1).programs[0]]
+                   + [elementwise_kernel(1 << 14, 1).programs[0] for _ in range(15)]),
 ]
 
 
@@ -197,6 +200,8 @@ def test_event_and_analytic_agree_within_ten_percent(build):
     | matmul_256x256x4096_grid1x1x8    |    49.35 |       49.98 | 1.013 |
     | matmul_1024x1024x2048_grid2x4x4  |   343.91 |      343.83 | 1.000 |
     | matmul_8x4096x4096_grid1x8x4     |   178.55 |      178.55 | 1.000 |
+    | matmul_1000x1000x1000_grid3x5x2  |   199.58 |      199.65 | 1.000 |
+    | uneven_1_big_15_small            |    42.78 |       41.92 | 0.980 |
     """
     kernel = build()
     event = simulate(kernel, mode="event", trace=False)
