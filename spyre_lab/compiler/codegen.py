@@ -480,7 +480,8 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
                              _fits(cfg, options, kernel.name))
     programs = _per_core(slices, division if down is not None else None, cfg, lambda e, partners: emit_mlp(
         mk, e["M"], e["N"], tiles, cfg, options.double_buffer, partners))
-    bufs = mlp_lx_buffers(mk, *tiles, cfg, options.double_buffer, reduce)
+    whole_slice = tiles[1] >= -(-ext["N"] // eps) * eps
+    bufs = mlp_lx_buffers(mk, *tiles, cfg, options.double_buffer, reduce, whole_slice)
     tile_dims = {"B": 1, "M": tiles[0], "N": tiles[1], "K": tiles[2], "O": tiles[3]}
     weights = [gate.inputs[1], up.inputs[1]] + ([down.inputs[1]] if down else [])
     return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, operands,
