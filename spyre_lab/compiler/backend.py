@@ -36,6 +36,7 @@ from spyre_lab.compiler.lowering import decomposition_table, lower
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel, plan_intermediates
 from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.device.isa import LXOverflowError
 
 
 def _fake_like(mode: Any, x: Any) -> Any:
@@ -65,7 +66,12 @@ def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: Comp
         from spyre_lab.compiler.codegen import generate_kernel
     except ImportError as e:
         return UnplannedKernel(kernel.name, kernel, slots, f"codegen unavailable ({e})")
-    return generate_kernel(kernel, buffers, cfg, options)
+    try:
+        return generate_kernel(kernel, buffers, cfg, options)
+    except (LXOverflowError, ValueError, NotImplementedError) as e:
+        # the numbers do not depend on the tile plan, so the program still runs; it just has no modeled time
+        warnings.warn(f"spyre: kernel {kernel.name} has no tile plan and will not be timed: {e}", stacklevel=3)
+        return UnplannedKernel(kernel.name, kernel, slots, f"{type(e).__name__}: {e}")
 
 
 def _check_inputs(example_inputs: Sequence[Any]) -> None:
