@@ -66,6 +66,7 @@ def test_doubling_cores_halves_compute_bound_time_but_not_dram_bound_time():
     two = simulate(elementwise_kernel(1 << 19, 2, heavy, 16 * 1024, transcendental=True), heavy, trace=False)
     assert one.bottleneck == two.bottleneck == "compute"
     assert after_launch_cycles(two, heavy) / after_launch_cycles(one, heavy) == pytest.approx(0.5, rel=0.05)
+    assert two.busy_us[(0, "sfu")] == pytest.approx(one.busy_us[(0, "sfu")] / 2)
 
     sixteen = simulate(elementwise_kernel(1 << 21, 16), trace=False)
     thirty_two = simulate(elementwise_kernel(1 << 21, 32), trace=False)
