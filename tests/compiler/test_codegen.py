@@ -345,3 +345,16 @@ def test_pointwise_property_bytes_slices_and_fit(shape, cores, double):
     busy = [s for s in spec.slices if s]
     assert len(busy) == spec.division.cores_used <= cores
     assert sum(math.prod(hi - lo for lo, hi in s.values()) for s in busy) == math.prod(shape)
+
+
+def test_mlp_with_room_for_the_whole_i_slice_finishes_output_in_column_chunks():
+    m, h, i = 64, 2048, 1024  # a [64, 2048] fp32 output tile (with its ring twin) would crowd LX
+    kernel, bufs, _ = mlp_graph(m, h, i)
+    spec = generate_kernel(kernel, bufs, SPYRE, OPTS)
+    assert spec.division.splits["N"] > 1 and spec.ring_bytes > 0  # I-partners reduce the down projection
+    full_width = spec.tiles["M"] * h * 4
+    assert all(size < full_width for name, size in spec.lx_plan.sizes.items() if name.startswith("out_acc"))
+    storers = [p for p in spec.tile_kernel.programs if any(op.kind is OpKind.STORE for op in p)]
+    assert len(storers) == spec.division.splits["M"]  # partner 0 of each row slice stores
+    assert sum(op.nbytes for p in storers for op in p if op.kind is OpKind.STORE) == m * h * 2
+    assert all(sum(op.kind is OpKind.STORE for op in p) > 1 for p in storers)  # column chunk by chunk
