@@ -29,6 +29,9 @@ the event mode reports goes unnoticed here.
 Cores whose programs are the very same ``TileOp`` objects (builders share the ops of cores that
 do the same work) and hold no ring ops are scheduled once: their timing cannot differ.
 
+Core utilization counts PT and SFU time as if they never overlapped (capped at the core's time):
+the pass does not track their overlap.
+
 LX: ``lx_peak`` is the footprint of running each core's ops one at a time in program order (a
 buffer lives from its op to its last user), a lower bound of the event mode's peak.
 """
@@ -102,7 +105,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     return run
 
 
-def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: float, stretch: float,
+def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: float, stretch: float,
               send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
     """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled."""
@@ -135,7 +138,7 @@ def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: fl
             if f > ready:
                 ready = f
         if kind is _LOAD:
-            u, cycles = LOAD, op.nbytes / r1
+            u, cycles = LOAD, op.nbytes / rate
             load_bytes += op.nbytes
         elif kind is _MATMUL:
             key = (op.m, op.n, op.k)
@@ -147,7 +150,7 @@ def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, r1: fl
             macs += mnk
             flops += 2 * mnk
         elif kind is _STORE:
-            u, cycles = STORE, op.nbytes / r1
+            u, cycles = STORE, op.nbytes / rate
             store_bytes += op.nbytes
         elif kind is _VECTOR or kind is _SPECIAL:
             cycles = -(-op.elements // sfu_lanes)
