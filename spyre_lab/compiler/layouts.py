@@ -91,7 +91,7 @@ def propagate_layouts(lowered: Lowered, cfg: SpyreConfig) -> list[Restickify]:
             node.inputs = tuple(r.buffer for r in new_reads)
             node.compute = _compose(new_reads, access.op_fn)
         nodes.append(node)
-    graph.nodes = nodes
+    graph.nodes = _restickify_early(nodes)
     for buf in buffers.values():
         buf.layout = StickLayout.default(buf.shape, buf.dtype)
     return events
@@ -119,3 +119,16 @@ def _restickify(lowered: Lowered, r: Read, consumer: str, why: str, nodes: list,
     nodes.append(node)
     events.append(Restickify(consumer, r.buffer, name, why, False))
     return Read(name, (), meta, r.axes)
+
+
+def _restickify_early(nodes: list) -> list:
+    """Move each restickify right behind the producer of its source (graph inputs: to the front), so the
+    reformatted tensor is ready before any consumer and never splits a chain that fusion could join."""
+    moves = [n for n in nodes if n.op == "restickify" and n.name.startswith("restickify:")]
+    rest = [n for n in nodes if not any(n is m for m in moves)]
+    produced = {n.output for n in rest}
+    ordered = [m for m in moves if m.inputs[0] not in produced]
+    for n in rest:
+        ordered.append(n)
+        ordered.extend(m for m in moves if m.inputs[0] == n.output)
+    return ordered
