@@ -347,7 +347,8 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     slices = slice_ranges(division, dims, (inner,), eps, cfg.cores)
     copy_only = kernel.rule == "restickify" or all(n.op in ("copy", "clone", "restickify") for n in kernel.nodes)
     k = RowKernel(kernel.name, [] if copy_only else list(kernel.nodes), dims, col, operands,
-                  list(kernel.inputs), list(kernel.outputs), copy_only, frozenset(reds))
+                  list(kernel.inputs), list(kernel.outputs), copy_only, frozenset(reds),
+                  division.split_reduction_dim is not None)
     busy = [c for c, s in enumerate(slices) if s]
     extent = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()} if busy else dict(dims)
     tile = row_tile_shape(k, extent, cfg, options.double_buffer, _fits(cfg, options, kernel.name))

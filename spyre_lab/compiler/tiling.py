@@ -125,7 +125,7 @@ def chain_reduce(p: CoreProgram, rank: int, partners: Sequence[int], core: int, 
     """
     done = last
     if rank + 1 < len(partners):
-        recv = p.ring_recv(f"psum in {tag}", nbytes, partners[rank + 1], f"{tag}:{rank + 1}->{rank}", deps=[last],
+        recv = p.ring_recv("psum_in", nbytes, partners[rank + 1], f"{tag}:{rank + 1}->{rank}", deps=[last],
                            name=f"recv psum {tag}")
         done = p.vector(None, elements, deps=[recv, owner, last], out_bytes=0, name=f"{combine} psum {tag}")  # type: ignore[arg-type]
     if rank > 0:
@@ -150,6 +150,14 @@ class RowKernel:
     outputs: list[str]
     copy_only: bool = False             # restickify: load and store, no compute
     reduced: frozenset[str] = frozenset()  # anchor dims some node reduces (never cut inside a tile)
+    split_reduction: bool = False       # a reduced dim is split across cores: partials meet over the ring
+    inner_whole: bool = True            # tiles span the whole innermost dim (row_tile_shape may cut it)
+
+    def resident(self) -> list[str]:
+        """Inputs with no row dims (a bias row, a scalar): loaded once per core and kept in LX."""
+        if not self.inner_whole:
+            return []
+        return [b for b in self.inputs if not (self.operands[b].dims - set(self.col_dims))]
 
 
 def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
@@ -159,7 +167,7 @@ def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
         for b in n.inputs:
             last_use[b] = i
     plan = []
-    resident = {b for b in k.inputs if not (k.operands[b].dims - set(k.col_dims))}
+    resident = set(k.resident())
     for i, n in enumerate(k.nodes):
         first = n.inputs[0] if n.inputs else None
         in_place = (isinstance(n, Pointwise) and n.op in IN_PLACE_OPS and first is not None
@@ -176,14 +184,13 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
     sb = cfg.stick_bytes
     copies = 2 if double_buffer else 1
     bufs: list[LXBuffer] = []
-    birth: dict[str, int] = {}
     last_use: dict[str, int] = {}
     for i, n in enumerate(k.nodes):
         for b in n.inputs:
             last_use[b] = i + 1
     for b in k.outputs:
         last_use[b] = steps
-    resident = {b for b in k.inputs if not (k.operands[b].dims - set(k.col_dims))}
+    resident = set(k.resident())
     for b in k.inputs:
         size = k.operands[b].tile_bytes(tile, sb)
         if b in resident:
@@ -191,7 +198,6 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
             continue
         end = steps if k.copy_only else last_use.get(b, 0)
         bufs.append(LXBuffer(f"{b}[0]", size, 0, end))
-        birth[b] = 0
         bufs.extend(LXBuffer(f"{b}[{c}]", size, 0, steps) for c in range(1, copies))
     slot_of = {b: f"{b}[0]" for b in k.inputs if b not in resident}
     for i, (n, out, in_place) in enumerate(_row_tile_ops(k)):
@@ -200,6 +206,8 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
         name = f"{out}[0]"
         bufs.append(LXBuffer(name, size, i + 1, max(i + 1, last_use.get(out, i + 1)), parent))
         slot_of[out] = name
+        if k.split_reduction and isinstance(n, Reduction):
+            bufs.append(LXBuffer("psum_in", size, i + 1, i + 1))
         if out in k.outputs:
             bufs.extend(LXBuffer(f"{out}[{c}]", size, 0, steps) for c in range(1, copies))
     return bufs
@@ -223,6 +231,7 @@ def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, do
         eps = cfg.stick_bytes // max(op.itemsize for op in k.operands.values())
         if inner not in k.reduced and tile[inner] > eps:
             tile[inner] = math.ceil(math.ceil(tile[inner] / eps) / 2) * eps
+            k.inner_whole = False
             continue
         need = sum(b.size for b in row_lx_buffers(k, tile, cfg, double_buffer))
         raise LXOverflowError(k.name, 0, need, 0, cfg.lx_budget_bytes)
@@ -244,7 +253,7 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
     sb = cfg.stick_bytes
     inner = list(k.dims)[-1]
     ops = _row_tile_ops(k)
-    resident = [b for b in k.inputs if not (k.operands[b].dims - set(k.col_dims))]
+    resident = k.resident()
     res_op = {b: p.load(b, k.operands[b].tile_bytes(tile, sb), name=f"load {b} (once)") for b in resident}
     tile_done: list[int] = []
     gap = 2 if double_buffer else 1

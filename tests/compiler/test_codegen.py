@@ -115,6 +115,13 @@ def _cases():
     yield "mlp", k, b
     k, b, _ = mlp_graph(8, 128, 256, down=False)
     yield "mlp_no_down", k, b
+    yield "lone_reduction_split", *row_sum(4, 4096)
+
+
+def row_sum(m, n):
+    bufs = _bufs(("x", (m, n), "input"), ("s", (m, 1), "output"))
+    node = Reduction("sum", "sum", ("x",), "s", {"d0": m, "d1": n}, _noop, ("d1",), "d0")
+    return single(node), bufs
 
 
 CASES = list(_cases())
@@ -286,9 +293,7 @@ def test_restickify_is_a_copy():
 
 
 def test_lone_reduction_may_split_its_reduced_dim_and_combine_over_the_ring():
-    bufs = _bufs(("x", (4, 4096), "input"), ("s", (4, 1), "output"))
-    node = Reduction("sum", "sum", ("x",), "s", {"d0": 4, "d1": 4096}, _noop, ("d1",), "d0")
-    spec = generate_kernel(single(node), bufs, SPYRE, OPTS)
+    spec = generate_kernel(*row_sum(4, 4096), SPYRE, OPTS)
     assert spec.division.splits["d1"] > 1
     assert spec.ring_bytes > 0
     assert spec.bytes_out == 4 * SB  # one value per stick per row, stored once by partner 0
@@ -358,3 +363,11 @@ def test_mlp_with_room_for_the_whole_i_slice_finishes_output_in_column_chunks():
     assert len(storers) == spec.division.splits["M"]  # partner 0 of each row slice stores
     assert sum(op.nbytes for p in storers for op in p if op.kind is OpKind.STORE) == m * h * 2
     assert all(sum(op.kind is OpKind.STORE for op in p) > 1 for p in storers)  # column chunk by chunk
+
+
+def test_a_row_too_wide_for_lx_is_cut_into_stick_columns_and_the_bias_follows():
+    m, n = 2, 1 << 20  # one 2 MB row on one core
+    spec = generate_kernel(*bias_add(m, n), SPYRE.replace(cores=1), OPTS)
+    assert spec.tiles["d1"] < n and spec.lx_plan.peak <= SPYRE.lx_budget_bytes
+    assert spec.bytes_out == m * n * 2
+    assert spec.bytes_in == m * n * 2 + m * n * 2 // spec.tiles["d0"]  # the bias slice is reloaded per row tile
