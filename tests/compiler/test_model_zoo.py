@@ -168,3 +168,17 @@ def test_cnn_convolution_falls_back_to_host(zoo):
     host = result.trace.on("host")
     assert host and any("convolution" in e.name for e in host)
     assert any(e.name.startswith("D2H") for e in result.trace.on("pcie"))
+
+
+def test_granite_layer_every_kernel_is_planned_and_tile_by_tile_is_exact():
+    from spyre_lab.compiler.backend import compile_graph
+    from spyre_lab.runtime.executor import execute
+
+    model, inputs = build("granite")
+    program = compile_graph(model, list(inputs))
+    assert all(hasattr(launch, "simulate") for launch in program.launches), "codegen planned every kernel"
+    whole = execute(program, list(inputs))
+    tiles = execute(program, list(inputs), tile_by_tile=True)
+    assert torch.equal(whole.outputs[0], tiles.outputs[0])
+    assert sum(1 for cores in tiles.tiles.values() if cores) >= len(program.launches) // 2
+    assert whole.total_us == pytest.approx(sum(whole.kernel_times_us.values()))
