@@ -18,6 +18,9 @@ first op; trace events therefore start at the launch time.
 
 from __future__ import annotations
 
+import gc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -133,13 +136,27 @@ def simulate(kernel: Kernel, cfg: SpyreConfig = SPYRE, mode: Mode = "event", tra
         raise ValueError(f"kernel {kernel.name!r} has {len(kernel.programs)} core programs but {cfg.name} has "
                          f"{cfg.cores} cores; build it for this config or use cfg.replace(cores=...)")
     capacity = check_capacity(lx_capacity, cfg)
-    if mode == "event":
-        run = run_event(kernel, cfg, capacity, trace)
-    elif mode == "analytic":
-        run = run_analytic(kernel, cfg, capacity, trace)
-    else:
+    if mode not in ("event", "analytic"):
         raise ValueError(f"simulate() mode must be 'event' or 'analytic', got {mode!r}")
-    return _result(kernel, cfg, mode, run, capacity)
+    with _cyclic_gc_paused():
+        run = (run_event if mode == "event" else run_analytic)(kernel, cfg, capacity, trace)
+        return _result(kernel, cfg, mode, run, capacity)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """Pause Python's cycle collector while a simulation allocates its many small lists and events.
+
+    None of them form reference cycles, yet every few hundred allocations the collector would scan
+    them all again; pausing it roughly halves the time of a traced simulation.
+    """
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capacity: int) -> SimResult:

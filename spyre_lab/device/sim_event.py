@@ -28,6 +28,7 @@ from spyre_lab.device.isa import Kernel, LXOverflowError, OpKind
 from spyre_lab.device.sim_costs import LOAD, PT, RECV, RING, SFU, STORE, UNIT_INDEX, EngineRun, fixed_cycles
 
 _INF = float("inf")
+_KIND_NAME = {kind: kind.value for kind in OpKind}  # Enum.value is a slow descriptor; looked up once per op
 
 
 class _Graph:
@@ -275,7 +276,7 @@ def _events(programs: list, unit: list[int], start: list[float], end: list[float
         for op in program.ops:
             u = unit[g]
             s = recv_xfer_start.get(g, start[g]) if u == RECV else start[g]
-            args: dict = {"op": op.kind.value}
+            args: dict = {"op": _KIND_NAME[op.kind]}
             if op.kind is OpKind.MATMUL:
                 args.update(m=op.m, n=op.n, k=op.k)
             elif op.elements:
