@@ -328,6 +328,18 @@ def _epilogue_inputs(mk: MatmulKernel) -> list[str]:
     return seen
 
 
+def _epilogue_in_place(mk: MatmulKernel, n: IRNode) -> bool:
+    """May epilogue node ``n`` write into its first input's tile? (the accumulator or an earlier epilogue
+    result of the same shape, which nothing after ``n`` reads and which is not stored)"""
+    if n.op not in IN_PLACE_OPS or not n.inputs:
+        return False
+    first = n.inputs[0]
+    later = mk.epilogue[mk.epilogue.index(n) + 1:]
+    return (first in ({mk.mm_out} | {e.output for e in mk.epilogue}) and first not in mk.outputs
+            and not any(first in e.inputs for e in later)
+            and mk.operands[first].shape == mk.operands[n.output].shape)
+
+
 def matmul_lx_buffers(mk: MatmulKernel, tm: int, tn: int, tk: int, cfg: SpyreConfig, double_buffer: bool,
                       k_split: bool) -> list[LXBuffer]:
     """Everything one core holds in a steady-state output tile (all live together)."""
@@ -341,7 +353,7 @@ def matmul_lx_buffers(mk: MatmulKernel, tm: int, tn: int, tk: int, cfg: SpyreCon
     for b in _epilogue_inputs(mk):
         bufs += [LXBuffer(f"{b}[{c}]", mk.operands[b].tile_bytes(ext, cfg.stick_bytes), 0, 1) for c in range(copies)]
     for n in mk.epilogue:
-        if n.op not in IN_PLACE_OPS:
+        if not _epilogue_in_place(mk, n):
             bufs += [LXBuffer(f"{n.output}[{c}]", mk.operands[n.output].tile_bytes(ext, cfg.stick_bytes), 0, 1)
                      for c in range(2)]
     return bufs
@@ -453,7 +465,7 @@ def emit_matmul(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, tiles: tup
                 for n in mk.epilogue:
                     deps = sorted({produced[b] for b in n.inputs} | {owners[b] for b in n.inputs})
                     emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
-                    if n.op in IN_PLACE_OPS:
+                    if _epilogue_in_place(mk, n):
                         op = emit(None, rm * rn, deps=deps, out_bytes=0, name=f"{n.op} m{mi} n{ni} (in place)")  # type: ignore[arg-type]
                         owners[n.output] = owners[n.inputs[0]]
                     else:
