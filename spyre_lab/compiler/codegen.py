@@ -49,6 +49,7 @@ from spyre_lab.compiler.work_division import (
 )
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreProgram, Kernel, LXOverflowError, OpKind
+from spyre_lab.device.layout import StickLayout
 
 if TYPE_CHECKING:
     from spyre_lab.device.sim import SimResult
@@ -190,8 +191,6 @@ class KernelSpec:
         op, buf = self.operands.get(name), self.buffers.get(name)
         if op is None or buf is None or not buf.shape:
             return 0
-        from spyre_lab.device.layout import StickLayout
-
         layout = buf.layout if buf.layout is not None else StickLayout.default(buf.shape, buf.dtype)
         index = [min(ranges[a][0], n - 1) if a is not None and a in ranges else 0 for a, n in zip(op.axes, buf.shape)]
         return layout.device_offset(layout.device_coords(index)) * op.itemsize
