@@ -105,14 +105,14 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
     unfused = len(lowered.graph.nodes)
     buffers = lowered.graph.buffers
     launches = [_plan(k, buffers, cfg, options) for k in kernels]
-    keep = {r.buffer for r in lowered.outputs}
+    keep = {r.buffer for r in lowered.outputs} | {v.buffer for _, v in lowered.mutations}
     dram_plan, pool = plan_intermediates(kernels, buffers, keep)
     name = getattr(fn, "__name__", None) or type(fn).__name__
     program = Program(
         name=name, kernels=kernels, launches=launches, inputs=lowered.input_names, outputs=lowered.outputs,
         buffers=buffers, constants=lowered.constants, access=lowered.access, options=options, cfg=cfg,
         dram_plan=dram_plan, pool_bytes=pool, restickifies=restickifies, fallback_ops=lowered.fallback_ops,
-        unfused_kernels=unfused, cache_key=key,
+        unfused_kernels=unfused, cache_key=key, mutations=lowered.mutations,
         aten_ops=sum(1 for n in aten_gm.graph.nodes if n.op == "call_function"),
     )
     program.compile_ms = (time.perf_counter() - start) * 1e3

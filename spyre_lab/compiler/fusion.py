@@ -55,7 +55,7 @@ class _Scheduler:
         for n in self.graph.nodes:
             for b in dict.fromkeys(n.inputs):
                 self.users.setdefault(b, []).append(n)
-        self.graph_outputs = {r.buffer for r in lowered.outputs}
+        self.graph_outputs = {r.buffer for r in lowered.outputs} | {v.buffer for _, v in lowered.mutations}
         self.position = {n.name: i for i, n in enumerate(self.graph.nodes)}
 
     # --- helpers --------------------------------------------------------------------------------

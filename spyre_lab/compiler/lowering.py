@@ -136,6 +136,7 @@ class Lowered:
     outputs: list[Read]
     input_names: list[str]
     fallback_ops: list[str]
+    mutations: list[tuple[str, Read]] = field(default_factory=list)   # graph input <- value, written after the run
 
 
 class LoweringError(RuntimeError):
@@ -215,6 +216,7 @@ class _Lowerer:
         self.env: dict[fx.Node, object] = {}
         self.inputs: list[str] = []
         self.fallback_ops: list[str] = []
+        self.mutations: list[tuple[str, Read]] = []
         self._names = itertools.count()
 
     # values in env: Read (device value), torch.Tensor (constant), python scalars, or tuples thereof
@@ -240,11 +242,13 @@ class _Lowerer:
             elif node.op == "output":
                 for out in torch.utils._pytree.tree_leaves(node.args[0]):
                     outputs.append(self._as_read(self.env[out], out.name))
-        for r in outputs:
+        kept = outputs + [value for _, value in self.mutations]
+        for r in kept:
             if r.buffer in self.buffers and self.buffers[r.buffer].role == "intermediate":
                 self.buffers[r.buffer].role = "output"
-        graph = Graph(self.buffers, self.nodes, self.inputs, list(dict.fromkeys(r.buffer for r in outputs)))
-        return Lowered(graph, self.constants, self.access, outputs, self.inputs, sorted(set(self.fallback_ops)))
+        graph = Graph(self.buffers, self.nodes, self.inputs, list(dict.fromkeys(r.buffer for r in kept)))
+        return Lowered(graph, self.constants, self.access, outputs, self.inputs, sorted(set(self.fallback_ops)),
+                       self.mutations)
 
     @staticmethod
     def _check_static(name: str, val: torch.Tensor) -> None:
@@ -284,6 +288,12 @@ class _Lowerer:
         if not isinstance(target, torch._ops.OpOverload):
             raise LoweringError(f"{node.name}: expected an ATen op, got {target}; compile_graph lowers to ATen first")
         packet = target.overloadpacket.__name__
+        if packet == "copy_" and isinstance(self.env.get(node.args[0]), Read) and self.env[node.args[0]].is_identity \
+                and self.env[node.args[0]].buffer in self.inputs:
+            # functionalization turns an in-place update of a graph input into copy_(input, new_value)
+            value = self._as_read(self.env[node.args[1]], node.name)
+            self.mutations.append((self.env[node.args[0]].buffer, value))
+            return self.env[node.args[0]]
         if packet.endswith("_") and packet[:-1] in DEVICE_POINTWISE and hasattr(aten, packet[:-1]):
             # an in-place op left by a decomposition (rms_norm's ``add_``): its result is what flows on
             pure = getattr(aten, packet[:-1])

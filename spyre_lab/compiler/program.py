@@ -125,6 +125,7 @@ class Program:
     pool_bytes: int = 0
     restickifies: list[Restickify] = field(default_factory=list)
     fallback_ops: list[str] = field(default_factory=list)
+    mutations: list[tuple[str, Read]] = field(default_factory=list)   # input <- value after the run (in-place ops)
     unfused_kernels: int = 0
     aten_ops: int = 0
     compile_ms: float = 0.0

@@ -219,6 +219,8 @@ def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analy
         times[launch.name] = sim.time_us
         clock += sim.time_us
     outputs = [r.apply(env[r.buffer]).clone() for r in program.outputs]
+    for name, value in program.mutations:            # in-place updates of graph inputs land in the caller's tensor
+        inputs[program.inputs.index(name)].copy_(value.apply(env[value.buffer]))
     return ExecutionResult(outputs, trace, times, tiles)
 
 

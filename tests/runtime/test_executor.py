@@ -129,3 +129,19 @@ def test_work_division_strategies_agree(programs):
     a, b = execute(naive, inputs).outputs[0], execute(planned, inputs).outputs[0]
     # same math; only a K split changes the fp32 summation order, which can move a result by 1 fp16 ulp
     torch.testing.assert_close(a, b, atol=1e-3, rtol=2**-10)
+
+
+def test_in_place_updates_of_inputs_reach_the_caller():
+    def update(x, cache, idx):
+        cache.index_copy_(0, idx, x)
+        x.mul_(2)
+        return x + 1
+
+    x, cache, idx = torch.randn(2, 64).half(), torch.zeros(5, 64).half(), torch.tensor([1, 3])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = compile_graph(update, [x, cache, idx])
+    x0 = x.clone()
+    out = execute(program, [x, cache, idx]).outputs[0]
+    assert torch.equal(x, x0 * 2) and torch.equal(out, x0 * 2 + 1)
+    assert torch.equal(cache[[1, 3]], x0) and cache[[0, 2, 4]].abs().sum() == 0
