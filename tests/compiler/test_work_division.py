@@ -36,10 +36,24 @@ def _matmul_spans(d, b, m, n, k):
     return a, w
 
 
+def _span_feasible(m, n, k):
+    """Is there a K x N split (<= 32 cores) that keeps A, W and C within 256 MB per core (2-D default layouts)?"""
+    ks, ns = math.ceil(k / EPS), math.ceil(n / EPS)
+    limit = SPYRE.core_span_bytes
+    return any(ks % sk == 0 and ns % sn == 0 and sk * sn <= SPYRE.cores
+               and ks // sk * m * EPS * 2 <= limit and ns // sn * k * EPS * 2 <= limit
+               and ns // sn * m * EPS * 2 <= limit
+               for sk in range(1, 33) for sn in range(1, 33))
+
+
 @settings(max_examples=40, deadline=None)
 @given(m=st.sampled_from([1, 8, 96, 1024, 8192, 16384]), n=st.sampled_from([64, 320, 4096, 12800]),
        k=st.sampled_from([64, 4096, 12800, 32768, 65536]), strategy=st.sampled_from(["planned", "naive"]))
 def test_matmul_splits_divide_evenly_in_whole_sticks(m, n, k, strategy):
+    if strategy == "planned" and not _span_feasible(m, n, k):
+        with pytest.raises(ValueError, match="chunk the tensor"):
+            divide_matmul(1, m, n, k, FP16, SPYRE, strategy)
+        return
     d = divide_matmul(1, m, n, k, FP16, SPYRE, strategy)
     s = d.splits
     assert d.cores_used <= SPYRE.cores
@@ -50,8 +64,7 @@ def test_matmul_splits_divide_evenly_in_whole_sticks(m, n, k, strategy):
         assert sum(v > 1 for v in s.values()) <= 1 and s["K"] == 1
     else:
         a_span, w_span = _matmul_spans(d, 1, m, n, k)
-        if m * k * 2 <= SPYRE.core_span_bytes * SPYRE.cores:  # a split can exist
-            assert a_span <= SPYRE.core_span_bytes and w_span <= SPYRE.core_span_bytes
+        assert a_span <= SPYRE.core_span_bytes and w_span <= SPYRE.core_span_bytes
 
 
 @settings(max_examples=40, deadline=None)
@@ -74,6 +87,12 @@ def test_iteration_space_invariants(shape, reduce_last):
         assert r[stick][0] % EPS == 0  # every slice starts on a stick
     covered = sum(math.prod(hi - lo for lo, hi in r.values()) for r in busy)
     assert covered == math.prod(shape)
+
+
+def test_a_span_no_split_can_fix_is_an_error_that_says_what_to_do():
+    assert not _span_feasible(16384, 12800, 65536)
+    with pytest.raises(ValueError, match="chunk the tensor"):
+        divide_matmul(1, 16384, 12800, 65536, FP16, SPYRE)
 
 
 def test_core_split_counts_sticks():
