@@ -11,7 +11,9 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
    those (a loop-carried buffer slot, a staged pipeline). A core's DRAM ops run at the average
    rate its longer stream (loads or stores) gets when every core's stream starts together and
    shares DRAM equally, each capped by its DMA engine, the smallest finishing first
-   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike. LX is assumed big enough
+   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike. A store issued after
+   its core's last load has landed runs in the drain, when only the cores that end with a store
+   still use DRAM (the one core of a K-split group that writes the result). LX is assumed big enough
    for loads to run ahead, which the double-buffered kernels a compiler emits ensure; the event
    mode is slower when it is not.
 2. **DRAM sharing.** The card's DRAM must move every byte of the kernel, so the longest stream
@@ -70,8 +72,9 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     programs = kernel.programs
     active = [c for c, p in enumerate(programs) if p.ops]
     same_as = _same_programs(kernel, active)
-    loads, stores, senders, ringless = _survey(kernel, active, same_as)
+    loads, stores, last_load, senders, ringless = _survey(kernel, active, same_as)
     rates, stretch = _dram_rates(loads, stores, cfg)
+    drain_rate = _drain_rate(kernel, stores, last_load, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
     mm_cache: dict[tuple[int, int, int], int] = {}
@@ -83,8 +86,8 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
             if twin != c and twin in ringless and twin in cores:  # same ops, no ring: same timing
                 cores[c] = cores[twin]
                 continue
-            cores[c], late = _schedule(kernel, c, cfg, capacity, rates.get(c, 1.0), stretch, send_done,
-                                       mm_cache)
+            cores[c], late = _schedule(kernel, c, cfg, capacity, rates.get(c, 1.0), drain_rate,
+                                       last_load[c], stretch, send_done, mm_cache)
             waited |= late
         if not waited:
             break
@@ -105,8 +108,8 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     return run
 
 
-def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: float, stretch: float,
-              send_done: dict[tuple[int, str | None], float],
+def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: float, drain_rate: float,
+              last_load: int, stretch: float, send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
     """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled."""
     ops = kernel.programs[core].ops
@@ -150,7 +153,8 @@ def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: 
             macs += mnk
             flops += 2 * mnk
         elif kind is _STORE:
-            u, cycles = STORE, op.nbytes / rate
+            drains = i > last_load and (last_load < 0 or ready >= fin[last_load])
+            u, cycles = STORE, op.nbytes / (drain_rate if drains else rate)
             store_bytes += op.nbytes
         elif kind is _VECTOR or kind is _SPECIAL:
             cycles = -(-op.elements // sfu_lanes)
@@ -255,34 +259,52 @@ def _same_programs(kernel: Kernel, active: list[int]) -> dict[int, int]:
 
 
 def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
-            ) -> tuple[dict[int, int], dict[int, int], dict[int, set[int]], set[int]]:
-    """Per core: bytes loaded, bytes stored, the cores it receives ring data from; and the cores without ring ops."""
+            ) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, set[int]], set[int]]:
+    """Per core: bytes loaded, bytes stored, index of its last load (-1 if none), the cores it
+    receives ring data from; and the cores without ring ops."""
     loads: dict[int, int] = {}
     stores: dict[int, int] = {}
+    last_load: dict[int, int] = {}
     senders: dict[int, set[int]] = {}
     ringless: set[int] = set()
     for c in active:
         twin = same_as[c]
         if twin != c and twin in ringless:
-            loads[c], stores[c] = loads[twin], stores[twin]
+            loads[c], stores[c], last_load[c] = loads[twin], stores[twin], last_load[twin]
             ringless.add(c)
             continue
         loaded = stored = 0
+        last = -1
         ring = False
-        for op in kernel.programs[c].ops:
+        for i, op in enumerate(kernel.programs[c].ops):
             kind = op.kind
             if kind is _LOAD:
                 loaded += op.nbytes
+                last = i
             elif kind is _STORE:
                 stored += op.nbytes
             elif kind is _RECV or kind is _SEND:
                 ring = True
                 if kind is _RECV and op.peer is not None and op.peer != c:
                     senders.setdefault(c, set()).add(op.peer)
-        loads[c], stores[c] = loaded, stored
+        loads[c], stores[c], last_load[c] = loaded, stored, last
         if not ring:
             ringless.add(c)
-    return loads, stores, senders, ringless
+    return loads, stores, last_load, senders, ringless
+
+
+def _drain_rate(kernel: Kernel, stores: dict[int, int], last_load: dict[int, int], cfg: SpyreConfig) -> float:
+    """The rate of a store issued after its core's last load: the cores that store then share DRAM.
+
+    The main streams are over by then, so a core finishing with a store (the one core of a K-split
+    group that writes the result) gets the bandwidth the finished cores left, shared only with the
+    other cores that also end in a store.
+    """
+    draining = 0
+    for c, stored in stores.items():
+        if stored and (last_load[c] < 0 or kernel.programs[c].ops[-1].kind is _STORE):
+            draining += 1
+    return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / max(1, draining))
 
 
 def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[dict[int, float], float]:
