@@ -32,7 +32,7 @@ from spyre_lab.compiler import cache
 from spyre_lab.compiler.fusion import schedule
 from spyre_lab.compiler.ir import FusedKernel
 from spyre_lab.compiler.layouts import propagate_layouts
-from spyre_lab.compiler.lowering import decomposition_table, lower
+from spyre_lab.compiler.lowering import LoweringError, decomposition_table, lower
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel, plan_intermediates
 from spyre_lab.device.config import SPYRE, SpyreConfig
@@ -49,13 +49,19 @@ def _fake_like(mode: Any, x: Any) -> Any:
 
 def to_aten(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.GraphModule:
     """Trace ``fn`` to an inference-only, functional ATen graph on fake tensors."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [_fake_like(mode, x) for x in example_inputs]
-    with torch.no_grad(), mode:
-        return make_fx(torch.func.functionalize(fn, remove="mutations"),
-                       decomposition_table=decomposition_table())(*fakes)
+    try:
+        with torch.no_grad(), mode:
+            return make_fx(torch.func.functionalize(fn, remove="mutations"),
+                           decomposition_table=decomposition_table())(*fakes)
+    except (DynamicOutputShapeException, DataDependentOutputException) as e:
+        raise LoweringError(
+            f"{e}: an output shape depends on data, which a static Spyre program cannot hold. Use "
+            "torch.compile(fn, backend='spyre'): Dynamo splits the graph there and runs that op eagerly on the host"
+        ) from e
 
 
 def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: CompileOptions) -> Any:

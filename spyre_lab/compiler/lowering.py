@@ -409,6 +409,8 @@ class _Lowerer:
             reduced = [kwargs["dim"]] if isinstance(kwargs["dim"], int) else list(kwargs["dim"])
         else:
             reduced = list(range(rank))
+        if not reduced and packet in ("sum", "mean", "amax", "amin", "prod", "var", "var_mean", "any", "all"):
+            reduced = list(range(rank))                   # dim=[] reduces every dim
         reduced_names = tuple(names[d % rank] for d in reduced) if rank else ()
         vals = node.meta["val"]
         outs = vals if isinstance(vals, (tuple, list)) else (vals,)

@@ -11,6 +11,7 @@ import torch
 import spyre_lab.compiler  # noqa: F401
 from spyre_lab.compiler.backend import compile_graph, last_result, options_from, spyre_backend
 from spyre_lab.compiler.explain import Explanation, explain
+from spyre_lab.compiler.lowering import LoweringError
 from spyre_lab.compiler.options import CompileOptions
 
 
@@ -87,3 +88,15 @@ def test_explain_before_first_call_says_what_to_do():
     model = torch.nn.Linear(8, 8)
     with pytest.raises(ValueError, match="call the compiled model once"):
         explain(torch.compile(model, backend="spyre"))
+
+
+def test_data_dependent_shapes_run_eagerly_between_graphs():
+    def f(x):
+        y = x * 2
+        idx = torch.nonzero(y > 0)
+        return y.sum() + idx.shape[0]
+
+    x = torch.randn(8, 64).half()
+    torch.testing.assert_close(torch.compile(f, backend="spyre")(x), f(x))
+    with pytest.raises(LoweringError, match="depends on data"):
+        compile_graph(f, [x])

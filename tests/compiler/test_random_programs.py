@@ -21,7 +21,8 @@ BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": lambda a,
           "max": torch.maximum, "where": lambda a, b: torch.where(b > 0, a, b * 0.5)}  # condition on an exact input
 ROW = {"softmax": lambda t: torch.softmax(t, -1), "center": lambda t: t - t.mean(-1, keepdim=True),
        "norm": lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + 1e-5),
-       "amax": lambda t: t - t.amax(-1, keepdim=True), "sum": lambda t: t / (t.abs().sum(-1, keepdim=True) + 1)}
+       "amax": lambda t: t - t.amax(-1, keepdim=True), "sum": lambda t: t / (t.abs().sum(-1, keepdim=True) + 1),
+       "total": lambda t: t / (t.abs().sum() + 1) * 10, "col": lambda t: t - t.mean(0)}
 
 step = st.one_of(
     st.tuples(st.just("unary"), st.sampled_from(sorted(UNARY))),
