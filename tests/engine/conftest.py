@@ -9,6 +9,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import pytest
 import torch
 
+# The models here are tiny: one intra-op thread is fastest, and on a shared machine a second
+# thread mostly spins waiting for a busy core (measured: 25x slower under load).
+torch.set_num_threads(1)
+
 
 def save_hf_model(path, architecture: str = "granite", **overrides) -> str:
     from transformers import GraniteConfig, GraniteForCausalLM, LlamaConfig, LlamaForCausalLM
