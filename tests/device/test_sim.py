@@ -192,17 +192,21 @@ def test_event_and_analytic_agree_within_ten_percent(build):
     | exp_4194304x2_on32               |   127.56 |      126.88 | 0.995 |
     | exp_65536x2_on1                  |     6.39 |        6.39 | 1.000 |
     | sum_1048576_on1                  |    15.09 |       15.09 | 1.000 |
-    | sum_4194304_on32 (ring)          |    45.50 |       45.52 | 1.000 |
+    | sum_4194304_on32 (ring)          |    45.50 |       45.50 | 1.000 |
     | softmax_512x1024_fused_on1       |    26.49 |       26.49 | 1.000 |
     | softmax_512x1024_staged_on1      |    39.75 |       38.68 | 0.973 |
     | softmax_4096x1024_fused_on32     |    85.92 |       85.92 | 1.000 |
     | matmul_512x512x512_grid1x1x1     |    91.72 |       91.72 | 1.000 |
     | matmul_1024x1024x1024_grid4x8x1  |   178.76 |      178.08 | 0.996 |
-    | matmul_256x256x4096_grid1x1x8    |    49.35 |       49.98 | 1.013 |
+    | matmul_256x256x4096_grid1x1x8    |    49.35 |       49.26 | 0.998 |
     | matmul_1024x1024x2048_grid2x4x4  |   343.91 |      343.83 | 1.000 |
     | matmul_8x4096x4096_grid1x8x4     |   178.55 |      178.55 | 1.000 |
     | matmul_1000x1000x1000_grid3x5x2  |   199.58 |      199.65 | 1.000 |
     | uneven_1_big_15_small            |    42.78 |       41.92 | 0.980 |
+
+    Ring traffic: the sums on several cores and the matmuls whose grid splits K (last grid number > 1).
+    Beyond this table, every kernel the compiler generates for a Granite-style layer (27 kernels)
+    agreed within 0.3% when this was written.
     """
     kernel = build()
     event = simulate(kernel, mode="event", trace=False)
