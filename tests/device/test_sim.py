@@ -205,8 +205,6 @@ def test_event_and_analytic_agree_within_ten_percent(build):
     | uneven_1_big_15_small            |    42.78 |       41.92 | 0.980 |
 
     Ring traffic: the sums on several cores and the matmuls whose grid splits K (last grid number > 1).
-    Beyond this table, every kernel the compiler generates for a Granite-style layer (27 kernels)
-    agreed within 0.3% when this was written.
     """
     kernel = build()
     event = simulate(kernel, mode="event", trace=False)
