@@ -126,9 +126,11 @@ def simulate(kernel: Kernel, cfg: SpyreConfig = SPYRE, mode: Mode = "event", tra
              lx_capacity: int | None = None) -> SimResult:
     """Time ``kernel`` on the modeled card ``cfg``; see the module docstring for the two modes.
 
-    ``lx_capacity`` overrides ``cfg.lx_bytes`` as the LX bytes per core (to see loads stall).
+    ``lx_capacity`` overrides ``cfg.lx_bytes`` as the LX bytes per core (to see loads stall; the
+    analytic mode assumes loads never stall and only checks that every buffer fits on its own).
+    ``trace=False`` skips building the trace, which is most of the cost of a big event simulation.
     Raises :class:`~spyre_lab.device.isa.LXOverflowError` when a core's LX cannot hold what the
-    kernel asks of it.
+    kernel asks of it, and ``RuntimeError`` when ring transfers wait on each other forever.
     """
     if not isinstance(kernel, Kernel):
         raise TypeError(f"simulate() takes a spyre_lab.device.isa.Kernel, got {type(kernel).__name__}")
