@@ -128,7 +128,7 @@ def simulate(kernel: Kernel, cfg: SpyreConfig = SPYRE, mode: Mode = "event", tra
 
     ``lx_capacity`` overrides ``cfg.lx_bytes`` as the LX bytes per core (to see loads stall; the
     analytic mode assumes loads never stall and only checks that every buffer fits on its own).
-    ``trace=False`` skips building the trace, which is most of the cost of a big event simulation.
+    ``trace=False`` skips building the trace (one event per op) when only the numbers are needed.
     Raises :class:`~spyre_lab.device.isa.LXOverflowError` when a core's LX cannot hold what the
     kernel asks of it, and ``RuntimeError`` when ring transfers wait on each other forever.
     """
