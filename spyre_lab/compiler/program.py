@@ -32,6 +32,7 @@ class HostFallback:
     kernel: FusedKernel
     address_slots: list[str]
     rule: str = "fallback"
+    host: bool = True
 
     @property
     def ops(self) -> list[str]:
@@ -50,6 +51,7 @@ class UnplannedKernel:
     kernel: FusedKernel
     address_slots: list[str]
     error: str = ""
+    host: bool = False
 
     @property
     def rule(self) -> str:

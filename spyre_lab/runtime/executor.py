@@ -169,12 +169,18 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
     return tiles
 
 
-def _run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor], slices: Any) -> list[CoreTile]:
-    if slices and _sliceable(kernel, program.access, slices):
-        return _run_sliced(kernel, program, env, slices)
+def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+               slices: Sequence[dict[str, tuple[int, int]]] | None = None) -> list[CoreTile]:
+    """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core
+    ``slices`` (``KernelSpec.slices``) it computes core by core and returns what each core produced."""
+    if slices and _sliceable(kernel, program.access, list(slices)):
+        return _run_sliced(kernel, program, env, list(slices))
     for node in kernel.nodes:
         env[node.output] = _run_node(node, env)
     return []
+
+
+_run_kernel = run_kernel
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -201,7 +207,7 @@ def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analy
             times[launch.name] = None
             continue
         slices = getattr(launch, "slices", None)
-        core_tiles = _run_kernel(kernel, program, env, slices)
+        core_tiles = run_kernel(kernel, program, env, slices)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
         if isinstance(launch, UnplannedKernel):
