@@ -95,6 +95,14 @@ def test_a_span_no_split_can_fix_is_an_error_that_says_what_to_do():
         divide_matmul(1, 16384, 12800, 65536, FP16, SPYRE)
 
 
+def test_span_reduction_also_guards_pointwise_kernels():
+    # [32768, 8192] fp16 = 512 MB laid out stick-column-major: one core would span all of it, so Pass 1
+    # commits a 2-way split of the stick dim before the core split gives d0 the remaining 16 cores.
+    d = divide_iteration_space({"d0": 32768, "d1": 8192}, "d1", (), FP16, SPYRE)
+    assert d.splits == {"d0": 16, "d1": 2}
+    assert "span" in d.reason
+
+
 def test_core_split_counts_sticks():
     # 48 sticks on 32 cores: the largest divisor of 48 that fits is 24, so 8 cores idle.
     d = divide_iteration_space({"d0": 48 * EPS}, "d0", (), FP16, SPYRE)
