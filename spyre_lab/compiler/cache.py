@@ -48,6 +48,12 @@ def _signature(example_inputs: Sequence[Any]) -> str:
     return "|".join(parts)
 
 
+def _shapes(signature: str) -> str:
+    """The tensor shapes of a signature, for messages: ``[64x64, 64, 40x64]``."""
+    shapes = [part.split(":")[0] for part in signature.split("|") if part.startswith("(")]
+    return "[" + ", ".join(s.strip("(,)").replace(", ", "x") or "scalar" for s in shapes) + "]"
+
+
 def _structure(fn: Callable | fx.GraphModule) -> str:
     """Graph code for FX graphs (identity of their constant tensors included), object identity otherwise."""
     if isinstance(fn, fx.GraphModule):
@@ -93,8 +99,8 @@ def store(key: str, lineage: str, signature: str, program: Any, keep_alive: Any 
         before = _seen_graphs.setdefault(lineage, [])
         note = "compiled (first time this graph was seen)"
         if before and signature not in before:
-            note = (f"recompiled: new input shapes {signature} (this graph was compiled before for "
-                    f"{before[-1]}; Spyre programs are static, so each shape gets its own program)")
+            note = (f"recompiled: new input shapes {_shapes(signature)} (this graph was compiled before for "
+                    f"{_shapes(before[-1])}; Spyre programs are static, so each shape gets its own program)")
         before.append(signature)
         _programs[key] = (program, keep_alive)
         while len(_programs) > MAX_ENTRIES:

@@ -53,3 +53,16 @@ def test_torch_compile_recompiles_only_for_a_new_shape():
     compiled(torch.randn(24, 64).half())
     assert cache.stats()["compiles"] == compiles + 1
     assert "recompiled" in explain(compiled)
+
+
+def test_dynamic_graphs_still_get_one_static_program_per_shape():
+    """Dynamo turns a graph symbolic after a shape change; the backend then compiles per concrete shape."""
+    cache.clear()
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()).half()
+    compiled = torch.compile(model, backend="spyre")
+    for rows in (8, 24, 40, 24):
+        x = torch.randn(rows, 64).half()
+        torch.testing.assert_close(compiled(x), model(x).detach(), atol=1e-2, rtol=1e-2)
+    assert cache.stats()["compiles"] == 3 and cache.stats()["hits"] >= 1
+    assert "new input shapes [64x64, 64, 40x64]" in explain(compiled)
