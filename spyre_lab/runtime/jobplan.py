@@ -268,9 +268,11 @@ def _kernel_steps(kernel: Any, k: int, slots: list[str], bindings: Mapping[str, 
             for e in sim.events:
                 TIMELINE.emit(lane_of(e.lane), e.name, start + e.start_us, e.dur_us, **e.args)
 
-    blob = n * ADDRESS_BYTES
     time_us = float(getattr(kernel, "time_us", 0.0))
     timing = getattr(kernel, "timing", "given")
+    if getattr(kernel, "host", False):
+        return _host_kernel_steps(kernel, slots, views, image, time_us, timing)
+    blob = n * ADDRESS_BYTES
     return [
         Step(StepKind.HOST_COMPUTE, f"correct {kernel.name}",
              cfg.host_correction_base_us + cfg.host_correction_per_slot_us * n, correct,
@@ -279,6 +281,29 @@ def _kernel_steps(kernel: Any, k: int, slots: list[str], bindings: Mapping[str, 
              args={"region_address": image.region_address + offset * ADDRESS_BYTES}),
         Step(StepKind.COMPUTE, kernel.name, time_us, patch_and_run, on_start=place_sim_trace,
              args={"timing": f"modeled ({timing})", **getattr(kernel, "args", {})}),
+    ]
+
+
+def _host_kernel_steps(kernel: Any, slots: list[str], views: Mapping[str, torch.Tensor], image: ProgramImage,
+                       time_us: float, timing: str) -> list[Step]:
+    """A launch the device cannot run: its operands cross PCIe to the host and its results come back."""
+    from spyre_lab.runtime.tensor import device_nbytes
+
+    outputs = set(getattr(kernel, "output_slots", slots))
+    bytes_in = sum(device_nbytes(views[s]) for s in slots if s not in outputs)
+    bytes_out = sum(device_nbytes(views[s]) for s in slots if s in outputs)
+
+    def run_on_host() -> None:
+        windows = {s: _resolve(image.device, buffer_of(views[s]).address, views[s]) for s in slots}
+        kernel.run(Operands(windows))
+
+    return [
+        Step(StepKind.D2H, f"{kernel.name} inputs -> host", dma_us(bytes_in, image.device), nbytes=bytes_in,
+             args={"fallback": True}),
+        Step(StepKind.HOST_COMPUTE, f"{kernel.name} on host", time_us, run_on_host,
+             args={"fallback": True, "timing": f"modeled ({timing})"}),
+        Step(StepKind.H2D, f"{kernel.name} results -> device", dma_us(bytes_out, image.device), nbytes=bytes_out,
+             args={"fallback": True}),
     ]
 
 

@@ -77,6 +77,12 @@ DIRECT_KERNELS = (aten.native_layer_norm.default, aten.view.dtype, aten.rms_norm
 fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
 fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
 
+REFERENCE_ONLY = frozenset({"rms_norm", "_fused_rms_norm", "native_layer_norm", "var", "std", "lerp"})
+"""Device ops whose compiled programs round fp16 intermediates (as the card does: no fp32 upcast), so
+squares of large inputs overflow (norms, var/std) or a cancellation loses digits (lerp) where the CPU
+op, computing in fp32, does not. In eager mode they run the reference kernel so eager results equal
+the CPU's; under torch.compile the compiled numerics apply."""
+
 _TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
                              "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
                              "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
@@ -206,6 +212,7 @@ class EagerProgram:
     new_outputs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]   # size, stride, dtype per out<j>
     resize: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]                # out= args that must grow
     num_nodes: int = 1
+    compiled: Any = None                     # the compiler's Program for this op, when it has one
 
 
 _PROGRAMS: dict[Any, EagerProgram] = {}
@@ -302,7 +309,89 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
     compute = _make_compute(op, leaves, spec, input_leaves, written, markers, out_spec)
     kernel = ProgramKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
-    return EagerProgram(name, [kernel], input_leaves, written, (markers, out_spec), new_outputs, resize)
+    out_args = set(_written_leaves(op, leaves, spec, only_out=True))
+    compiled = None
+    if set(written) == out_args and packet_name(op) not in REFERENCE_ONLY:  # functional or out=
+        compiled = _compile_one_op(op, leaves, spec, [i for i in input_leaves if i not in out_args], out_metas)
+    return EagerProgram(name, [kernel], input_leaves, written, (markers, out_spec), new_outputs, resize,
+                        compiled=compiled)
+
+
+def _compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input_leaves: list[int],
+                    out_metas: list[torch.Tensor]) -> Any:
+    """The compiler's Program for this single op, or None when the compiler is absent or would not
+    run the whole op on the device (a host fallback or an unplanned kernel inside)."""
+    try:
+        from spyre_lab.compiler.backend import compile_graph
+        from spyre_lab.compiler.program import HostFallback, UnplannedKernel
+    except ImportError:
+        return None
+    functional = _functional_variant(op)
+    if functional is None:
+        return None
+    out_names = {name for _, name, kwarg_only in _mutated_args(op) if kwarg_only}
+    inputs = set(input_leaves)
+    constants = [None if i in inputs else x for i, x in enumerate(leaves)]
+
+    def one_op(*tensors: torch.Tensor) -> Any:
+        values = list(constants)
+        for leaf, t in zip(input_leaves, tensors):
+            values[leaf] = t
+        args, kwargs = tree_unflatten(values, spec)
+        kwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+        return functional(*args, **_to_cpu_kwargs(kwargs))
+
+    examples = [torch.zeros_like(torch.empty_strided(leaves[i].shape, leaves[i].stride(), dtype=leaves[i].dtype))
+                for i in input_leaves]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = compile_graph(one_op, examples)
+    except Exception:
+        return None
+    if any(isinstance(launch, (HostFallback, UnplannedKernel)) for launch in program.launches):
+        return None
+    produced = [(tuple(program.buffers[r.buffer].shape), program.buffers[r.buffer].dtype) for r in program.outputs]
+    if len(produced) != len(out_metas) or not program.launches:
+        return None
+    return program if _agrees_with_reference(program, one_op, examples) else None
+
+
+def _agrees_with_reference(program: Any, one_op: Callable[..., Any], examples: list[torch.Tensor]) -> bool:
+    """Run the compiled program once on sample data against the CPU op: a program that disagrees
+    is not used (the reference kernel runs instead), so a compiler gap never becomes a wrong value."""
+    from spyre_lab.runtime.executor import execute
+
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.randn(x.shape, generator=g).to(x.dtype) if x.dtype.is_floating_point else x for x in examples]
+    try:
+        expected = [t for t in tree_flatten(one_op(*samples))[0] if isinstance(t, torch.Tensor)]
+        got = execute(program, samples).outputs
+        for e, o in zip(expected, got, strict=True):
+            torch.testing.assert_close(o, e, atol=1e-3, rtol=1e-3, equal_nan=True)
+    except Exception:
+        _disagreements.add(program.name)
+        return False
+    return True
+
+
+_disagreements: set[str] = set()
+
+
+@functools.cache
+def _functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``op`` itself if it writes nothing; for an out= overload, the overload of the same packet that
+    takes the same arguments without ``out`` and writes nothing (``exp.out`` -> ``exp.default``)."""
+    if not _mutated_args(op):
+        return op
+    wanted = [a.name for a in op._schema.arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+    for name in op.overloadpacket.overloads():
+        candidate = getattr(op.overloadpacket, name)
+        args = candidate._schema.arguments
+        if not any(a.alias_info is not None and a.alias_info.is_write for a in args) and \
+                [a.name for a in args] == wanted:
+            return candidate
+    return None
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -350,16 +439,26 @@ def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input
 
 
 def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int) -> Any:
+    markers, out_spec = program.out_meta
     for leaf, (size, stride) in program.resize.items():
         _resize(leaves[leaf], size, stride)
+    if program.compiled is not None:
+        from spyre_lab.runtime.programs import run_program
+
+        written = set(program.mutated_leaves)
+        targets = [leaves[ref] if kind == "arg" else None for kind, ref in markers]
+        with TIMELINE.launch(program.name, eager=True, compiled=True):
+            produced = run_program(program.compiled,
+                                   [leaves[leaf] for leaf in program.input_leaves if leaf not in written],
+                                   outputs=targets)
+        results = [leaves[ref] if kind == "arg" else value for (kind, ref), value in zip(markers, produced)]
+        return tree_unflatten(results, out_spec)
     outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
     bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
     bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
-    stream = current_stream(index)
     plan: JobPlan = plan_launch(program, bindings, get_device(index))
     with TIMELINE.launch(program.name, eager=True):
-        plan.submit(stream, RuntimeOptions())
-    markers, out_spec = program.out_meta
+        plan.submit(current_stream(index), RuntimeOptions())
     results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
     return tree_unflatten(results, out_spec)
 

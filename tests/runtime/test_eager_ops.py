@@ -45,21 +45,32 @@ def test_device_ops_match_cpu(name, fn):
     torch.testing.assert_close(got.cpu(), expected, atol=2e-2, rtol=2e-2)
 
 
-def test_a_device_op_runs_as_a_one_kernel_program_with_correction_steps():
+def test_a_device_op_runs_as_a_compiled_one_kernel_program_with_correction_steps():
     x = half(64, 64).to("spyre")
     torch.exp(x)
     trace = last_trace()
-    assert trace.meta["launch"] == "aten::exp"
+    assert trace.meta["launch"] == "aten::exp" and trace.meta["compiled"]
     assert [e.args["kind"] for e in trace.on("host.callback")] == ["HostCompute"]
     blob = [e for e in trace.on("pcie") if e.name.startswith("correction blob")]
-    assert len(blob) == 1 and blob[0].args["bytes"] == 16
+    assert len(blob) == 1 and blob[0].args["bytes"] == 16      # two patched addresses: input, output
     (compute,) = trace.on("stream0")
-    assert compute.name == "aten::exp" and compute.args["timing"].startswith("modeled (roofline")
+    assert compute.args["kind"] == "Compute" and compute.args["timing"] == "modeled (simulated, analytic)"
+    assert compute.args["ops"] == ["exp"]
+    cores = [lane for lane in trace.lanes() if lane.startswith("core")]
+    assert cores and all(e.start_us >= compute.start_us for lane in cores for e in trace.on(lane))
+
+
+def test_ops_the_compiler_does_not_take_use_a_labelled_roofline_kernel():
+    x = half(64, 64).to("spyre")
+    y = torch.sign(x)                                          # the compiler has no sign: reference kernel
+    (compute,) = last_trace().on("stream0")
+    assert compute.name == "aten::sign" and compute.args["timing"] == "modeled (roofline, no compiled program)"
     cfg = torch.spyre.get_device(0).config
     assert compute.args["bytes"] == 2 * 64 * 64 * 2
     assert compute.dur_us == pytest.approx(compute.args["launch_us"] + max(
         compute.args["bytes"] / cfg.dram_bandwidth,
         compute.args["flops"] / (cfg.sfu_elems_per_cycle_per_core * cfg.cores * cfg.clock_hz)) * 1e6)
+    assert torch.equal(y.cpu(), torch.sign(half(64, 64)))
 
 
 def test_one_op_programs_are_cached_per_op_shape_and_dtype():
@@ -73,12 +84,21 @@ def test_one_op_programs_are_cached_per_op_shape_and_dtype():
     assert ops.program_cache_size() == size + 1
 
 
-def test_matmul_time_is_compute_or_memory_bound_by_the_roofline():
-    a, b = half(512, 512).to("spyre"), half(512, 512).to("spyre")
-    a @ b
-    (compute,) = last_trace().on("stream0")
-    assert compute.args["flops"] == 2 * 512 * 512 * 512
-    assert compute.args["bound"] in ("memory", "compute")
+def test_roofline_matmul_counts_two_flops_per_multiply_add():
+    cfg = torch.spyre.get_device(0).config
+    a, b = torch.empty(128, 256, device="meta"), torch.empty(256, 64, device="meta")
+    c = torch.empty(128, 64, device="meta")
+    time_us, detail = ops.roofline_us("mm", [a, b], [c], cfg)
+    assert detail["flops"] == 2 * 128 * 64 * 256
+    assert detail["bytes"] == (128 * 256 + 256 * 64 + 128 * 64) * 2      # fp32 is held as fp16
+    expected = max(detail["bytes"] / cfg.dram_bandwidth, detail["flops"] / cfg.peak_flops) * 1e6
+    assert time_us == pytest.approx(expected + cfg.cycles_to_us(cfg.kernel_launch_cycles))
+
+
+def test_a_compiled_program_that_disagrees_with_the_cpu_op_is_not_used():
+    x = torch.arange(6, dtype=torch.float16).reshape(2, 3).to("spyre")
+    assert x.sum().item() == 15.0                              # whatever the compiler does with sum(dim=[])
+    assert (x * 2).sum(dim=1).tolist() == [6.0, 24.0]
 
 
 def test_in_place_and_out_variants_write_the_spyre_tensor():

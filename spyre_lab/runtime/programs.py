@@ -1,0 +1,196 @@
+"""Compiled Programs on the card: bind a compiler ``Program`` to DRAM buffers and launch it as JobPlans.
+
+The compiler hands over a ``Program``: ordered launches (``KernelSpec``, ``HostFallback`` or
+``UnplannedKernel``), each naming its DRAM operands by symbolic ``address_slots``, plus graph
+inputs, constants, outputs and the buffers' shapes. :func:`run_program` does what the host runtime
+does with it:
+
+* uploads the program's constants once per card (they live with the loaded program),
+* allocates a DRAM buffer for every intermediate and output slot of this launch,
+* launches every kernel through the JobPlan path (HostCompute correction -> H2D of the blob ->
+  Compute), a host fallback as D2H -> HostCompute -> H2D,
+* returns the outputs as spyre tensors.
+
+Each device kernel's numerics are the compiler's own (``IRNode.compute`` through the executor's
+per-kernel routine, so they equal ``executor.execute``); its modeled time and per-core events come
+from ``KernelSpec.simulate``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from spyre_lab.device.trace import Trace
+from spyre_lab.runtime.jobplan import JobPlan, Operands, RuntimeOptions, launch
+from spyre_lab.runtime.streams import Stream
+
+
+@dataclass(eq=False)
+class CompiledKernel:
+    """One launch of a compiler Program in the shape the JobPlan path launches."""
+
+    program: Any
+    kernel: Any                     # FusedKernel: nodes, inputs, outputs, lx_resident
+    spec: Any                       # KernelSpec | HostFallback | UnplannedKernel
+    mode: str
+    host: bool = False
+    _timing: tuple[float, str, Trace | None, dict[str, Any]] | None = field(default=None, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def address_slots(self) -> list[str]:
+        return list(self.spec.address_slots)
+
+    @property
+    def output_slots(self) -> list[str]:
+        return [s for s in self.address_slots if s in set(self.kernel.outputs)]
+
+    def _time(self) -> tuple[float, str, Trace | None, dict[str, Any]]:
+        if self._timing is None:
+            if self.host:
+                cfg = self.program.cfg
+                self._timing = (cfg.host_launch_us, "host estimate", None, {"ops": [n.op for n in self.kernel.nodes]})
+            elif not hasattr(self.spec, "simulate"):
+                self._timing = (0.0, "unplanned kernel: no tile plan, no time", None, {})
+            else:
+                sim = self.spec.simulate(self.mode)
+                trace = sim.trace
+                if trace is None:
+                    trace = Trace()
+                    for (core, unit), busy in sorted(getattr(sim, "busy_us", {}).items()):
+                        if busy > 0:
+                            trace.add(f"core{core}.{unit}", self.name, 0.0, busy, summary=True)
+                args = {"rule": self.kernel.rule, "ops": [n.op for n in self.kernel.nodes],
+                        "bottleneck": getattr(sim, "bottleneck", "")}
+                self._timing = (sim.time_us, f"simulated, {self.mode}", trace, args)
+        return self._timing
+
+    @property
+    def time_us(self) -> float:
+        return self._time()[0]
+
+    @property
+    def timing(self) -> str:
+        return self._time()[1]
+
+    @property
+    def sim_trace(self) -> Trace | None:
+        return self._time()[2]
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self._time()[3]
+
+    def run(self, operands: Operands) -> None:
+        env: dict[str, torch.Tensor] = {b: operands[b] for b in self.kernel.inputs if b in operands}
+        env.update({b: t for b, t in self.program.constants.items() if b not in env})
+        _compute_kernel(self.kernel, self.program, env, getattr(self.spec, "slices", None))
+        for b in self.kernel.outputs:
+            operands.write(b, env[b])
+
+
+def _compute_kernel(kernel: Any, program: Any, env: dict[str, torch.Tensor], slices: Any) -> None:
+    """The compiler's numerics for one kernel (the executor's routine when it has one)."""
+    try:
+        from spyre_lab.runtime.executor import _run_kernel
+    except ImportError:
+        for node in kernel.nodes:
+            env[node.output] = node.compute(*(env[b] for b in node.inputs))
+        return
+    _run_kernel(kernel, program, env, slices)
+
+
+@dataclass(eq=False)
+class LoadedProgram:
+    """A compiler Program adapted for the runtime, plus its constants uploaded per card."""
+
+    program: Any
+    kernels: list[CompiledKernel]
+    constants_on: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.program.name
+
+    @property
+    def num_nodes(self) -> int:
+        return sum(len(k.kernel.nodes) for k in self.kernels)
+
+    def constants(self, device_index: int) -> dict[str, torch.Tensor]:
+        if device_index not in self.constants_on:
+            self.constants_on[device_index] = {b: t.to(torch.device("spyre", device_index))
+                                               for b, t in self.program.constants.items()}
+        return self.constants_on[device_index]
+
+
+_LOADED: dict[int, LoadedProgram] = {}
+
+
+def load(program: Any, mode: str | None = None) -> LoadedProgram:
+    """The runtime's view of ``program`` (built once and kept while the program lives)."""
+    loaded = _LOADED.get(id(program))
+    if loaded is None or loaded.program is not program:
+        from spyre_lab.compiler.program import HostFallback
+
+        mode = mode or program.options.timing
+        kernels = [CompiledKernel(program, k, spec, mode, host=isinstance(spec, HostFallback))
+                   for spec, k in zip(program.launches, program.kernels)]
+        loaded = _LOADED[id(program)] = LoadedProgram(program, kernels)
+        weakref.finalize(program, _LOADED.pop, id(program), None)
+    return loaded
+
+
+def run_program(program: Any, inputs: Sequence[torch.Tensor], *, outputs: Sequence[torch.Tensor | None] = (),
+                stream: Stream | None = None, options: RuntimeOptions | None = None,
+                mode: str | None = None) -> list[torch.Tensor]:
+    """Launch a compiled ``Program`` on spyre tensors; returns its outputs as spyre tensors.
+
+    Inputs on the CPU are copied to the card first (a traced H2D). ``outputs`` may give spyre
+    tensors for the program's outputs to be written in place (an out= call); where it gives None, or
+    an output is a view of a buffer, the runtime allocates the buffer. The launch's trace is
+    ``spyre_lab.runtime.last_trace()``.
+    """
+    if len(inputs) != len(program.inputs):
+        raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
+                         f"({', '.join(program.inputs)}), got {len(inputs)}")
+    index = next((x.device.index for x in inputs if x.device.type == "spyre"), None)
+    if index is None:
+        index = torch.spyre.current_device()
+    bound: dict[str, torch.Tensor] = {}
+    for name, x in zip(program.inputs, inputs):
+        info = program.buffers[name]
+        if tuple(x.shape) != tuple(info.shape) or x.dtype != info.dtype:
+            raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
+                             f"{tuple(info.shape)} {info.dtype}; compile again for the new shape")
+        bound[name] = x if x.device.type == "spyre" else x.to(torch.device("spyre", index))
+    loaded = load(program, mode)
+    bound.update(loaded.constants(index))
+    direct = {}
+    for read, target in zip(program.outputs, outputs):
+        info = program.buffers[read.buffer]
+        if (target is not None and getattr(read, "is_identity", False) and read.buffer not in bound
+                and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
+            bound[read.buffer] = direct[read.buffer] = target
+    for kernel in loaded.kernels:
+        for slot in kernel.address_slots:
+            if slot not in bound:
+                info = program.buffers[slot]
+                bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
+    plan: JobPlan = launch(loaded, bound, stream=stream, options=options)
+    del plan
+    results = []
+    for read, target in zip(program.outputs, [*outputs, *[None] * len(program.outputs)]):
+        value = bound[read.buffer] if read.buffer in direct else read.apply(bound[read.buffer])
+        if target is not None and read.buffer not in direct:
+            target.copy_(value)
+            value = target
+        results.append(value)
+    return results
