@@ -98,9 +98,15 @@ class CoreProgram:
         """LX -> DRAM: write ``nbytes`` of the buffers produced by ``deps`` back to DRAM."""
         return self._append(TileOp(OpKind.STORE, name, tuple(deps), nbytes=nbytes))
 
-    def matmul(self, out: str, m: int, n: int, k: int, deps: Iterable[int], out_bytes: int,
+    def matmul(self, out: str | None, m: int, n: int, k: int, deps: Iterable[int], out_bytes: int = 0,
                name: str | None = None) -> int:
-        """``out[m,n] (+)= a[m,k] @ b[k,n]`` on the core's PE arrays, operands already in LX."""
+        """``out[m,n] = a[m,k] @ b[k,n]`` on the core's PE arrays, operands already in LX.
+
+        ``out=None`` accumulates (``+=``) into a buffer an earlier op claimed instead of claiming a
+        new one; list that op in ``deps`` so the accumulator stays claimed while this op runs.
+        """
+        if out is None and out_bytes:
+            raise ValueError(f"an accumulating matmul (out=None) claims no LX, but got out_bytes={out_bytes}")
         return self._append(TileOp(OpKind.MATMUL, name or f"matmul {m}x{n}x{k}", tuple(deps), out, out_bytes,
                                    m=m, n=n, k=k))
 
