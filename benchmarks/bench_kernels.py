@@ -4,7 +4,7 @@ Prints modeled kernel times (``KernelSpec.simulate``, analytic mode unless state
 published claims they relate to, and the wall-clock time codegen itself took. Nothing here is tuned
 to a claim: the numbers are whatever the mechanisms produce on ``SPYRE``.
 
-    .venv/bin/python benchmarks/bench_kernels.py            # everything (~1 min)
+    .venv/bin/python benchmarks/bench_kernels.py            # everything (~15 s)
     .venv/bin/python benchmarks/bench_kernels.py matmul     # one section: matmul | softmax | mlp
 """
 
