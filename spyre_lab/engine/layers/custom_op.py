@@ -5,6 +5,9 @@ name (`platform.register_oot("RMSNorm", SpyreRMSNorm)`); when a model is built i
 `set_current_platform(platform)`, constructing `RMSNorm(...)` returns a `SpyreRMSNorm` instead.
 The model file never mentions a platform, and the replacement keeps the same parameters, so
 weight loading and state dicts are unchanged. This is vLLM's `CustomOp.register_oot` pattern.
+
+Dispatch costs nothing per call: when a class is defined, its `forward` is bound to
+`forward_oot` if the class defines one, else to `forward_native`.
 """
 
 from __future__ import annotations
@@ -32,8 +35,10 @@ class CustomOp(nn.Module):
             )
         return super().__new__(cls)
 
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward_oot(*args, **kwargs)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        overridden = cls.forward_oot is not CustomOp.forward_oot
+        cls.forward = cls.forward_oot if overridden else cls.forward_native
 
     def forward_native(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError(f"{type(self).__name__} must define forward_native")

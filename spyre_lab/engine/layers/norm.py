@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from spyre_lab.engine.layers.custom_op import CustomOp
@@ -18,7 +19,5 @@ class RMSNorm(CustomOp):
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize in at least fp32 (as Hugging Face does), then cast back before the weight."""
-        dtype = x.dtype
-        wide = x.to(torch.promote_types(dtype, torch.float32))
-        wide = wide * torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * wide.to(dtype)
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        return self.weight * F.rms_norm(wide, wide.shape[-1:], eps=self.eps).to(x.dtype)
