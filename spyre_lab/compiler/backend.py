@@ -161,7 +161,7 @@ class CompiledGraph:
         self.program: Program | None = None
         self.last_result: Any = None
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
-        _, self.out_spec = tree_flatten(out_node.args[0])
+        self.out_leaves, self.out_spec = tree_flatten(out_node.args[0])
         if all(isinstance(x, torch.Tensor) for x in example_inputs):
             self.program = compile_graph(gm, example_inputs, options, cfg)
         _REGISTRY.append(self)
@@ -185,7 +185,9 @@ class CompiledGraph:
         result = execute(program, tensors, mode=self.options.timing)
         self.last_result = result
         _last["result"], _last["program"] = result, program
-        return tree_unflatten(list(result.outputs), self.out_spec)
+        produced = iter(result.outputs)
+        leaves = [next(produced) if isinstance(leaf, fx.Node) else leaf for leaf in self.out_leaves]
+        return tree_unflatten(leaves, self.out_spec)
 
 
 _REGISTRY: list[CompiledGraph] = []

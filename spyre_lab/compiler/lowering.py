@@ -241,7 +241,8 @@ class _Lowerer:
                 self.env[node] = self._lower_call(node)
             elif node.op == "output":
                 for out in torch.utils._pytree.tree_leaves(node.args[0]):
-                    outputs.append(self._as_read(self.env[out], out.name))
+                    if isinstance(out, fx.Node):             # None / python constants stay with the caller
+                        outputs.append(self._as_read(self.env[out], out.name))
         kept = outputs + [value for _, value in self.mutations]
         for r in kept:
             if r.buffer in self.buffers and self.buffers[r.buffer].role == "intermediate":
