@@ -160,6 +160,42 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
     return Kernel.from_programs(f"matmul_{m}x{n}x{k}_grid{cores_m}x{cores_n}x{cores_k}", programs, cfg.cores)
 
 
+def sum_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: int = 64 * 1024) -> Kernel:
+    """``total = x.sum()`` over ``elements`` fp16 values: per-core partial sums, then a ring reduction.
+
+    Each core folds its tiles into a one-stick accumulator (one SFU pass per tile, chained through
+    the accumulator). The partials then travel down a chain of ring neighbours, each core adding
+    what it receives before passing it on, and core 0 stores the total.
+    """
+    _check_positive(elements=elements, cores=cores, tile_bytes=tile_bytes)
+    if cores > cfg.cores:
+        raise ValueError(f"sum_kernel asks for {cores} cores but {cfg.name} has {cfg.cores}; pass cores <= cfg.cores")
+    stick_elems = cfg.stick_bytes // FP16
+    tile_elems = max(stick_elems, tile_bytes // FP16 // stick_elems * stick_elems)
+    acc_bytes = cfg.stick_bytes
+    programs = []
+    for c, share in enumerate(_split(elements, cores, stick_elems)):
+        p = CoreProgram()
+        acc = -1
+        folds: list[int] = []
+        for t, n in enumerate(_chunks(share, tile_elems)):
+            slot = [folds[t - 2]] if t >= 2 else []
+            x = p.load(f"x[{t}]", cfg.sticks(n * FP16) * cfg.stick_bytes, deps=slot)
+            acc = p.vector(f"acc[{t}]", n, deps=[x] + ([acc] if acc >= 0 else []), out_bytes=acc_bytes,
+                           name=f"sum {t}")
+            folds.append(acc)
+        if c < cores - 1:
+            recv = p.ring_recv("partial", acc_bytes, peer=c + 1, tag=f"sum {c + 1}", deps=[acc] if acc >= 0 else [])
+            acc = p.vector("total", stick_elems, deps=[recv] + ([acc] if acc >= 0 else []), out_bytes=acc_bytes,
+                           name="add partial")
+        if c > 0:
+            p.ring_send(acc_bytes, peer=c - 1, hops=1, tag=f"sum {c}", deps=[acc] if acc >= 0 else [])
+        else:
+            p.store(acc_bytes, deps=[acc] if acc >= 0 else [], name="store total")
+        programs.append(p)
+    return Kernel.from_programs(f"sum_{elements}_on{cores}", programs, cfg.cores)
+
+
 def softmax_kernel(rows: int, cols: int, cores: int = 1, cfg: SpyreConfig = SPYRE, fused: bool = True,
                    row_tile: int | None = None) -> Kernel:
     """Row softmax of an fp16 ``rows x cols`` tensor: max -> sub -> exp -> sum -> div per row tile.
