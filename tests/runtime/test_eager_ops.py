@@ -165,3 +165,20 @@ def test_autocast_on_the_device_falls_through():
     with torch.autocast("spyre", dtype=torch.float16):
         y = x @ x
     torch.testing.assert_close(y.cpu(), half(4, 4) @ half(4, 4))
+
+
+def test_a_tiny_granite_generates_the_same_tokens_on_spyre(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GraniteConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2, vocab_size=256,
+                                     max_position_embeddings=64)
+    torch.manual_seed(0)
+    model = transformers.GraniteForCausalLM(cfg).half().eval()
+    ids = torch.tensor([[1, 5, 9, 23, 7]])
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+        got = model.to("spyre").generate(ids.to("spyre"), max_new_tokens=4, do_sample=False)
+    assert got.device.type == "spyre"
+    assert torch.equal(got.cpu(), expected)

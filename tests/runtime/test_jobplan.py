@@ -156,3 +156,24 @@ def test_program_region_is_released_with_the_program():
 def test_bindings_resolve_through_buffers():
     binds = _bindings(0)
     assert buffer_of(binds["a"]).address == binds["a"].data_ptr()
+
+
+def test_a_compiled_program_runs_through_the_jobplan_path():
+    backend = pytest.importorskip("spyre_lab.compiler.backend")
+    from spyre_lab.runtime.executor import execute
+    from spyre_lab.runtime.programs import load, run_program
+
+    a, b = half(64, 64, seed=1), half(64, 64, seed=2)
+    program = backend.compile_graph(lambda x, y: torch.softmax(x @ y, dim=-1) + x, [a, b])
+    expected = execute(program, [a, b]).outputs
+    outputs = run_program(program, [a.to("spyre"), b.to("spyre")])
+    trace = last_trace()
+    assert all(o.device.type == "spyre" for o in outputs)
+    for got, want in zip(outputs, expected):
+        assert torch.equal(got.cpu(), want)
+    device_launches = [launch.name for launch in program.launches if hasattr(launch, "simulate")]
+    assert [e.name for e in trace.on("stream0")] == device_launches
+    assert len(trace.on("host.callback")) == len(program.launches)          # one correction per launch
+    assert any(lane.startswith("core") for lane in trace.lanes())            # per-core events placed
+    image = load_program(load(program), torch.spyre.get_device(0))
+    assert image.launches == 1
