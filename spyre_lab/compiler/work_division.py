@@ -43,7 +43,9 @@ MATMUL_DIMS = ("B", "M", "N", "K")
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of ``n`` in increasing order (O(sqrt n))."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
