@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import math
 import operator
 import warnings
 from collections.abc import Callable, Sequence
@@ -541,9 +540,3 @@ def lower(gm: fx.GraphModule) -> Lowered:
     """ATen FX graph (with ``meta['val']`` fake tensors on every node) -> LoopIR."""
     return _Lowerer(gm).run()
 
-
-def node_flops(node: IRNode) -> int:
-    """Rough FLOPs of one node, for explain() and reports."""
-    if isinstance(node, MatMul):
-        return 2 * node.macs
-    return math.prod(node.dims.values()) if node.dims else 1
