@@ -93,6 +93,9 @@ class SpyreConfig:
     core_dma_bytes_per_cycle: int = 128
     # code: at most 256 MB of one tensor may lie in one core's contiguous span.
     core_span_bytes: int = 256 * MiB
+    # code: torch-spyre's matmul cost model lets up to 8 cores that load the same data share one
+    # DRAM read (a broadcast); a load tagged ``share=g`` costs DRAM 1/min(g, 8) of its bytes.
+    dram_broadcast_cores: int = 8
 
     # --- interconnect ----------------------------------------------------------------------
     # docs: bi-directional ring, 128 B/cycle in each direction.
@@ -119,7 +122,7 @@ class SpyreConfig:
 
     def __post_init__(self) -> None:
         positive_ints = ("cores", "corelets_per_core", "pe_rows", "pe_cols", "pe_lanes", "sfu_lanes",
-                         "transcendental_factor", "stick_bytes", "core_dma_bytes_per_cycle",
+                         "transcendental_factor", "stick_bytes", "core_dma_bytes_per_cycle", "dram_broadcast_cores",
                          "ring_bytes_per_cycle")
         for field in positive_ints:
             value = getattr(self, field)

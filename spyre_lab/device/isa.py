@@ -65,6 +65,11 @@ class TileOp:
     peer: int | None = None
     hops: int = 0
     tag: str | None = None
+    share: int = 1
+
+    def dram_weight(self, broadcast_cores: int) -> float:
+        """Share of DRAM bandwidth this transfer draws: a load broadcast to ``share`` cores is read once."""
+        return 1.0 / min(self.share, broadcast_cores)
 
     @property
     def unit(self) -> str:
@@ -90,9 +95,16 @@ class CoreProgram:
         self.ops.append(op)
         return len(self.ops) - 1
 
-    def load(self, out: str, nbytes: int, deps: Iterable[int] = (), name: str | None = None) -> int:
-        """DRAM -> LX: ``nbytes`` (whole sticks) into a new LX buffer ``out``."""
-        return self._append(TileOp(OpKind.LOAD, name or f"load {out}", tuple(deps), out, nbytes, nbytes=nbytes))
+    def load(self, out: str, nbytes: int, deps: Iterable[int] = (), name: str | None = None, share: int = 1) -> int:
+        """DRAM -> LX: ``nbytes`` (whole sticks) into a new LX buffer ``out``.
+
+        ``share`` is how many cores load these same bytes at once (e.g. a weight tile every M-split
+        core needs): DRAM serves one broadcast to the group instead of ``share`` separate reads.
+        """
+        if share < 1:
+            raise ValueError(f"load {out!r}: share must be at least 1 core, got {share}")
+        return self._append(TileOp(OpKind.LOAD, name or f"load {out}", tuple(deps), out, nbytes, nbytes=nbytes,
+                                   share=share))
 
     def store(self, nbytes: int, deps: Iterable[int], name: str = "store") -> int:
         """LX -> DRAM: write ``nbytes`` of the buffers produced by ``deps`` back to DRAM."""

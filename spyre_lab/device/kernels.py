@@ -97,7 +97,7 @@ def elementwise_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile
 
 def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, cores_k: int = 1,
                   cfg: SpyreConfig = SPYRE, tile: tuple[int, int, int] = (128, 128, 64),
-                  acc_bytes: int = FP32) -> Kernel:
+                  acc_bytes: int = FP32, broadcast: bool = True) -> Kernel:
     """``C[m,n] = A[m,k] @ B[k,n]`` in fp16 on a ``cores_m x cores_n x cores_k`` core grid.
 
     Per core, output tiles of ``tile[0] x tile[1]`` are accumulated in place over K steps of
@@ -108,6 +108,9 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
     With ``cores_k > 1`` every core computes a partial sum over its K slice; partials are reduced
     along a chain of ring neighbours (K-fast placement puts K partners next to each other, so each
     transfer is one hop) and the core holding K slice 0 stores the tile.
+
+    With ``broadcast`` an A tile is loaded as one DRAM broadcast to the ``cores_n`` cores that need
+    it and a B tile to the ``cores_m`` cores that need it (``CoreProgram.load(share=...)``).
     """
     _check_positive(m=m, n=n, k=k, cores_m=cores_m, cores_n=cores_n, cores_k=cores_k)
     if cores_m * cores_n * cores_k > cfg.cores:
@@ -138,8 +141,8 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
             acc = first = -1
             for s, depth in enumerate(_chunks(k_shares[ki], tk)):
                 slot = [matmuls[-2]] if len(matmuls) >= 2 else []
-                a = p.load(f"A[{t}.{s}]", rows * depth * FP16, deps=slot)
-                b = p.load(f"B[{t}.{s}]", depth * cols * FP16, deps=slot)
+                a = p.load(f"A[{t}.{s}]", rows * depth * FP16, deps=slot, share=cores_n if broadcast else 1)
+                b = p.load(f"B[{t}.{s}]", depth * cols * FP16, deps=slot, share=cores_m if broadcast else 1)
                 if first < 0:
                     acc = first = p.matmul(f"C[{t}]", rows, cols, depth, deps=[a, b], out_bytes=rows * cols * acc_bytes,
                                            name=f"mm {t}.{s}")
@@ -157,7 +160,8 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
                             deps=[acc, first])
             else:
                 p.store(rows * cols * FP16, deps=[acc, first], name=f"store C[{t}]")
-    return Kernel.from_programs(f"matmul_{m}x{n}x{k}_grid{cores_m}x{cores_n}x{cores_k}", programs, cfg.cores)
+    name = f"matmul_{m}x{n}x{k}_grid{cores_m}x{cores_n}x{cores_k}" + ("" if broadcast else "_nobcast")
+    return Kernel.from_programs(name, programs, cfg.cores)
 
 
 def sum_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: int = 64 * 1024) -> Kernel:

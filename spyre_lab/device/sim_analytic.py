@@ -72,8 +72,8 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     programs = kernel.programs
     active = [c for c, p in enumerate(programs) if p.ops]
     same_as = _same_programs(kernel, active)
-    loads, stores, last_load, senders, ringless = _survey(kernel, active, same_as)
-    rates, stretch = _dram_rates(loads, stores, cfg)
+    loads, stores, last_load, senders, ringless, drawn = _survey(kernel, active, same_as, cfg)
+    rates, stretch = _dram_rates(loads, stores, drawn, cfg)
     drain_rate = _drain_rate(kernel, stores, last_load, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
@@ -258,10 +258,12 @@ def _same_programs(kernel: Kernel, active: list[int]) -> dict[int, int]:
     return same_as
 
 
-def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
-            ) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, set[int]], set[int]]:
+def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int], cfg: SpyreConfig
+            ) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, set[int]], set[int], dict[int, float]]:
     """Per core: bytes loaded, bytes stored, index of its last load (-1 if none), the cores it
-    receives ring data from; and the cores without ring ops."""
+    receives ring data from; the cores without ring ops; and per core the DRAM weight of its
+    stream (DRAM bytes drawn per byte moved: below 1 when loads are broadcast)."""
+    drawn: dict[int, float] = {}
     loads: dict[int, int] = {}
     stores: dict[int, int] = {}
     last_load: dict[int, int] = {}
@@ -270,16 +272,18 @@ def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
     for c in active:
         twin = same_as[c]
         if twin != c and twin in ringless:
-            loads[c], stores[c], last_load[c] = loads[twin], stores[twin], last_load[twin]
+            loads[c], stores[c], last_load[c], drawn[c] = loads[twin], stores[twin], last_load[twin], drawn[twin]
             ringless.add(c)
             continue
         loaded = stored = 0
+        from_dram = 0.0
         last = -1
         ring = False
         for i, op in enumerate(kernel.programs[c].ops):
             kind = op.kind
             if kind is _LOAD:
                 loaded += op.nbytes
+                from_dram += op.nbytes * op.dram_weight(cfg.dram_broadcast_cores)
                 last = i
             elif kind is _STORE:
                 stored += op.nbytes
@@ -288,9 +292,10 @@ def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int]
                 if kind is _RECV and op.peer is not None and op.peer != c:
                     senders.setdefault(c, set()).add(op.peer)
         loads[c], stores[c], last_load[c] = loaded, stored, last
+        drawn[c] = (from_dram + stored) / (loaded + stored) if loaded + stored else 1.0
         if not ring:
             ringless.add(c)
-    return loads, stores, last_load, senders, ringless
+    return loads, stores, last_load, senders, ringless, drawn
 
 
 def _drain_rate(kernel: Kernel, stores: dict[int, int], last_load: dict[int, int], cfg: SpyreConfig) -> float:
@@ -307,23 +312,25 @@ def _drain_rate(kernel: Kernel, stores: dict[int, int], last_load: dict[int, int
     return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / max(1, draining))
 
 
-def _dram_rates(loads: dict[int, int], stores: dict[int, int], cfg: SpyreConfig) -> tuple[dict[int, float], float]:
+def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, float],
+                cfg: SpyreConfig) -> tuple[dict[int, float], float]:
     """Per core, the average rate its longer DRAM stream gets; and how much slower every transfer must go
     for the card's DRAM to move all the kernel's bytes (1 if it keeps up).
 
     Water-filling: all streams start together and share DRAM equally (each capped by a DMA
     engine); when the smallest one is done, the rest share what it leaves. So a core that streams
-    less than the others finishes early, and the biggest one runs faster at the end.
+    less than the others finishes early, and the biggest one runs faster at the end. A stream
+    whose loads are broadcast draws only ``drawn[c]`` of DRAM per byte it moves.
     """
     dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle
     volumes = sorted((max(loads[c], stores[c]), c) for c in loads if loads[c] or stores[c])
     rates: dict[int, float] = {}
     clock = moved = 0.0
     for i, (volume, c) in enumerate(volumes):
-        clock += (volume - moved) / min(dma, dram / (len(volumes) - i))
+        clock += (volume - moved) / min(dma, dram / sum(drawn[v] for _, v in volumes[i:]))
         moved = volume
         rates[c] = volume / clock if clock > 0 else dma
-    card_floor = (sum(loads.values()) + sum(stores.values())) / dram
+    card_floor = sum((loads[c] + stores[c]) * drawn[c] for c in loads) / dram
     return rates, max(1.0, card_floor / clock) if clock > 0 else 1.0
 
 

@@ -8,6 +8,7 @@ multi-buffering emerge from the dependencies the compiler emits and the LX capac
 
 DRAM is one shared resource. Every in-flight load or store progresses at
 ``min(core_dma_bytes_per_cycle, dram_bytes_per_cycle / transfers_in_flight)`` (processor sharing,
+where a load broadcast to ``share`` cores counts as ``1/share`` of a transfer,
 re-evaluated whenever a transfer starts or ends). Because all transfers share one rate, one
 "virtual service" counter tracks them all: a transfer started when the counter read ``S`` with
 ``b`` bytes finishes when it reads ``S + b``; a heap keyed on that value gives the next finisher
@@ -39,6 +40,7 @@ class _Graph:
         self.cost: list[float] = []  # cycles for PT/SFU/ring ops, bytes for DRAM ops
         self.out_b: list[int] = []
         self.core_of: list[int] = []
+        self.weight: list[float] = []  # DRAM bandwidth a transfer draws (below 1 for broadcast loads)
         self.deps_of: list[tuple[int, ...]] = []
         self.deps_left: list[int] = []
         self.dependents: list[list[int]] = []
@@ -60,11 +62,13 @@ class _Graph:
                     raise LXOverflowError(kernel.name, c, op.out_bytes, 0, capacity)
                 if u in (LOAD, STORE):
                     cost.append(op.nbytes)
+                    self.weight.append(op.dram_weight(cfg.dram_broadcast_cores))
                     if u == LOAD:
                         bytes_loaded += op.nbytes
                     else:
                         bytes_stored += op.nbytes
                 else:
+                    self.weight.append(0.0)
                     key = (kind, op.m, op.n, op.k, op.elements, op.nbytes, op.hops)
                     cycles = cycle_cache.get(key)
                     if cycles is None:
@@ -105,7 +109,7 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
     programs = kernel.programs
     ncores = len(programs)
     graph = _Graph(kernel, cfg, capacity)
-    unit, cost, out_b, core_of = graph.unit, graph.cost, graph.out_b, graph.core_of
+    unit, cost, out_b, core_of, weight = graph.unit, graph.cost, graph.out_b, graph.core_of, graph.weight
     deps_of, deps_left, dependents = graph.deps_of, graph.deps_left, graph.dependents
     send_of, recv_of = graph.send_of, graph.recv_of
     total = len(unit)
@@ -125,7 +129,8 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
     events: list[tuple[float, int]] = []  # fixed-duration completions: (end cycle, op)
     xfers: list[tuple[float, int]] = []  # DRAM transfers: (virtual service at completion, op)
     service = rate = 0.0
-    inflight = 0
+    inflight = 0  # transfers in flight
+    drawing = 0.0  # their summed DRAM weights: each gets min(dma_cap, dram_bpc / drawing)
     dma_cap = float(cfg.core_dma_bytes_per_cycle)
     dram_bpc = cfg.dram_bytes_per_cycle
     for g in range(total):
@@ -175,7 +180,8 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
                     if u in (LOAD, STORE):
                         heappush(xfers, (service + cost[g], g))
                         inflight += 1
-                        rate = min(dma_cap, dram_bpc / inflight)
+                        drawing += weight[g]
+                        rate = min(dma_cap, dram_bpc / drawing)
                     else:
                         heappush(events, (t + cost[g], g))
                     break
@@ -201,9 +207,13 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
         if inflight:
             limit = service + 1e-9 * (1.0 + service)
             while xfers and xfers[0][0] <= limit:
-                completed.append(heappop(xfers)[1])
+                g = heappop(xfers)[1]
+                completed.append(g)
                 inflight -= 1
-            rate = min(dma_cap, dram_bpc / inflight) if inflight else 0.0
+                drawing -= weight[g]
+            if not inflight:
+                drawing = 0.0  # no float residue across idle periods
+            rate = min(dma_cap, dram_bpc / drawing) if inflight else 0.0
 
         # 3. retire: free the unit, wake dependents, release buffers whose last user is done
         for g in completed:
