@@ -34,7 +34,7 @@ def device_section(cfg: SpyreConfig, trace: Trace) -> list[str]:
     lines = ["Device model: hand-built kernels on the dataflow simulator (event mode)", f"  {cfg.describe()}"]
     kernels = [
         softmax_kernel(1024, 1024, cores=cfg.cores, cfg=cfg, fused=True),
-        matmul_kernel(1024, 1024, 1024, cores_m=8, cores_n=2, cores_k=2, cfg=cfg),
+        matmul_kernel(2048, 2048, 2048, cores_m=4, cores_n=4, cores_k=2, cfg=cfg, tile=(256, 256, 128)),
     ]
     for kernel in kernels:
         result = simulate(kernel, cfg, mode="event")
