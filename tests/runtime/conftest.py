@@ -12,7 +12,7 @@ os.environ.setdefault("SPYRE_LAB_DEVICES", "2")
 import torch
 
 import spyre_lab.runtime  # noqa: F401  (registers the device even with autoload switched off)
-from spyre_lab.runtime import ops, tensor
+from spyre_lab.runtime import fallback, tensor
 from spyre_lab.runtime.streams import reset_time
 
 
@@ -27,13 +27,13 @@ def clean_clock():
 @pytest.fixture
 def fresh_warnings():
     """Forget which one-time warnings were already given, so a test can observe them."""
-    saved_ops, saved_dtypes = set(ops._warned_ops), set(tensor._warned_dtypes)
-    ops._warned_ops.clear()
+    saved_ops, saved_dtypes = set(fallback._warned_ops), set(tensor._warned_dtypes)
+    fallback._warned_ops.clear()
     tensor._warned_dtypes.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         yield
-    ops._warned_ops.update(saved_ops)
+    fallback._warned_ops.update(saved_ops)
     tensor._warned_dtypes.update(saved_dtypes)
 
 

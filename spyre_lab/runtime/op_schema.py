@@ -1,0 +1,80 @@
+"""What an ATen call says about itself: views, writes, out= arguments, functional twins.
+
+The eager dispatcher treats ops generically, so it reads everything it needs from the op's schema
+(alias annotations, keyword-only ``out`` arguments) instead of keeping per-op tables.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_unflatten
+
+aten = torch.ops.aten
+
+
+def packet_name(op: torch._ops.OpOverload) -> str:
+    """``add_`` and ``add`` share one kernel: the in-place form only differs in where it writes."""
+    name = op.overloadpacket.__name__
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
+
+
+@functools.cache
+def is_view(op: torch._ops.OpOverload) -> bool:
+    """True when every result aliases an input without writing it (view, transpose, slice, ...)."""
+    if op is aten._unsafe_view.default:
+        return True
+    returns = op._schema.returns
+    return bool(returns) and all(r.alias_info is not None and not r.alias_info.is_write for r in returns)
+
+
+@functools.cache
+def mutated_args(op: torch._ops.OpOverload) -> tuple[tuple[int, str, bool], ...]:
+    """(position, name, kwarg_only) of every argument the op writes: self of in-place ops (read and
+    written) and out= tensors (keyword-only, written without being read)."""
+    return tuple((i, a.name, a.kwarg_only) for i, a in enumerate(op._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write)
+
+
+def to_cpu_kwargs(kwargs: dict) -> dict:
+    """The call's keyword arguments with a ``device=`` moved to the CPU (factory ops run on the host)."""
+    if "device" in kwargs and kwargs["device"] is not None:
+        return {**kwargs, "device": torch.device("cpu")}
+    return kwargs
+
+
+@functools.cache
+def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | None:
+    """``op`` itself if it writes nothing; for an out= overload, the overload of the same packet that
+    takes the same arguments without ``out`` and writes nothing (``exp.out`` -> ``exp.default``)."""
+    if not mutated_args(op):
+        return op
+    wanted = [a.name for a in op._schema.arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+    for name in op.overloadpacket.overloads():
+        candidate = getattr(op.overloadpacket, name)
+        args = candidate._schema.arguments
+        if not any(a.alias_info is not None and a.alias_info.is_write for a in args) and \
+                [a.name for a in args] == wanted:
+            return candidate
+    return None
+
+
+def written_leaves(op: torch._ops.OpOverload, leaves: list[Any], spec: Any,
+                    only_out: bool = False) -> list[int]:
+    """Leaf positions of the tensors the op writes (``only_out``: just the out= ones), found by tagging
+    the leaves and reading the schema."""
+    mutated = mutated_args(op)
+    if not mutated:
+        return []
+    tags = list(range(len(leaves)))
+    args, kwargs = tree_unflatten(tags, spec)
+    found = []
+    for pos, name, kwarg_only in mutated:
+        if only_out and not kwarg_only:
+            continue
+        tag = kwargs.get(name) if name in kwargs else (args[pos] if pos < len(args) else None)
+        if isinstance(tag, int):
+            found.append(tag)
+    return found
