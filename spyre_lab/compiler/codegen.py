@@ -115,6 +115,13 @@ class KernelSpec:
             f"{self.flops:,} FLOP; {self.tile_kernel.num_ops} tile ops",
             f"  address slots patched at launch: {', '.join(self.address_slots)}",
         ]
+        kept = sorted({n.split("[")[0] for n in self.lx_plan.offsets} - set(self.address_slots) - {"acc", "psum_in",
+                                                                                                "out_acc"})
+        if kept:
+            lines.append(f"  stays in LX (never touches DRAM): {', '.join(kept)}")
+        hops = sorted({op.hops for p in self.tile_kernel.programs for op in p if op.kind is OpKind.RING_SEND})
+        if hops:
+            lines.append(f"  partial results of split {d.split_reduction_dim} meet over the ring, {hops} hop(s) apart")
         return "\n".join(lines)
 
     # --- SuperDSC-like document ----------------------------------------------------------------
@@ -429,10 +436,8 @@ def _mlp_division(gate: MatMul, has_down: bool, dtype: torch.dtype, cfg: SpyreCo
         options_m = [d for d in range(1, cfg.cores // n + 1) if gate.m % d == 0]
         m = min(options_m, key=lambda d: (critical_path_us(d), d))
     reason = (f"MLP: the intermediate dim I takes {n} cores ({i_sticks} sticks), rows {m} (modeled critical path "
-              f"{critical_path_us(m):.1f} us); weights are re-read once per row slice, so I is split first")
+              f"{critical_path_us(m):.1f} us; weights are re-read once per row slice, so I is split first)")
     splits = {"N": n, "M": m, "K": 1} if has_down else {"K": 1, "M": m, "N": n}
-    reason = (f"MLP: the intermediate dim I takes {n} cores ({i_sticks} sticks), rows take {m} of the rest; "
-              "weights are re-read once per row slice, so I is split first")
     red = "N" if has_down else None
     return WorkDivision(splits, placement(splits, red, options.k_fast_placement), options.work_division, reason,
                         None, ("N",) if has_down else ("K",))
