@@ -166,6 +166,7 @@ def test_fused_softmax_moves_2mn_and_staged_moves_8mn_plus_reductions():
     # no intermediate of the fused kernel reaches DRAM: only x is loaded, only the result stored
     loads = {op.out.split("[")[0] for p in fused.tile_kernel.programs for op in p if op.kind is OpKind.LOAD}
     assert loads == {"x"}
+    assert "stays in LX (never touches DRAM): amax, exp, sub, sum" in fused.explain()
 
 
 def test_fused_softmax_writes_exp_and_sub_in_place():
