@@ -14,13 +14,14 @@ two modeled PCIe copies (``cfg.pcie_bandwidth``, ``cfg.pcie_latency_us``). All t
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 
-from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul
+from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul, Reduction
 from spyre_lab.compiler.lowering import Access
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
 from spyre_lab.device.trace import Trace
@@ -90,13 +91,45 @@ def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict
         for d in split:
             if node.dims.get(d) != anchor.dims.get(d) and not (d == "K" and node is not anchor and d not in node.dims):
                 return False
-            if d in node.reduction_dims and not (node is anchor and isinstance(node, MatMul) and d == "K"):
+            if d in node.reduction_dims and not (node is anchor and ((isinstance(node, MatMul) and d == "K")
+                                                                     or _lone_split_reduction(kernel))):
                 return False
         if isinstance(node, MatMul) and node is not anchor:
             return False
         if any(r.buffer in produced and not r.is_identity for r in access[node.name].reads):
             return False
     return not ("K" in split and kernel.nodes[0] is not anchor)
+
+
+PARTIAL_COMBINE = {"matmul": torch.add, "sum": torch.add, "mean": torch.add, "amax": torch.maximum,
+                   "amin": torch.minimum}
+"""How partners' partial results meet when a reduced dim is split across cores (the ring reduction)."""
+
+
+def _lone_split_reduction(kernel: FusedKernel) -> bool:
+    node = kernel.nodes[0]
+    return len(kernel.nodes) == 1 and isinstance(node, Reduction) and node.op in PARTIAL_COMBINE
+
+
+def _partial(node: IRNode, ins: list[torch.Tensor], access: Access) -> torch.Tensor:
+    """A core's fp32 partial result over its share of the reduced dims (kept as size-1 dims)."""
+    if isinstance(node, MatMul):
+        return torch.matmul(ins[0].float(), ins[1].float())
+    axes = [i for i, a in enumerate(access.reads[0].axes) if a in node.reduction_dims]
+    x = ins[0]
+    if node.op in ("amax", "amin"):
+        return getattr(x, node.op)(dim=axes, keepdim=True)
+    return x.float().sum(dim=axes, keepdim=True)
+
+
+def _finish(node: IRNode, total: torch.Tensor, access: Access, dtype: torch.dtype) -> torch.Tensor:
+    """Partial sums combined: scale a mean, round once to the buffer dtype, drop reduced dims if not kept."""
+    if node.op == "mean":
+        total = total / math.prod(node.dims[d] for d in node.reduction_dims)
+    total = total.to(dtype)
+    if isinstance(node, Reduction) and len(access.out_axes) < total.dim():
+        total = total.squeeze([i for i, a in enumerate(access.reads[0].axes) if a in node.reduction_dims])
+    return total
 
 
 def _narrow(t: torch.Tensor, axes: Sequence[str | None], s: dict[str, tuple[int, int]],
@@ -121,8 +154,8 @@ def _core_values(nodes: Sequence[IRNode], anchor: IRNode, access: dict[str, Acce
                 ins.append(local[r.buffer])
             else:
                 ins.append(_narrow(r.apply(env[r.buffer]), r.axes, s, node.dims))
-        if node is anchor and isinstance(node, MatMul) and "K" in s and s["K"] != (0, node.k):
-            local[node.output] = torch.matmul(ins[0].float(), ins[1].float())
+        if node is anchor and any(d in node.reduction_dims for d in s):
+            local[node.output] = _partial(node, ins, acc)
         else:
             local[node.output] = _narrow(acc.op_fn(*ins), acc.out_axes, s, node.dims)
     return local
@@ -133,25 +166,28 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
     access = program.access
     anchor = kernel.anchor
     split = _split_dims(kernel, slices)
-    k_split = isinstance(anchor, MatMul) and "K" in split
-    first = kernel.nodes[:1] if k_split else kernel.nodes
+    partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
+    first = kernel.nodes[:1] if partial_dims else kernel.nodes
     tiles = [CoreTile(c, dict(s), _core_values(first, anchor, access, env, {d: r for d, r in s.items() if d in split}))
              for c, s in enumerate(slices) if s]
-    if k_split:                                # ring reduction: partners' fp32 partials added in K order
-        dtype = program.buffers[anchor.output].dtype
+    if partial_dims:                           # ring reduction: partners' fp32 partials combined in slice order
+        combine = PARTIAL_COMBINE[anchor.op]
+        kept = [d for d in anchor.dims if d not in partial_dims]
         blocks: dict[tuple, list[CoreTile]] = {}
         for t in tiles:
-            blocks.setdefault(tuple(t.slice.get(d, (0, anchor.dims[d])) for d in ("B", "M", "N")), []).append(t)
+            blocks.setdefault(tuple(t.slice.get(d, (0, anchor.dims[d])) for d in kept), []).append(t)
         for group in blocks.values():
-            group.sort(key=lambda t: t.slice["K"][0])
+            group.sort(key=lambda t: tuple(t.slice[d][0] for d in partial_dims))
             total = group[0].values[anchor.output]
             for t in group[1:]:
-                total = total + t.values[anchor.output]
-            group[0].values[anchor.output] = total.to(dtype)
+                total = combine(total, t.values[anchor.output])
             for t in group[1:]:
                 t.values[anchor.output + ".partial"] = t.values.pop(anchor.output)
-            leader = group[0]                  # the partner that stores runs the epilogue on the reduced block
-            s = {d: r for d, r in leader.slice.items() if d in split and d != "K"}
+            leader = group[0]                  # the partner that stores finishes the block and runs the epilogue
+            leader.values[anchor.output + ".partial"] = leader.values[anchor.output]
+            leader.values[anchor.output] = _finish(anchor, total, access[anchor.name],
+                                                   program.buffers[anchor.output].dtype)
+            s = {d: r for d, r in leader.slice.items() if d in split and d not in partial_dims}
             _core_values(kernel.nodes[1:], anchor, access, env, s, local=leader.values)
     for name in kernel.outputs:
         info = program.buffers[name]

@@ -145,3 +145,17 @@ def test_in_place_updates_of_inputs_reach_the_caller():
     out = execute(program, [x, cache, idx]).outputs[0]
     assert torch.equal(x, x0 * 2) and torch.equal(out, x0 * 2 + 1)
     assert torch.equal(cache[[1, 3]], x0) and cache[[0, 2, 4]].abs().sum() == 0
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "amax"])
+def test_reductions_split_across_cores_combine_partials_exactly(op):
+    x = torch.randn(4, 8192).half()
+    program = compile_graph(lambda t: getattr(t, op)(), [x])
+    spec = program.launches[0]
+    whole = execute(program, [x])
+    tiles = execute(program, [x], tile_by_tile=True)
+    assert torch.equal(whole.outputs[0], tiles.outputs[0])
+    torch.testing.assert_close(whole.outputs[0].float(), getattr(x.float(), op)(), atol=0.05, rtol=1e-2)
+    if len(spec.tile_kernel.active_cores) > 1:
+        assert len(tiles.tiles[spec.name]) > 1
+        assert any(k.endswith(".partial") for c in tiles.tiles[spec.name] for k in c.values)
