@@ -23,8 +23,8 @@ def _kernel_lines(result: SimResult) -> list[str]:
         f"  {result.kernel.name}",
         f"    modeled time      {result.time_us:10.2f} us  (launch {result.launch_us:.2f} us, {result.mode} mode)",
         f"    cores active      {len(active):10d}     mean core utilization {util:.1%}, PT {result.pt_utilization:.1%}",
-        f"    DRAM traffic      {result.bytes_loaded / 1e6:10.3f} MB in, {result.bytes_stored / 1e6:.3f} MB out; "
-        f"ring {result.ring_bytes / 1e6:.3f} MB",
+        f"    data moved        {result.bytes_loaded / 1e6:10.3f} MB into LX, {result.bytes_stored / 1e6:.3f} MB out; "
+        f"DRAM served {result.dram_bytes / 1e6:.3f} MB (broadcasts once); ring {result.ring_bytes / 1e6:.3f} MB",
         f"    bottleneck        {result.bottleneck:>10s}     {result.explain()}",
     ]
 

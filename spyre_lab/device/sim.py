@@ -62,6 +62,7 @@ class SimResult:
     pt_utilization: float
     dram_utilization: float
     bytes_loaded: int
+    dram_bytes: float
     bytes_stored: int
     ring_bytes: int
     flops: int
@@ -181,8 +182,9 @@ def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capaci
     return SimResult(
         kernel=kernel, cfg=cfg, mode=mode, time_us=total_cycles * to_us, launch_us=launch * to_us, busy_us=busy_us,
         core_utilization=utilization, pt_utilization=run.macs / peak_macs if peak_macs else 0.0,
-        dram_utilization=(run.bytes_loaded + run.bytes_stored) / cfg.dram_bytes_per_cycle * per_cycle,
-        bytes_loaded=run.bytes_loaded, bytes_stored=run.bytes_stored, ring_bytes=run.ring_bytes, flops=run.flops,
+        dram_utilization=run.dram_bytes / cfg.dram_bytes_per_cycle * per_cycle,
+        bytes_loaded=run.bytes_loaded, dram_bytes=run.dram_bytes, bytes_stored=run.bytes_stored,
+        ring_bytes=run.ring_bytes, flops=run.flops,
         lx_peak=run.lx_peak, lx_capacity=capacity, bottleneck=_bottleneck(run), trace=trace_out,
     )
 

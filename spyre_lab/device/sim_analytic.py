@@ -98,6 +98,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
         compute_busy={c: min(t.busy[PT] + t.busy[SFU], t.finish) for c, t in cores.items()},
         lx_peak={c: t.lx_peak for c, t in cores.items()},
         bytes_loaded=sum(t.load_bytes for t in cores.values()),
+        dram_bytes=sum((loads[c] + stores[c]) * drawn[c] for c in cores),
         bytes_stored=sum(t.store_bytes for t in cores.values()),
         ring_bytes=sum(t.ring_bytes for t in cores.values()), flops=sum(t.flops for t in cores.values()),
         macs=sum(t.macs for t in cores.values()), matmul_cores=sum(1 for t in cores.values() if t.macs))

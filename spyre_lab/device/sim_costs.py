@@ -109,5 +109,7 @@ class EngineRun:
     flops: int
     macs: int
     matmul_cores: int
+    dram_bytes: float = 0.0
+    """Bytes DRAM itself served: loads and stores, with a broadcast load counted once per group."""
     events: list[tuple[int, int, str, float, float, dict]] | None = None
     """(core, unit index, name, start cycle, duration cycles, args) per trace event, when asked for."""

@@ -41,6 +41,7 @@ class _Graph:
         self.out_b: list[int] = []
         self.core_of: list[int] = []
         self.weight: list[float] = []  # DRAM bandwidth a transfer draws (below 1 for broadcast loads)
+        self.dram_bytes = 0.0
         self.deps_of: list[tuple[int, ...]] = []
         self.deps_left: list[int] = []
         self.dependents: list[list[int]] = []
@@ -63,6 +64,7 @@ class _Graph:
                 if u in (LOAD, STORE):
                     cost.append(op.nbytes)
                     self.weight.append(op.dram_weight(cfg.dram_broadcast_cores))
+                    self.dram_bytes += op.nbytes * self.weight[-1]
                     if u == LOAD:
                         bytes_loaded += op.nbytes
                     else:
@@ -252,6 +254,7 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
     run = EngineRun(makespan=max(end, default=0.0), busy=busy, compute_busy=compute_busy,
                     lx_peak={c: peak[c] for c in range(ncores) if len(programs[c])},
                     bytes_loaded=graph.bytes_loaded, bytes_stored=graph.bytes_stored, ring_bytes=graph.ring_bytes,
+                    dram_bytes=graph.dram_bytes,
                     flops=graph.flops, macs=graph.macs, matmul_cores=graph.matmul_cores)
     if want_events:
         run.events = _events(programs, unit, start, end, recv_xfer_start)
