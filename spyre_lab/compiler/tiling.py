@@ -127,7 +127,7 @@ def chain_reduce(p: CoreProgram, rank: int, partners: Sequence[int], core: int, 
     if rank + 1 < len(partners):
         recv = p.ring_recv("psum_in", nbytes, partners[rank + 1], f"{tag}:{rank + 1}->{rank}", deps=[last],
                            name=f"recv psum {tag}")
-        done = p.vector(None, elements, deps=[recv, owner, last], out_bytes=0, name=f"{combine} psum {tag}")  # type: ignore[arg-type]
+        done = p.vector(None, elements, deps=[recv, owner, last], out_bytes=0, name=f"{combine} psum {tag}")
     if rank > 0:
         hops = ring_hops(core, partners[rank - 1], cores)
         done = p.ring_send(nbytes, partners[rank - 1], hops, f"{tag}:{rank}->{rank - 1}", deps=[done, owner],
@@ -275,7 +275,7 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
             emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
             size = k.operands[out].tile_bytes(te, sb)
             if in_place:
-                op = emit(None, elements, deps=deps, out_bytes=0, name=f"{n.op} t{t} (in place)")  # type: ignore[arg-type]
+                op = emit(None, elements, deps=deps, out_bytes=0, name=f"{n.op} t{t} (in place)")
                 owner[out] = owner[n.inputs[0]]
             else:
                 op = emit(f"{out}[{slot if out in k.outputs else 0}]", elements, deps=deps, out_bytes=size,
@@ -443,7 +443,7 @@ def emit_matmul(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, tiles: tup
                         owner = prev = p.matmul(acc_slot, rm, rn, rk, deps=deps + acc_wait,
                                                 out_bytes=rm * rn * ACC_BYTES, name=f"matmul b{bi} m{mi} n{ni} k{ki}")
                     else:
-                        prev = p.matmul(None, rm, rn, rk, deps=[*deps, owner, prev], out_bytes=0,  # type: ignore[arg-type]
+                        prev = p.matmul(None, rm, rn, rk, deps=[*deps, owner, prev], out_bytes=0,
                                         name=f"matmul b{bi} m{mi} n{ni} k{ki} (accumulate)")
                     steps.append(prev)
                 if a_stationary and ni == len(n_tiles) - 1:
@@ -466,7 +466,7 @@ def emit_matmul(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, tiles: tup
                     deps = sorted({produced[b] for b in n.inputs} | {owners[b] for b in n.inputs})
                     emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
                     if _epilogue_in_place(mk, n):
-                        op = emit(None, rm * rn, deps=deps, out_bytes=0, name=f"{n.op} m{mi} n{ni} (in place)")  # type: ignore[arg-type]
+                        op = emit(None, rm * rn, deps=deps, out_bytes=0, name=f"{n.op} m{mi} n{ni} (in place)")
                         owners[n.output] = owners[n.inputs[0]]
                     else:
                         op = emit(f"{n.output}[{t % 2}]", rm * rn, deps=deps,
@@ -627,9 +627,9 @@ def emit_mlp(mk: MlpKernel, mc: int, ic: int, tiles: tuple[int, int, int, int], 
                     u = u_prev = p.matmul(mk.up_out, rm, ri, rh, deps=[xk, lu], out_bytes=rm * ri * ACC_BYTES,
                                           name=f"up m{mi} i{ii} h{hi}")
                 else:
-                    g_prev = p.matmul(None, rm, ri, rh, deps=[xk, lg, g, g_prev], out_bytes=0,  # type: ignore[arg-type]
+                    g_prev = p.matmul(None, rm, ri, rh, deps=[xk, lg, g, g_prev], out_bytes=0,
                                       name=f"gate m{mi} i{ii} h{hi} (accumulate)")
-                    u_prev = p.matmul(None, rm, ri, rh, deps=[xk, lu, u, u_prev], out_bytes=0,  # type: ignore[arg-type]
+                    u_prev = p.matmul(None, rm, ri, rh, deps=[xk, lu, u, u_prev], out_bytes=0,
                                       name=f"up m{mi} i{ii} h{hi} (accumulate)")
                 steps.append(u_prev)
             produced = {mk.gate_out: g_prev, mk.up_out: u_prev}
@@ -662,7 +662,7 @@ def emit_mlp(mk: MlpKernel, mc: int, ic: int, tiles: tuple[int, int, int, int], 
                     acc = acc_prev = p.matmul(f"out_acc[{mi % 2}]", rm, ro, ri, deps=[ld, produced[mk.h]],
                                               out_bytes=rm * o_pad * ACC_BYTES, name=f"down m{mi} i{ii} o{oi}")
                 else:
-                    acc_prev = p.matmul(None, rm, ro, ri, deps=[ld, produced[mk.h], acc, acc_prev],  # type: ignore[arg-type]
+                    acc_prev = p.matmul(None, rm, ro, ri, deps=[ld, produced[mk.h], acc, acc_prev],
                                         out_bytes=0, name=f"down m{mi} i{ii} o{oi} (accumulate)")
                 steps.append(acc_prev)
                 last = acc_prev

@@ -122,11 +122,16 @@ class CoreProgram:
         return self._append(TileOp(OpKind.MATMUL, name or f"matmul {m}x{n}x{k}", tuple(deps), out, out_bytes,
                                    m=m, n=n, k=k))
 
-    def vector(self, out: str, elements: int, deps: Iterable[int], out_bytes: int, name: str = "vector") -> int:
-        """An elementwise or reduction pass of ``elements`` on the SFU (add, mul, max, sum, ...)."""
+    def vector(self, out: str | None, elements: int, deps: Iterable[int], out_bytes: int = 0,
+               name: str = "vector") -> int:
+        """An elementwise or reduction pass of ``elements`` on the SFU (add, mul, max, sum, ...).
+
+        ``out=None`` works in place on a buffer an earlier op in ``deps`` claimed.
+        """
         return self._append(TileOp(OpKind.VECTOR, name, tuple(deps), out, out_bytes, elements=elements))
 
-    def special(self, out: str, elements: int, deps: Iterable[int], out_bytes: int, name: str = "special") -> int:
+    def special(self, out: str | None, elements: int, deps: Iterable[int], out_bytes: int = 0,
+                name: str = "special") -> int:
         """A transcendental pass on the SFU (exp, rsqrt, sigmoid, ...): several SFU passes per element."""
         return self._append(TileOp(OpKind.SPECIAL, name, tuple(deps), out, out_bytes, elements=elements))
 
