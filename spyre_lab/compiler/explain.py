@@ -35,10 +35,16 @@ def _lx_line(launch: Any) -> str:
             f"({len(plan.offsets)} buffers)")
 
 
+STAGES = ("stages: make_fx + decompositions (AOTAutograd inference) -> lowering (GraphLowering) -> layouts "
+          "(propagate_spyre_tensor_layouts, insert_restickify) -> fusion (Scheduler, spyre_fuse_nodes) -> codegen "
+          "(work division, scratchpad planning, SuperDSC) -> intermediates pool (memory_planning)")
+
+
 def explain_program(program: Program, mode: str | None = None) -> Explanation:
     mode = mode or program.options.timing
     lines = [f"Program {program.name}: {program.aten_ops} ATen ops -> {program.unfused_kernels} LoopIR nodes -> "
-             f"{len(program.launches)} kernels  [{program.cache_note}; compiled in {program.compile_ms:.0f} ms]"]
+             f"{len(program.launches)} kernels  [{program.cache_note}; compiled in {program.compile_ms:.0f} ms]",
+             f"  {STAGES}"]
     lines.append(f"  inputs: {', '.join(f'{b}{list(program.buffers[b].shape)}' for b in program.inputs)}")
     lines.append(f"  outputs: {', '.join(r.describe() for r in program.outputs)}")
     lines.append(f"  fusion rules on: {', '.join(sorted(program.options.fusion)) or 'none'}; "
