@@ -224,11 +224,12 @@ def register() -> None:
     here too would collide); from a plain source checkout, register it directly."""
     from importlib.metadata import entry_points
 
+    if any(ep.name == "spyre" for ep in entry_points(group="torch_dynamo_backends")):
+        return                                    # Dynamo loads it on first use; importing Dynamo here costs ~1 s
     from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
 
-    if "spyre" in _COMPILER_FNS or any(ep.name == "spyre" for ep in entry_points(group="torch_dynamo_backends")):
-        return
-    register_backend(spyre_backend, name="spyre")
+    if "spyre" not in _COMPILER_FNS:
+        register_backend(spyre_backend, name="spyre")
 
 
 __all__ = ["CompiledGraph", "compile_graph", "options_from", "register", "spyre_backend", "to_aten"]
