@@ -73,6 +73,31 @@ def register() -> None:
     for op in DIRECT_KERNELS:
         direct.impl(op, _kernel_for(op, dispatch), "PrivateUse1")
     _LIBRARIES.extend((lib, direct))
+    _route_deepcopy_through_clone()
+
+
+def _route_deepcopy_through_clone() -> None:
+    """``copy.deepcopy`` of a plain device tensor copies its *storage*, which makes torch allocate one
+    with the PrivateUse1 C++ allocator -- which a Python backend cannot register in torch 2.13, so
+    the interpreter would crash. Spyre tensors deep-copy through ``clone()`` instead (a device op);
+    every other tensor keeps torch's own behaviour."""
+    original = torch.Tensor.__deepcopy__
+    if getattr(original, "_spyre_routed", False):
+        return
+
+    def __deepcopy__(self: torch.Tensor, memo: dict) -> torch.Tensor:
+        if type(self) is not torch.Tensor or self.device.type != BACKEND:
+            return original(self, memo)
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            copied = self.clone()
+        copied.requires_grad_(self.requires_grad)
+        memo[id(self)] = copied
+        return copied
+
+    __deepcopy__._spyre_routed = True  # type: ignore[attr-defined]
+    torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
 
 
 def _kernel_for(op: torch._ops.OpOverload, dispatch: Callable[..., Any]) -> Callable[..., Any]:

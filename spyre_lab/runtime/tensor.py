@@ -215,8 +215,9 @@ def buffer_of(t: torch.Tensor) -> DeviceBuffer:
     buffer = getattr(t.untyped_storage(), "spyre_buffer", None)
     if buffer is None:
         raise SpyreUsageError(
-            "this spyre tensor has no device buffer (its storage was not made by the spyre runtime); "
-            "create spyre tensors with .to('spyre') or factory functions with device='spyre'"
+            "this spyre tensor has no device buffer (its storage was not made by the spyre runtime, e.g. by "
+            "pickle or torch.load); create spyre tensors with .to('spyre') or factories with device='spyre', and "
+            "save/pickle CPU copies (t.cpu()) instead of spyre tensors"
         )
     buffer.check_valid()
     return buffer
@@ -224,6 +225,11 @@ def buffer_of(t: torch.Tensor) -> DeviceBuffer:
 
 def _typed_buffer(t: torch.Tensor) -> DeviceBuffer:
     buffer = buffer_of(t)
+    if t.dtype == torch.uint8 != buffer.host_dtype:
+        raise SpyreUsageError(
+            "raw byte access to a spyre storage (torch.save, pickle, storage.cpu()) is not supported: the card holds "
+            "the data stickified in its device dtype. Save or pickle CPU copies: t.cpu(), model.cpu().state_dict()"
+        )
     if t.dtype != buffer.host_dtype:
         raise SpyreUsageError(
             f"this {t.dtype} tensor views a storage written as {buffer.host_dtype}: it reinterprets the bits, but "

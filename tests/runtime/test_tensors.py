@@ -170,3 +170,20 @@ def test_cross_device_copy_moves_data():
     assert b.device == torch.device("spyre", 1)
     assert torch.equal(b.cpu(), half(4, 4))
     assert torch.spyre.memory_allocated(1) >= 4 * 4 * 2
+
+
+def test_deepcopy_of_a_spyre_model_copies_through_the_device():
+    import copy
+
+    model = torch.nn.BatchNorm1d(4).half().eval().to("spyre")     # parameters and plain-tensor buffers
+    twin = copy.deepcopy(model)
+    assert twin.running_mean.device.type == "spyre"
+    assert twin.running_mean.data_ptr() != model.running_mean.data_ptr()
+    assert torch.equal(twin.running_var.cpu(), model.running_var.cpu())
+
+
+def test_saving_spyre_tensors_asks_for_cpu_copies():
+    import io
+
+    with pytest.raises(SpyreUsageError, match=r"t\.cpu\(\)"):
+        torch.save(torch.ones(3, dtype=torch.float16).to("spyre"), io.BytesIO())
