@@ -185,7 +185,9 @@ class CompiledGraph:
         result = execute(program, tensors, mode=self.options.timing)
         self.last_result = result
         _last["result"], _last["program"] = result, program
-        produced = iter(result.outputs)
+        device = next((t.device for t in tensors if t.device.type != "cpu"), None)
+        outputs = [o.to(device) for o in result.outputs] if device is not None else result.outputs
+        produced = iter(outputs)                  # results live where the inputs came from
         leaves = [next(produced) if isinstance(leaf, fx.Node) else leaf for leaf in self.out_leaves]
         return tree_unflatten(leaves, self.out_spec)
 

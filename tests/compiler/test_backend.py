@@ -100,3 +100,16 @@ def test_data_dependent_shapes_run_eagerly_between_graphs():
     torch.testing.assert_close(torch.compile(f, backend="spyre")(x), f(x))
     with pytest.raises(LoweringError, match="depends on data"):
         compile_graph(f, [x])
+
+
+def test_spyre_device_tensors_in_spyre_tensors_out():
+    runtime = pytest.importorskip("spyre_lab.runtime")
+    if not hasattr(torch, "spyre"):
+        pytest.skip(f"spyre device not registered by {runtime.__name__}")
+    model = torch.nn.Linear(64, 32).half()
+    x = torch.randn(8, 64).half()
+    ref = model(x).detach()
+    compiled = torch.compile(model.to("spyre"), backend="spyre")
+    out = compiled(x.to("spyre"))
+    assert out.device.type == "spyre"
+    torch.testing.assert_close(out.cpu(), ref, atol=1e-2, rtol=1e-2)
