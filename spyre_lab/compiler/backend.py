@@ -81,6 +81,9 @@ def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: Comp
 
 
 def _check_inputs(example_inputs: Sequence[Any]) -> None:
+    if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (list, tuple)):
+        raise TypeError(f"example_inputs must be a list of the call's arguments, got {type(example_inputs).__name__}; "
+                        "write compile_graph(fn, [x]) for a single input")
     for i, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor) and (x.is_complex() or x.dtype == torch.float64):
             raise TypeError(f"input {i} has dtype {x.dtype}, which the Spyre device cannot hold; "

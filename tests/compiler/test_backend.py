@@ -53,6 +53,8 @@ def test_unknown_option_is_named():
         options_from({"fusion": ["softmx"]})
     assert options_from({"fusion": "softmax"}).fusion == frozenset({"softmax"})
     assert options_from(None) == CompileOptions()
+    with pytest.raises(TypeError, match=r"compile_graph\(fn, \[x\]\)"):
+        compile_graph(pair, torch.randn(2, 2))
     with pytest.raises(TypeError, match="CompileOptions"):
         compile_graph(pair, [torch.randn(2, 2).half()] * 2, options={"fusion": []})
 
