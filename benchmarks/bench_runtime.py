@@ -103,7 +103,33 @@ def dispatch_overhead(kernels: int = 16, launches: int = 20, kernel_us: float = 
               f"| wall clock {wall:8.1f} us/launch")
 
 
+def compiled_dispatch_overhead(launches: int = 10) -> None:
+    """The same comparison for a real compiled program: a small MLP block from the spyre compiler."""
+    try:
+        from spyre_lab.compiler.backend import compile_graph
+        from spyre_lab.runtime.programs import run_program
+    except ImportError:
+        print("compiled program: spyre_lab.compiler not importable, skipped")
+        return
+    x = torch.randn(64, 256, dtype=torch.float16)
+    w1, w2 = torch.randn(256, 512, dtype=torch.float16) / 16, torch.randn(512, 256, dtype=torch.float16) / 16
+    program = compile_graph(lambda a, b, c: torch.nn.functional.silu(a @ b) @ c + a, [x, w1, w2])
+    inputs = [t.to("spyre") for t in (x, w1, w2)]
+    print(f"compiled MLP block ({len(program.launches)} launches), {launches} back-to-back calls:")
+    for dispatch in ("rebuild", "aot_patch"):
+        torch.spyre.synchronize()
+        with recording() as trace:
+            host0 = TIMELINE.host_us
+            for _ in range(launches):
+                run_program(program, inputs, options=RuntimeOptions(dispatch=dispatch))
+            host_per_launch = (TIMELINE.host_us - host0) / launches
+            torch.spyre.synchronize()
+        print(f"  {dispatch:9s}: modeled host time {host_per_launch:8.1f} us/call, end-to-end "
+              f"{trace.duration_us / launches:8.1f} us/call")
+
+
 if __name__ == "__main__":
     eager_overhead()
     h2d_throughput()
     dispatch_overhead()
+    compiled_dispatch_overhead()

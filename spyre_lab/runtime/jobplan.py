@@ -263,10 +263,8 @@ def _kernel_steps(kernel: Any, k: int, slots: list[str], bindings: Mapping[str, 
     def place_sim_trace(start: float) -> None:
         sim = getattr(kernel, "sim_trace", None)
         if sim is not None:
-            lane_of = (lambda lane: lane) if image.device.index == 0 else (
-                lambda lane: device_lane(lane, image.device.index))
-            for e in sim.events:
-                TIMELINE.emit(lane_of(e.lane), e.name, start + e.start_us, e.dur_us, **e.args)
+            index = image.device.index
+            TIMELINE.emit_shifted(sim.events, start, None if index == 0 else lambda lane: device_lane(lane, index))
 
     time_us = float(getattr(kernel, "time_us", 0.0))
     timing = getattr(kernel, "timing", "given")

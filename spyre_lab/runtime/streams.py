@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spyre_lab.device.trace import Trace
+from spyre_lab.device.trace import Trace, TraceEvent
 
 LOW_PRIORITY_IDS = range(1, 33)
 HIGH_PRIORITY_IDS = range(33, 65)
@@ -59,6 +59,16 @@ class Timeline:
             self._launch_trace.add(lane, name, start_us, dur_us, **args)
         for trace in self._recorders:
             trace.add(lane, name, start_us, dur_us, **args)
+
+    def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float, lane_of: Any = None) -> None:
+        """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
+        targets = [t for t in (self._launch_trace, *self._recorders) if t is not None]
+        if not targets:
+            return
+        placed = [TraceEvent(e.lane if lane_of is None else lane_of(e.lane), e.name, e.start_us + offset_us,
+                             e.dur_us, e.args) for e in events]
+        for trace in targets:
+            trace.events.extend(placed)
 
     @contextlib.contextmanager
     def launch(self, name: str, **meta: Any) -> Iterator[Trace]:
