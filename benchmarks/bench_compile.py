@@ -61,6 +61,8 @@ def timed(fn, repeat: int = 1) -> float:
 
 def bench_compile_time() -> None:
     print("== compile time (wall clock, this machine) ==")
+    first = timed(lambda: compile_graph(lambda t: torch.softmax(t * 2, -1), [torch.randn(8, 64).half()]))
+    print(f"first compile in a fresh process (one-time imports, decomposition table, tracer warm-up): {first:.2f} s")
     for label, (d, heads, kv, ff, seq, device) in {
         "small Granite-style layer (d=256, seq 64, real tensors)": (256, 4, 2, 512, 64, "cpu"),
         "Granite-3.3-8B-shaped layer (d=4096, ff=12800, seq 1024, meta tensors)": (4096, 32, 8, 12800, 1024, "meta"),
