@@ -306,6 +306,3 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
 def current_stream_id(device: Any = None) -> int:
     return current_stream(device).stream_id
 
-
-# keep the imported names visible as module attributes of torch.spyre
-_ = (Event, default_stream, set_stream, stream)

@@ -125,7 +125,9 @@ def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
 
 
 # --- device selection and checks ---------------------------------------------------------------
-def _device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict) -> int:
+def _device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict, host_op: bool) -> int:
+    """The card an op runs on. Its spyre operands must share one card; CPU operands are accepted as
+    0-dim scalars, and by host ops (they run on the CPU anyway, e.g. indexing with CPU indices)."""
     indices = {x.device.index for x in leaves if isinstance(x, torch.Tensor) and x.device.type == "spyre"}
     if len(indices) > 1:
         listed = ", ".join(f"spyre:{i}" for i in sorted(indices))
@@ -137,7 +139,7 @@ def _device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict) -> in
         if isinstance(x, torch.Tensor):
             if x.dtype.is_complex:
                 raise TypeError(f"{op}: spyre has no complex dtypes (got {x.dtype}); compute this on the CPU")
-            if x.device.type not in ("spyre", "meta") and x.dim() > 0:
+            if x.device.type not in ("spyre", "meta") and x.dim() > 0 and not host_op:
                 raise SpyreUsageError(
                     f"{op} mixes a {x.device} tensor of shape {tuple(x.shape)} with spyre tensors; move it first "
                     "with .to('spyre') (only 0-dim CPU tensors are accepted as scalars)"
@@ -147,12 +149,13 @@ def _device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict) -> in
     device = kwargs.get("device")
     return _device_index(device if device is not None and torch.device(device).type == "spyre" else None)
 
+
 # --- the one launch function ---------------------------------------------------------------------
 def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU."""
     leaves, spec = tree_flatten((args, kwargs))
-    index = _device_of(op, leaves, kwargs)
     name = packet_name(op)
+    index = _device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
     if name in DEVICE_OPS:
         try:
             program = _eager_program(op, leaves, spec, index, _shape_of_call(args, kwargs))

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from spyre_lab.device.trace import Trace
-from spyre_lab.runtime.jobplan import JobPlan, Operands, RuntimeOptions, launch
+from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch
 from spyre_lab.runtime.streams import Stream
 
 
@@ -199,8 +199,7 @@ def run_program(program: Any, inputs: Sequence[torch.Tensor], *, outputs: Sequen
             if slot not in bound:
                 info = program.buffers[slot]
                 bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
-    plan: JobPlan = launch(loaded, bound, stream=stream, options=options)
-    del plan
+    launch(loaded, bound, stream=stream, options=options)
     results = []
     for read, target in zip(program.outputs, [*outputs, *[None] * len(program.outputs)]):
         value = bound[read.buffer] if read.buffer in direct else read.apply(bound[read.buffer])

@@ -250,16 +250,17 @@ class Stream:
         return event
 
     def __enter__(self) -> Stream:
-        self._previous = current_stream(self.device_index)
+        _ENTERED.append(current_stream(self.device_index))
         set_stream(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        set_stream(self._previous)
+        set_stream(_ENTERED.pop())
 
 
 _STREAMS: dict[tuple[int, int], Stream] = {}
 _CURRENT: dict[int, Stream] = {}
+_ENTERED: list[Stream] = []  # streams made current by `with`, to restore on exit
 
 
 def default_stream(device: Any = None) -> Stream:

@@ -118,6 +118,7 @@ def test_zero_dim_cpu_tensors_act_as_scalars_but_others_are_refused():
     torch.testing.assert_close((x * torch.tensor(2.0, dtype=torch.float16)).cpu(), half(4, 4) * 2)
     with pytest.raises((SpyreUsageError, RuntimeError), match="cpu"):
         x + half(4, 4)
+    assert torch.equal(x[torch.tensor([2, 0])].cpu(), half(4, 4)[[2, 0]])  # host ops take CPU indices
 
 
 def test_cpu_fallback_copies_both_ways_and_warns_once_naming_the_op(fresh_warnings):
