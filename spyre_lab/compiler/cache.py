@@ -59,7 +59,13 @@ def _structure(fn: Callable | fx.GraphModule) -> str:
     if isinstance(fn, fx.GraphModule):
         consts = [f"{n.target}@{id(getattr(fn, n.target, None))}" for n in fn.graph.nodes if n.op == "get_attr"]
         return fn.code + "\n".join(consts)
-    return f"{getattr(fn, '__qualname__', type(fn).__name__)}@{id(fn)}"
+    identity = f"{getattr(fn, '__qualname__', type(fn).__name__)}@{id(fn)}"
+    if isinstance(fn, torch.nn.Module):
+        # a module traced directly has its weights folded in as constants: an in-place update (optimizer
+        # step, load_state_dict) bumps a tensor's version and must not hit a stale program
+        state = ",".join(f"{name}:{id(t)}:{t._version}" for name, t in fn.state_dict(keep_vars=True).items())
+        identity += "|" + state
+    return identity
 
 
 def _lineage(fn: Callable | fx.GraphModule) -> str:

@@ -217,6 +217,8 @@ class _Lowerer:
         self.fallback_ops: list[str] = []
         self.mutations: list[tuple[str, Read]] = []
         self._names = itertools.count()
+        self._constant_names: dict[int, str] = {}
+        self._constant_sources: list[torch.Tensor] = []
 
     # values in env: Read (device value), torch.Tensor (constant), python scalars, or tuples thereof
     def run(self) -> Lowered:
@@ -269,10 +271,15 @@ class _Lowerer:
         raise LoweringError(f"{name} is a {type(value).__name__}, expected a tensor")
 
     def _constant_buffer(self, t: torch.Tensor, hint: str) -> Read:
-        name = f"const_{hint}"
-        if name not in self.buffers:
-            t = t.contiguous()
-            self.constants[name] = t
+        """One constant buffer per constant tensor (the same tensor used twice shares its buffer)."""
+        name = self._constant_names.get(id(t))
+        if name is None:
+            name = f"const_{hint}"
+            while name in self.buffers:
+                name = f"const_{hint}_{next(self._names)}"
+            self._constant_names[id(t)] = name
+            self._constant_sources.append(t)            # keeps id(t) from being reused during lowering
+            self.constants[name] = t.contiguous()
             self.buffers[name] = BufferInfo(name, tuple(t.shape), t.dtype, "constant")
         return self._base_read(name, self.constants[name])
 

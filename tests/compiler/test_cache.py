@@ -66,3 +66,18 @@ def test_dynamic_graphs_still_get_one_static_program_per_shape():
         torch.testing.assert_close(compiled(x), model(x).detach(), atol=1e-2, rtol=1e-2)
     assert cache.stats()["compiles"] == 3 and cache.stats()["hits"] >= 1
     assert "new input shapes [64x64, 64, 40x64]" in explain(compiled)
+
+
+def test_updating_a_modules_weights_in_place_recompiles():
+    cache.clear()
+    model = torch.nn.Linear(64, 16).half()
+    x = torch.randn(4, 64).half()
+    first = compile_graph(model, [x])
+    assert compile_graph(model, [x]) is first
+    with torch.no_grad():
+        model.weight.mul_(2)
+    second = compile_graph(model, [x])
+    assert second is not first
+    from spyre_lab.runtime.executor import execute
+
+    torch.testing.assert_close(execute(second, [x]).outputs[0], model(x).detach(), atol=1e-2, rtol=1e-2)

@@ -141,3 +141,12 @@ def test_meta_inputs_compile_without_data():
                                                                         device="meta"),
                                                              torch.empty(256, 64, dtype=torch.float16, device="meta")])
     assert program.kernels[0].rule == "matmul_epilogue"
+
+
+def test_module_constants_each_get_their_own_buffer():
+    """A module traced directly folds its weights in as constants; weight and bias of one addmm stay apart."""
+    model = torch.nn.Sequential(torch.nn.Linear(80, 48), torch.nn.Linear(48, 48)).half()
+    x = torch.randn(6, 80).half()
+    program, (out,) = run(model, x)
+    assert len(program.constants) == 4 and len({tuple(c.shape) for c in program.constants.values()}) == 3
+    torch.testing.assert_close(out, model(x).detach(), atol=1e-2, rtol=1e-2)
