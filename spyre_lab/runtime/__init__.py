@@ -7,7 +7,9 @@ to switch that off).
 * ``torch.spyre``            device module (device_count, memory_allocated, Stream, Event, synchronize, ...)
 * :func:`last_trace`         the Trace of the last launch (eager op, copy or compiled program)
 * :func:`recording`          ``with recording() as trace:`` every modeled event of a block
+* :func:`last_plan`          the JobPlan submitted last (``last_plan().describe()``)
 * :func:`launch`             run a program through the JobPlan path (program correction, H2D, Compute)
+* :func:`run_program`        launch a compiler ``Program`` on spyre tensors
 
 The public names are loaded on first use so that the autoload inside ``import torch`` stays small.
 """
@@ -24,6 +26,8 @@ _EXPORTS = {
     "RuntimeOptions": "spyre_lab.runtime.jobplan",
     "StepKind": "spyre_lab.runtime.jobplan",
     "launch": "spyre_lab.runtime.jobplan",
+    "last_plan": "spyre_lab.runtime.jobplan",
+    "run_program": "spyre_lab.runtime.programs",
     "plan_launch": "spyre_lab.runtime.jobplan",
     "Event": "spyre_lab.runtime.streams",
     "Stream": "spyre_lab.runtime.streams",

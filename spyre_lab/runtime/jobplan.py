@@ -25,6 +25,7 @@ launched; :class:`ProgramKernel` adapts anything that computes with a plain func
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -92,11 +93,18 @@ class JobPlan:
             lines.append(f"  {i:2d}. {s.kind.value:<11} {s.name} ({s.dur_us:.2f} us modeled{extra})")
         return "\n".join(lines)
 
+    def without_actions(self) -> JobPlan:
+        """The same steps with their actions dropped: a record that keeps no buffers alive."""
+        steps = [dataclasses.replace(s, action=None, on_start=None) for s in self.steps]
+        return JobPlan(self.name, steps, self.nodes)
+
     def submit(self, stream: Stream | None = None, options: RuntimeOptions | None = None) -> None:
         """Enqueue every step in order on ``stream`` and run its action (the numerics)."""
+        global _LAST_PLAN
         stream = current_stream() if stream is None else stream
         options = RuntimeOptions() if options is None else options
         cfg = get_device(stream.device_index).config
+        _LAST_PLAN = self.without_actions()
         if options.dispatch == "rebuild":
             TIMELINE.host_work(f"rebuild graph {self.name}", cfg.host_rebuild_per_node_us * self.nodes,
                                nodes=self.nodes, dispatch="rebuild")
@@ -111,6 +119,14 @@ class JobPlan:
                 step.action()
         if options.dispatch == "rebuild":
             stream.synchronize()
+
+
+_LAST_PLAN: JobPlan | None = None
+
+
+def last_plan() -> JobPlan | None:
+    """The JobPlan submitted last (``print(last_plan().describe())`` lists its steps)."""
+    return _LAST_PLAN
 
 
 def _lane(kind: StepKind, stream: Stream) -> str:

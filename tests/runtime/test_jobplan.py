@@ -70,6 +70,14 @@ def test_patched_addresses_are_the_bound_tensors_and_results_are_right():
     assert image.launches == 2
 
 
+def test_last_plan_describes_what_was_submitted():
+    import spyre_lab.runtime as runtime
+
+    launch(TwoKernelProgram(), _bindings(0))
+    text = runtime.last_plan().describe()
+    assert "add_then_mul" in text and text.count("HostCompute") == 2 and "k1_mul" in text
+
+
 def test_each_kernel_gets_hostcompute_then_h2d_then_compute():
     program = TwoKernelProgram()
     plan = plan_launch(program, _bindings(0))
