@@ -374,8 +374,10 @@ class _Lowerer:
               out_dtype: torch.dtype, op_fn: Callable, dims: dict[str, int], out_axes: tuple[str | None, ...],
               **extra) -> Read:
         out = name
+        while out in self.buffers:                    # "max" -> max_0, max_1 may meet an FX node named max_1
+            out = f"{name}_{next(self._names)}"
         self.buffers[out] = BufferInfo(out, tuple(out_shape), out_dtype, "intermediate")
-        node = cls(name=f"{op}:{name}", op=op, inputs=tuple(r.buffer for r in reads), output=out, dims=dims,
+        node = cls(name=f"{op}:{out}", op=op, inputs=tuple(r.buffer for r in reads), output=out, dims=dims,
                    compute=_compose(reads, op_fn), **extra)
         self.nodes.append(node)
         self.access[node.name] = Access(reads, out_axes, op_fn)
