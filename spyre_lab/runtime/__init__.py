@@ -24,6 +24,7 @@ _EXPORTS = {
     "register": "spyre_lab.runtime.registration",
     "JobPlan": "spyre_lab.runtime.jobplan",
     "RuntimeOptions": "spyre_lab.runtime.jobplan",
+    "set_default_options": "spyre_lab.runtime.jobplan",
     "StepKind": "spyre_lab.runtime.jobplan",
     "launch": "spyre_lab.runtime.jobplan",
     "last_plan": "spyre_lab.runtime.jobplan",

@@ -54,6 +54,24 @@ class RuntimeOptions:
             raise ValueError(f"RuntimeOptions.dispatch must be 'rebuild' or 'aot_patch', got {self.dispatch!r}")
 
 
+_DEFAULT_OPTIONS = RuntimeOptions()
+
+
+def default_options() -> RuntimeOptions:
+    """The options launches use when they are given none (eager ops always use these)."""
+    return _DEFAULT_OPTIONS
+
+
+def set_default_options(options: RuntimeOptions) -> RuntimeOptions:
+    """Switch every later launch, eager or compiled, e.g. to ``RuntimeOptions(dispatch="rebuild")``;
+    returns the previous options so a study can put them back."""
+    global _DEFAULT_OPTIONS
+    if not isinstance(options, RuntimeOptions):
+        raise TypeError(f"expected RuntimeOptions, got {type(options).__name__}")
+    previous, _DEFAULT_OPTIONS = _DEFAULT_OPTIONS, options
+    return previous
+
+
 class StepKind(enum.StrEnum):
     H2D = "H2D"
     D2H = "D2H"
@@ -102,7 +120,7 @@ class JobPlan:
         """Enqueue every step in order on ``stream`` and run its action (the numerics)."""
         global _LAST_PLAN
         stream = current_stream() if stream is None else stream
-        options = RuntimeOptions() if options is None else options
+        options = _DEFAULT_OPTIONS if options is None else options
         cfg = get_device(stream.device_index).config
         _LAST_PLAN = self.without_actions()
         if options.dispatch == "rebuild":
@@ -339,6 +357,6 @@ def launch(program: Any, bindings: Mapping[str, torch.Tensor], *, stream: Stream
     index = first.device.index if first is not None else None
     stream = current_stream(index) if stream is None else stream
     plan = plan_launch(program, bindings, get_device(stream.device_index))
-    with TIMELINE.launch(plan.name, dispatch=(options or RuntimeOptions()).dispatch):
+    with TIMELINE.launch(plan.name, dispatch=(options or _DEFAULT_OPTIONS).dispatch):
         plan.submit(stream, options)
     return plan

@@ -34,7 +34,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.runtime.device_module import _device_index, get_device
 from spyre_lab.runtime.fallback import run_on_host
-from spyre_lab.runtime.jobplan import JobPlan, Operands, ProgramKernel, RuntimeOptions, plan_launch
+from spyre_lab.runtime.jobplan import JobPlan, Operands, ProgramKernel, plan_launch
 from spyre_lab.runtime.op_schema import (
     functional_variant,
     is_view,
@@ -391,7 +391,7 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
     plan: JobPlan = plan_launch(program, bindings, get_device(index))
     with TIMELINE.launch(program.name, eager=True):
-        plan.submit(current_stream(index), RuntimeOptions())
+        plan.submit(current_stream(index))
     results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
     return tree_unflatten(results, out_spec)
 

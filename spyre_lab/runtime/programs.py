@@ -137,7 +137,8 @@ class LoadedProgram:
 
     @property
     def num_nodes(self) -> int:
-        return sum(len(k.kernel.nodes) for k in self.kernels)
+        """Nodes of the execution graph a "rebuild" dispatch reconstructs: the graph's ATen ops."""
+        return getattr(self.program, "aten_ops", 0) or sum(len(k.kernel.nodes) for k in self.kernels)
 
     def constants(self, device_index: int) -> dict[str, torch.Tensor]:
         if device_index not in self.constants_on:

@@ -137,6 +137,20 @@ def test_rebuild_and_aot_patch_give_the_same_numbers_and_different_traces():
     assert not any(r.start_us < c.end_us and c.start_us < r.end_us for r in rebuilds for c in rb_compute)
 
 
+def test_default_options_switch_eager_ops_to_rebuild():
+    from spyre_lab.runtime.jobplan import set_default_options
+
+    x = half(32, 32).to("spyre")
+    previous = set_default_options(RuntimeOptions(dispatch="rebuild"))
+    try:
+        torch.exp(x)
+    finally:
+        set_default_options(previous)
+    assert any(e.name.startswith("rebuild graph") for e in last_trace().on("host"))
+    torch.exp(x)
+    assert not any(e.name.startswith("rebuild graph") for e in last_trace().on("host"))
+
+
 def test_runtime_options_are_validated():
     with pytest.raises(ValueError, match="rebuild"):
         RuntimeOptions(dispatch="fast")
