@@ -438,3 +438,57 @@ def slice_ranges(division: WorkDivision, extents: Mapping[str, int], stick_dims:
             ranges[dim] = (start, stop)
         per_core[core] = ranges
     return per_core
+
+
+# --- fused MLP -----------------------------------------------------------------------------------
+
+def divide_mlp(m: int, i: int, h: int, has_down: bool, dtype: torch.dtype, cfg: SpyreConfig,
+               strategy: str = "planned", k_fast: bool = True, out_cols: int | None = None) -> WorkDivision:
+    """Divide a fused MLP (``x[m,h] @ Wg/Wu[h,i]``, SiLU, mul, optionally ``@ Wd[i,out_cols]``) over the cores.
+
+    Each core owns an I-slice (``N``, in sticks) and a row slice (``M``). ``"planned"`` tries every
+    (I, rows) split on at most ``cfg.cores`` cores and keeps the one with the shortest modeled critical
+    path, the longest of:
+
+    * compute: the core's MACs at the PT rate, derated when it has fewer than 8 rows per pass;
+    * DRAM: the weights once per broadcast group of row-split cores (a group of up to
+      ``cfg.dram_broadcast_cores`` shares one read) plus x once per group of I-split cores;
+    * ring: with a down projection the I-slices are partial sums of the output, and every partner but
+      the last forwards its rows' fp32 partial once down the chain.
+
+    ``"naive"`` splits I alone. Ties go to fewer cores. With a down projection I is the reduced dim
+    (partners adjacent under K-fast placement).
+    """
+    _check_strategy(strategy)
+    for name, v in (("m", m), ("i", i), ("h", h)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"MLP dim {name} must be a positive integer, got {v!r}")
+    eps = cfg.elems_per_stick(dtype)
+    i_sticks = math.ceil(i / eps)
+    item = dtype_bytes(dtype)
+    cols = (out_cols if out_cols is not None else h) if has_down else 0
+    weights = (2 * h * i + i * cols) * item
+    macs = m * i * (2 * h + cols)
+    mac_per_us = cfg.macs_per_cycle_per_core * cfg.clock_hz / 1e6
+    cap = cfg.dram_broadcast_cores
+
+    def critical_path_us(sn: int, sm: int) -> float:
+        rows_eff = min(1.0, m / sm / cfg.pe_rows)
+        compute = macs / (sn * sm) / (mac_per_us * rows_eff)
+        dram = (sm / min(sm, cap) * weights + sn / min(sn, cap) * m * h * item) / cfg.dram_bandwidth * 1e6
+        ring = (m / sm) * cols * 4 / cfg.ring_bytes_per_cycle / cfg.clock_hz * 1e6 if sn > 1 else 0.0
+        return max(compute, dram, ring)
+
+    if strategy == "naive":
+        sn, sm = _largest_divisor_at_most(i_sticks, cfg.cores), 1
+        reason = f"naive: the intermediate dim I alone takes {sn} cores"
+    else:
+        pairs = [(a, b) for a in _divisors(i_sticks) for b in _divisors(m) if a * b <= cfg.cores]
+        sn, sm = min(pairs, key=lambda p: (critical_path_us(*p), p[0] * p[1], -p[0]))
+        reason = (f"MLP: I-slices {sn} x row slices {sm}, the shortest modeled critical path "
+                  f"({critical_path_us(sn, sm):.1f} us) of {len(pairs)} splits: weights are broadcast to the "
+                  f"row-split cores, x to the I-split cores")
+    splits = {"N": sn, "M": sm, "K": 1} if has_down else {"K": 1, "M": sm, "N": sn}
+    red = "N" if has_down else None
+    return WorkDivision(splits, placement(splits, red, k_fast), strategy, reason, None,
+                        ("N",) if has_down else ("K",))

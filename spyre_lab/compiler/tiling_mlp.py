@@ -1,0 +1,215 @@
+"""Fused MLP tile programs: gate, up, SiLU, mul (and the down projection) without leaving LX.
+
+Each core owns a slice of the intermediate dim I (and of the rows). Per row tile, the gate and up
+matmuls of a K chunk share one x tile; SiLU and mul run on the SFU in LX; the down matmul consumes the
+product straight from LX. Only x, the weights and the final output touch DRAM. Weight tiles are DRAM
+broadcasts to the cores that split rows, x tiles to the cores that split I.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from spyre_lab.compiler.ir import IRNode, Pointwise
+from spyre_lab.compiler.scratchpad import LXBuffer
+from spyre_lab.compiler.tiling_common import (
+    ACC_BYTES,
+    Fits,
+    Operand,
+    PartnerInfo,
+    chain_reduce,
+    chunks,
+    halvings,
+    pad_to_sticks,
+    slot_wait,
+)
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.device.isa import CoreProgram, LXOverflowError
+
+
+@dataclass
+class MlpKernel:
+    """``gate = x @ Wg``, ``up = x @ Wu``, pointwise nodes (SiLU, mul) -> ``h``, optionally ``out = h @ Wd``.
+
+    Each core owns a slice of the intermediate dim I (and of the rows): only x, the weights and the final
+    output touch DRAM; gate, up and h live in LX. With a down projection, the I-slices are partial sums
+    of the output, reduced over the ring between I-partners.
+    """
+
+    name: str
+    x: str
+    w_gate: str
+    w_up: str
+    w_down: str | None
+    gate_out: str
+    up_out: str
+    pointwise: list[IRNode]
+    h: str
+    out: str
+    x_item: int
+    w_item: int
+    operands: dict[str, Operand]       # pointwise outputs and the final output, axes "M"/"N"
+    hidden: int                        # H (gate/up K)
+    out_cols: int                      # down N (0 without down)
+    shares: dict[str, int] = field(default_factory=dict)  # buffer -> cores loading its tiles at once
+
+
+def mlp_lx_buffers(mk: MlpKernel, tm: int, ti: int, th: int, to: int, cfg: SpyreConfig, double_buffer: bool,
+                   reduce: bool, whole_slice: bool) -> list[LXBuffer]:
+    """Steady-state buffers of one row tile (all live together).
+
+    ``whole_slice``: one I tile covers the core's whole I-slice, so x streams in K chunks beside the weights
+    and the down projection finishes one output-column chunk at a time (reduce, store, next chunk).
+    Otherwise x stays resident for the row tile and the output accumulates over I chunks in a full-width
+    fp32 tile.
+    """
+    copies = 2 if double_buffer else 1
+    sb = cfg.stick_bytes
+    h_pad = pad_to_sticks(mk.hidden, sb // mk.x_item)
+    ext = {"B": 1, "M": tm, "N": ti}
+    x_cols = th if whole_slice else h_pad
+    bufs = [LXBuffer(f"{mk.x}[{c}]", tm * x_cols * mk.x_item, 0, 1) for c in range(copies)]
+    for w in (mk.w_gate, mk.w_up):
+        bufs += [LXBuffer(f"{w}[{c}]", th * ti * mk.w_item, 0, 1) for c in range(copies)]
+    bufs += [LXBuffer(mk.gate_out, tm * ti * ACC_BYTES, 0, 1), LXBuffer(mk.up_out, tm * ti * ACC_BYTES, 0, 1)]
+    bufs += [LXBuffer(n.output, mk.operands[n.output].tile_bytes(ext, sb), 0, 1) for n in mk.pointwise]
+    if mk.w_down is None:
+        bufs.append(LXBuffer(f"{mk.h}[1]", mk.operands[mk.h].tile_bytes(ext, sb), 0, 1))
+        return bufs
+    out_cols = to if whole_slice else pad_to_sticks(mk.out_cols, sb // mk.w_item)
+    bufs += [LXBuffer(f"{mk.w_down}[{c}]", ti * to * mk.w_item, 0, 1) for c in range(copies)]
+    bufs += [LXBuffer(f"out_acc[{c}]", tm * out_cols * ACC_BYTES, 0, 1) for c in range(2)]
+    if reduce:
+        bufs.append(LXBuffer("psum_in", tm * out_cols * ACC_BYTES, 0, 1))
+    return bufs
+
+
+def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_buffer: bool, reduce: bool,
+                     fits: Fits) -> tuple[int, int, int, int]:
+    """(tm, ti, th, to): the weights are re-read once per row tile, so the fewest row tiles win, then fewer ops."""
+    eps = cfg.stick_bytes // mk.w_item
+    i_pad, h_pad = pad_to_sticks(ic, eps), pad_to_sticks(mk.hidden, eps)
+    o_pad = pad_to_sticks(mk.out_cols, eps) if mk.w_down else eps
+    ranked = []
+    for tm in halvings(mc, 1, 1):
+        for ti in halvings(i_pad, eps, eps):
+            for th in halvings(h_pad, eps, eps):
+                for to in halvings(o_pad, eps, eps):
+                    it, ht, ot = math.ceil(i_pad / ti), math.ceil(h_pad / th), math.ceil(o_pad / to)
+                    ops = math.ceil(mc / tm) * it * (ht * 4 + (ot * 2 if mk.w_down else 1))
+                    ranked.append((math.ceil(mc / tm), ops, tm, ti, th, to))
+    ranked.sort()
+    for *_, tm, ti, th, to in ranked:
+        if fits(mlp_lx_buffers(mk, tm, ti, th, to, cfg, double_buffer, reduce, ti >= i_pad)):
+            return tm, ti, th, to
+    need = sum(b.size for b in mlp_lx_buffers(mk, 1, eps, eps, eps, cfg, double_buffer, reduce, eps >= i_pad))
+    raise LXOverflowError(mk.name, 0, need, 0, cfg.lx_budget_bytes)
+
+
+def emit_mlp(mk: MlpKernel, mc: int, ic: int, tiles: tuple[int, int, int, int], cfg: SpyreConfig,
+             double_buffer: bool, partner_info: PartnerInfo | None) -> CoreProgram:
+    """One core's fused MLP, row tile by row tile.
+
+    The gate and up matmuls of a K chunk share one x tile; SiLU and mul run on the SFU in LX; the down
+    matmul consumes the product straight from LX. When one I tile covers the core's I-slice, x streams
+    with the weights and the output is finished (ring-reduced between I-partners, stored) one column
+    chunk at a time; otherwise x stays resident and the output accumulates over I chunks.
+    """
+    p = CoreProgram()
+    sb = cfg.stick_bytes
+    tm, ti, th, to = tiles
+    eps = sb // mk.w_item
+    h_pad = pad_to_sticks(mk.hidden, sb // mk.x_item)
+    o_pad = pad_to_sticks(mk.out_cols, eps)
+    i_pad = pad_to_sticks(ic, eps)
+    whole_slice = ti >= i_pad
+    i_tiles, h_tiles, o_tiles = chunks(i_pad, ti), chunks(h_pad, th), chunks(o_pad, to)
+    share_x, share_w = mk.shares.get(mk.x, 1), mk.shares.get(mk.w_gate, 1)
+    gap = 2 if double_buffer else 1
+    steps: list[int] = []          # last op of every weight step (for the double-buffer slots)
+    row_done: list[int] = []
+    out_done: list[int] = []       # last op of every finished output tile (for the out_acc slots)
+    rank = partner_info[0] if partner_info else 0
+
+    def finish_output(acc: int, last: int, rm: int, cols: int, label: str) -> int:
+        if partner_info is not None:
+            last = chain_reduce(p, partner_info, rm * cols * ACC_BYTES, rm * cols, acc, last,
+                                f"{mk.name}:psum:{label}", cfg.cores, "add")
+        if rank == 0:
+            nbytes = rm * cols * mk.operands[mk.out].itemsize
+            last = p.store(nbytes, deps=sorted({last, acc}), name=f"store {mk.out} {label}")
+        out_done.append(last)
+        return last
+
+    for mi, row0 in enumerate(range(0, mc, tm)):
+        rm = min(tm, mc - row0)
+        x_op = None
+        if not whole_slice:
+            wait = [row_done[mi - gap]] if mi >= gap else []
+            x_op = p.load(f"{mk.x}[{mi % 2 if double_buffer else 0}]", rm * h_pad * mk.x_item, deps=wait,
+                          name=f"load {mk.x} m{mi}", share=share_x)
+        acc = acc_prev = None
+        last = -1
+        for ii, ri in enumerate(i_tiles):
+            g = u = g_prev = u_prev = None
+            for hi, rh in enumerate(h_tiles):
+                slot, w_wait = slot_wait(steps, double_buffer)
+                nbytes = rh * ri * mk.w_item
+                xk = x_op
+                if whole_slice:
+                    xk = p.load(f"{mk.x}[{slot}]", rm * rh * mk.x_item, deps=w_wait, name=f"load {mk.x} m{mi} h{hi}",
+                                share=share_x)
+                lg = p.load(f"{mk.w_gate}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_gate} i{ii} h{hi}",
+                            share=share_w)
+                lu = p.load(f"{mk.w_up}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_up} i{ii} h{hi}",
+                            share=share_w)
+                if g is None:
+                    g = g_prev = p.matmul(mk.gate_out, rm, ri, rh, deps=[xk, lg], out_bytes=rm * ri * ACC_BYTES,
+                                          name=f"gate m{mi} i{ii} h{hi}")
+                    u = u_prev = p.matmul(mk.up_out, rm, ri, rh, deps=[xk, lu], out_bytes=rm * ri * ACC_BYTES,
+                                          name=f"up m{mi} i{ii} h{hi}")
+                else:
+                    g_prev = p.matmul(None, rm, ri, rh, deps=[xk, lg, g, g_prev], out_bytes=0,
+                                      name=f"gate m{mi} i{ii} h{hi} (accumulate)")
+                    u_prev = p.matmul(None, rm, ri, rh, deps=[xk, lu, u, u_prev], out_bytes=0,
+                                      name=f"up m{mi} i{ii} h{hi} (accumulate)")
+                steps.append(u_prev)
+            produced = {mk.gate_out: g_prev, mk.up_out: u_prev}
+            owners = {mk.gate_out: g, mk.up_out: u}
+            ext = {"B": 1, "M": rm, "N": ri}
+            for n in mk.pointwise:
+                deps = sorted({produced[b] for b in n.inputs if b in produced} |
+                              {owners[b] for b in n.inputs if b in owners})
+                emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
+                op = emit(n.output, rm * ri, deps=deps, out_bytes=mk.operands[n.output].tile_bytes(ext, sb),
+                          name=f"{n.op} m{mi} i{ii}")
+                produced[n.output] = owners[n.output] = op
+            if mk.w_down is None:
+                last = p.store(mk.operands[mk.h].tile_bytes(ext, sb), deps=[produced[mk.h]],
+                               name=f"store {mk.h} m{mi} i{ii}")
+                continue
+            for oi, ro in enumerate(o_tiles):
+                slot, w_wait = slot_wait(steps, double_buffer)
+                ld = p.load(f"{mk.w_down}[{slot}]", ri * ro * mk.w_item, deps=w_wait,
+                            name=f"load {mk.w_down} i{ii} o{oi}", share=share_w)
+                if whole_slice:
+                    t = len(out_done)
+                    acc_wait = [out_done[t - 2]] if t >= 2 else []
+                    acc = p.matmul(f"out_acc[{t % 2}]", rm, ro, ri, deps=[ld, produced[mk.h], *acc_wait],
+                                   out_bytes=rm * ro * ACC_BYTES, name=f"down m{mi} o{oi}")
+                    steps.append(acc)
+                    last = finish_output(acc, acc, rm, ro, f"m{mi}o{oi}")
+                    continue
+                if acc is None:
+                    acc = acc_prev = p.matmul(f"out_acc[{mi % 2}]", rm, ro, ri, deps=[ld, produced[mk.h]],
+                                              out_bytes=rm * o_pad * ACC_BYTES, name=f"down m{mi} i{ii} o{oi}")
+                else:
+                    acc_prev = p.matmul(None, rm, ro, ri, deps=[ld, produced[mk.h], acc, acc_prev],
+                                        out_bytes=0, name=f"down m{mi} i{ii} o{oi} (accumulate)")
+                steps.append(acc_prev)
+                last = acc_prev
+        if mk.w_down is not None and not whole_slice and acc is not None and acc_prev is not None:
+            last = finish_output(acc, acc_prev, rm, o_pad, f"m{mi}")
+        row_done.append(last)
+    return p

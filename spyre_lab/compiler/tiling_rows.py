@@ -1,0 +1,199 @@
+"""Row-tile programs for pointwise, reduction, softmax, norm and restickify kernels.
+
+A core's slice is cut into tiles that keep every reduced dim (and the innermost dim) whole, so a
+fused chain such as max -> sub -> exp -> sum -> div runs on one tile entirely in LX: load the
+streamed inputs, run every node on the SFU, store the outputs. Inputs with no row dims (a bias row,
+a norm weight) are loaded once per core and stay resident. Loads of bytes several cores need at the
+same step are DRAM broadcasts (``shares``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from spyre_lab.compiler.ir import IRNode, Pointwise, Reduction
+from spyre_lab.compiler.scratchpad import LXBuffer
+from spyre_lab.compiler.tiling_common import (
+    COMBINE_OP,
+    IN_PLACE_OPS,
+    PIPELINE_TILES,
+    Fits,
+    Operand,
+    PartnerInfo,
+    chain_reduce,
+    pad_to_sticks,
+    renamed,
+    slot_wait,
+    tile_grid,
+)
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.device.isa import CoreProgram, LXOverflowError
+
+
+@dataclass
+class RowKernel:
+    """What the row-tile emitter needs to know about a non-matmul kernel."""
+
+    name: str
+    nodes: list[IRNode]
+    dims: dict[str, int]                # anchor iteration space
+    col_dims: tuple[str, ...]           # kept whole in every tile (reduced dims + the innermost dim)
+    operands: dict[str, Operand]        # every buffer the kernel touches, in anchor dims
+    inputs: list[str]
+    outputs: list[str]
+    copy_only: bool = False             # restickify: load and store, no compute
+    reduced: frozenset[str] = frozenset()  # anchor dims some node reduces (never cut inside a tile)
+    split_reduction: bool = False       # a reduced dim is split across cores: partials meet over the ring
+    inner_whole: bool = True            # tiles span the whole innermost dim (row_tile_shape may cut it)
+    shares: dict[str, int] = field(default_factory=dict)  # input -> cores loading its tiles at once
+
+    def resident(self) -> list[str]:
+        """Inputs with no row dims (a bias row, a scalar): loaded once per core and kept in LX."""
+        if not self.inner_whole:
+            return []
+        return [b for b in self.inputs if not (self.operands[b].dims - set(self.col_dims))]
+
+
+def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
+    """(node, out buffer, in place?) in order; in place when the op allows it and its first input dies here."""
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(k.nodes):
+        for b in n.inputs:
+            last_use[b] = i
+    plan = []
+    resident = set(k.resident())
+    for i, n in enumerate(k.nodes):
+        first = n.inputs[0] if n.inputs else None
+        in_place = (isinstance(n, Pointwise) and n.op in IN_PLACE_OPS and first is not None
+                    and last_use.get(first) == i and first not in k.outputs and first not in resident
+                    and k.operands[first].shape == k.operands[n.output].shape
+                    and k.operands[first].itemsize == k.operands[n.output].itemsize)
+        plan.append((n, n.output, in_place))
+    return plan
+
+
+def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool) -> list[LXBuffer]:
+    """LX buffers of one tile period: loads at step 0, node ``i`` at step ``i + 1``, stores at the last step."""
+    steps = len(k.nodes) + 1
+    sb = cfg.stick_bytes
+    copies = 2 if double_buffer else 1
+    bufs: list[LXBuffer] = []
+    last_use: dict[str, int] = {}
+    for i, n in enumerate(k.nodes):
+        for b in n.inputs:
+            last_use[b] = i + 1
+    for b in k.outputs:
+        last_use[b] = steps
+    resident = set(k.resident())
+    for b in k.inputs:
+        size = k.operands[b].tile_bytes(tile, sb)
+        if b in resident:
+            bufs.append(LXBuffer(b, size, 0, steps))
+            continue
+        end = steps if k.copy_only else last_use.get(b, 0)
+        bufs.append(LXBuffer(f"{b}[0]", size, 0, end))
+        bufs.extend(LXBuffer(f"{b}[{c}]", size, 0, steps) for c in range(1, copies))
+    slot_of = {b: f"{b}[0]" for b in k.inputs if b not in resident}
+    for i, (n, out, in_place) in enumerate(_row_tile_ops(k)):
+        size = k.operands[out].tile_bytes(tile, sb)
+        parent = slot_of.get(n.inputs[0]) if in_place else None
+        name = f"{out}[0]"
+        bufs.append(LXBuffer(name, size, i + 1, max(i + 1, last_use.get(out, i + 1)), parent))
+        slot_of[out] = name
+        if k.split_reduction and isinstance(n, Reduction):
+            bufs.append(LXBuffer("psum_in", size, i + 1, i + 1))
+        if out in k.outputs:
+            bufs.extend(LXBuffer(f"{out}[{c}]", size, 0, steps) for c in range(1, copies))
+    return bufs
+
+
+def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool,
+                   fits: Fits) -> dict[str, int]:
+    """The biggest tile of a core's slice that ``fits`` LX: whole col dims, rows halved from the outermost
+    row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks. A slice with
+    rows to spare is still cut into at least ``PIPELINE_TILES`` tiles, so one tile's load, SFU work and
+    store overlap its neighbours' instead of running back to back."""
+    tile = dict(extent)
+    rows = [d for d in k.dims if d not in k.col_dims]
+    while not fits(row_lx_buffers(k, tile, cfg, double_buffer)):
+        shrinkable = [d for d in rows if tile[d] > 1]
+        if shrinkable:
+            d = shrinkable[0]
+            tile[d] = math.ceil(tile[d] / 2)
+            continue
+        inner = list(k.dims)[-1]
+        eps = cfg.stick_bytes // max(op.itemsize for op in k.operands.values())
+        if inner not in k.reduced and tile[inner] > eps:
+            tile[inner] = math.ceil(math.ceil(tile[inner] / eps) / 2) * eps
+            k.inner_whole = False
+            continue
+        need = sum(b.size for b in row_lx_buffers(k, tile, cfg, double_buffer))
+        raise LXOverflowError(k.name, 0, need, 0, cfg.lx_budget_bytes)
+    while math.prod(math.ceil(extent[d] / tile[d]) for d in rows) < PIPELINE_TILES:
+        shrinkable = [d for d in rows if tile[d] > 1]
+        if not shrinkable:
+            break
+        tile[shrinkable[0]] = math.ceil(tile[shrinkable[0]] / 2)
+    return tile
+
+
+def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], cfg: SpyreConfig,
+              double_buffer: bool, partner_info: PartnerInfo | None = None) -> CoreProgram:
+    """One core's program: per tile, load the streamed inputs, run every node on the SFU, store the outputs.
+
+    ``partner_info`` = (rank, partner cores, this core) when a reduced dim is split across cores.
+    """
+    shares = k.shares
+    p = CoreProgram()
+    sb = cfg.stick_bytes
+    inner = list(k.dims)[-1]
+    ops = _row_tile_ops(k)
+    resident = k.resident()
+    res_op = {b: p.load(b, k.operands[b].tile_bytes(tile, sb), name=f"load {b} (once)", share=shares.get(b, 1))
+              for b in resident}
+    tile_done: list[int] = []
+    for t, te in enumerate(tile_grid(extent, tile)):
+        slot, wait = slot_wait(tile_done, double_buffer)
+        produced: dict[str, int] = dict(res_op)
+        owner: dict[str, int] = dict(res_op)
+        for b in k.inputs:
+            if b not in res_op:
+                op = p.load(f"{b}[{slot}]", k.operands[b].tile_bytes(te, sb), deps=wait, name=f"load {b} t{t}",
+                            share=shares.get(b, 1))
+                produced[b] = owner[b] = op
+        last = None
+        for n, out, in_place in ops:
+            ax = {d: (pad_to_sticks(te[d], sb // k.operands[out].itemsize) if d == inner else te[d])
+                  for d in k.dims}
+            elements = math.prod(ax[d] for d in k.dims if d in _node_dims(n, k))
+            deps = sorted({produced[b] for b in n.inputs if b in produced} | {owner[b] for b in n.inputs if b in owner})
+            emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
+            size = k.operands[out].tile_bytes(te, sb)
+            if in_place:
+                op = emit(None, elements, deps=deps, out_bytes=0, name=f"{n.op} t{t} (in place)")
+                owner[out] = owner[n.inputs[0]]
+            else:
+                op = emit(f"{out}[{slot if out in k.outputs else 0}]", elements, deps=deps, out_bytes=size,
+                          name=f"{n.op} t{t}")
+                owner[out] = op
+            produced[out] = op
+            last = op
+            if partner_info is not None and isinstance(n, Reduction):
+                last = produced[out] = chain_reduce(p, partner_info, size, size // k.operands[out].itemsize,
+                                                    owner[out], op, f"{k.name}:{out}:t{t}", cfg.cores,
+                                                    COMBINE_OP.get(n.op, "add"))
+        stores = []
+        for b in k.outputs:
+            src = b if b in produced else (k.inputs[0] if k.copy_only else None)
+            if src is None or (partner_info is not None and partner_info[0] != 0):
+                continue
+            stores.append(p.store(k.operands[b].tile_bytes(te, sb), deps=sorted({produced[src], owner[src]}),
+                                  name=f"store {b} t{t}"))
+        tile_done.append(stores[-1] if stores else (last if last is not None else len(p) - 1))
+    return p
+
+
+def _node_dims(n: IRNode, k: RowKernel) -> set[str]:
+    return set(renamed(n, list(k.dims)).values())
