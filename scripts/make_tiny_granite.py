@@ -4,7 +4,7 @@
 
 The text is generated here (counting, one-digit sums, letter runs, a few facts), so the model's
 greedy completions are checkable by eye: "count from 5 to 12:" -> " 5 6 7 8 9 10 11 12".
-Everything is seeded; on 2 CPU threads training takes a couple of minutes. Training uses the
+Everything is seeded; on one CPU thread training takes a few minutes. Training uses the
 Hugging Face implementation (a reference we did not write), and the result is saved with
 `save_pretrained`, so the shipped folder is an ordinary Hugging Face checkpoint plus our
 character-level tokenizer.json. Needs the `dev` extra (transformers).
@@ -123,10 +123,10 @@ def train(steps: int, batch_size: int, seed: int, threads: int) -> tuple[Granite
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=1200)
+    parser.add_argument("--steps", type=int, default=1600)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     model, tokenizer = train(args.steps, args.batch_size, args.seed, args.threads)

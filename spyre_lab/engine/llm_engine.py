@@ -241,11 +241,10 @@ class LLMEngine:
 
     def warmup(self, show_progress: bool = True) -> None:
         """Run every shape bucket once (static-shape platforms); a no-op with dynamic shapes."""
-        for (kind, size), host_ms in self.runner.warmup(show_progress):
+        for (kind, size), host_ms, device_ms in self.runner.warmup(show_progress):
             self.stats.steps.append(StepStats(
                 len(self.stats.steps), f"warmup-{kind}", 0, size if kind == "decode" else None,
-                size if kind == "prefill" else None, 0, size, host_ms,
-                self.platform.modeled_device_ms(kind, size, 1 if kind == "prefill" else size),
+                size if kind == "prefill" else None, 0, size, host_ms, device_ms,
                 self.block_manager.num_used_blocks, self.platform.dispatch_mode,
             ))
 

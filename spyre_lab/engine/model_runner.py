@@ -173,16 +173,17 @@ class ModelRunner:
                 "the compile). Call LLM.warmup() first to prepare every bucket.", *model_input.bucket
             )
             self.warmed_buckets.add(model_input.bucket)
-        logits = self.execute(model_input)
-        token_ids = self.sampler(logits, seqs)
-        self.platform.synchronize()
+        kind = "prefill" if is_prefill else "decode"
         num_fed = model_input.input_ids.numel()
+        with self.platform.device_timer(kind, num_fed, len(seqs)) as device_time:
+            logits = self.execute(model_input)
+            token_ids = self.sampler(logits, seqs)
+            self.platform.synchronize()
         num_real = sum(len(s) - s.num_computed_tokens for s in seqs) if is_prefill else len(seqs)
         return StepResult(
             token_ids=token_ids,
             host_ms=(time.perf_counter() - start) * 1e3,
-            device_ms_modeled=self.platform.modeled_device_ms("prefill" if is_prefill else "decode", num_fed,
-                                                              len(seqs)),
+            device_ms_modeled=device_time.modeled_ms,
             num_tokens=num_real,
             padded_tokens=num_fed - num_real,
             bucket=model_input.bucket,
@@ -191,8 +192,10 @@ class ModelRunner:
 
     # ---- warmup ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def warmup(self, show_progress: bool = True) -> list[tuple[tuple[str, int], float]]:
-        """Run every prefill and decode bucket once on dummy data (written only to the scratch block)."""
+    def warmup(self, show_progress: bool = True) -> list[tuple[tuple[str, int], float, float | None]]:
+        """Run every prefill and decode bucket once on dummy data (written only to the scratch block).
+
+        Returns (bucket, host ms measured, device ms modeled) per bucket."""
         if not self.platform.static_shapes:
             return []
         buckets = [("prefill", b) for b in self.platform.prefill_buckets]
@@ -200,24 +203,28 @@ class ModelRunner:
         timings = []
         for bucket in tqdm(buckets, desc="warmup", disable=not show_progress):
             start = time.perf_counter()
-            self.execute(self._dummy_input(*bucket))
-            self.platform.synchronize()
+            kind, size = bucket
+            with self.platform.device_timer(kind, size, 1 if kind == "prefill" else size) as device_time:
+                self.execute(self._dummy_input(kind, size))
+                self.platform.synchronize()
             self.warmed_buckets.add(bucket)
-            timings.append((bucket, (time.perf_counter() - start) * 1e3))
+            timings.append((bucket, (time.perf_counter() - start) * 1e3, device_time.modeled_ms))
         return timings
 
     def _dummy_input(self, kind: str, size: int) -> ModelInput:
-        num_tokens, batch = (size, 1) if kind == "prefill" else (size, size)
-        query_len = size if kind == "prefill" else 1
-        positions = torch.arange(query_len).repeat(batch) if kind == "prefill" else torch.zeros(batch, dtype=torch.long)
-        meta = AttentionMetadata(
-            slot_mapping=torch.full((num_tokens,), self.scratch_block * self.block_size, device=self.device),
-            block_tables=torch.full((batch, self.max_blocks_per_seq), self.scratch_block, device=self.device),
-            query_index=torch.arange(num_tokens, device=self.device).view(batch, query_len),
-            query_positions=positions.view(batch, query_len).to(self.device),
-            token_seq=torch.arange(num_tokens, device=self.device) // query_len,
-            token_offset=torch.arange(num_tokens, device=self.device) % query_len,
+        """A full bucket of padding: every token writes the scratch block and reads only it."""
+        batch, query_len = (1, size) if kind == "prefill" else (size, 1)
+        flat = torch.arange(size)
+        positions = flat % query_len
+        return self._to_input(
+            input_ids=[0] * size,
+            positions=positions,
+            slots=[self.scratch_block * self.block_size] * size,
+            tables=[[self.scratch_block] * self.max_blocks_per_seq] * batch,
+            query_index=flat.view(batch, query_len),
+            query_positions=positions.view(batch, query_len),
+            token_seq=flat // query_len,
+            token_offset=positions,
+            ends=torch.tensor([size - 1]) if kind == "prefill" else flat,
+            bucket=(kind, size),
         )
-        ends = torch.tensor([num_tokens - 1]) if kind == "prefill" else torch.arange(batch)
-        return ModelInput(torch.zeros(num_tokens, dtype=torch.long, device=self.device), positions.to(self.device),
-                          meta, ends.to(self.device), (kind, size))

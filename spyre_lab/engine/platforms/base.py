@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -44,6 +45,13 @@ def default_batch_buckets(max_num_seqs: int) -> tuple[int, ...]:
         size *= 2
     buckets.append(max_num_seqs)
     return tuple(buckets)
+
+
+@dataclass
+class DeviceTime:
+    """Modeled device time of one step, filled in by the platform; None = no device model."""
+
+    modeled_ms: float | None = None
 
 
 class Platform:
@@ -84,6 +92,12 @@ class Platform:
     def modeled_device_ms(self, kind: str, num_tokens: int, batch: int) -> float | None:
         """Modeled device time of one model step, or None when the platform has no device model."""
         return None
+
+    @contextlib.contextmanager
+    def device_timer(self, kind: str, num_tokens: int, batch: int) -> Iterator[DeviceTime]:
+        """Wraps one model step. The default asks `modeled_device_ms`; a platform with a simulator
+        can instead record the step's modeled events and set `modeled_ms` when the block ends."""
+        yield DeviceTime(self.modeled_device_ms(kind, num_tokens, batch))
 
     def synchronize(self) -> None:
         """Wait for queued device work (nothing to wait for on a synchronous platform)."""
