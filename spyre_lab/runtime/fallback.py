@@ -17,11 +17,12 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.runtime.device_module import get_device
 from spyre_lab.runtime.jobplan import dma_us
 from spyre_lab.runtime.op_schema import to_cpu_kwargs, written_leaves
-from spyre_lab.runtime.ops_special import resize
-from spyre_lab.runtime.streams import PCIE_LANE, TIMELINE, current_stream, device_lane
+from spyre_lab.runtime.ops_special import pcie_lane, resize
+from spyre_lab.runtime.streams import TIMELINE, current_stream
 from spyre_lab.runtime.tensor import device_nbytes, from_host, host_view, write_into
 
 # estimates (documented nowhere): one host core doing the CPU fallback's work.
+# estimates (measured nowhere): one host core doing a fallback's work, plus its dispatch cost.
 HOST_FALLBACK_FLOPS = 20e9
 HOST_FALLBACK_BYTES_PER_S = 10e9
 HOST_FALLBACK_DISPATCH_US = 5.0
@@ -30,6 +31,8 @@ _warned_ops: set[str] = set()
 
 
 def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int, warn: bool) -> Any:
+    """Run ``op`` (its flattened call ``leaves``/``spec``) on the CPU for card ``index``; results come
+    back as spyre tensors, written-in-place arguments are updated on the card."""
     name = f"aten::{op.overloadpacket.__name__}"
     if warn and name not in _warned_ops:
         _warned_ops.add(name)
@@ -78,10 +81,6 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
             write_into(leaves[i], host[i])
             _h2d(stream, leaves[i], name)
     return tree_unflatten(results, out_spec)
-
-
-def pcie_lane(index: int) -> str:
-    return device_lane(PCIE_LANE, index)
 
 
 def _h2d(stream: Any, t: torch.Tensor, name: str) -> None:

@@ -90,9 +90,10 @@ _TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "e
                              "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
 _MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "dot", "mv"})
 
-# estimates (documented nowhere): one host core doing the CPU fallback's work.
+
 class SpyreInferenceOnlyError(RuntimeError):
     """Raised when autograd tries to run a backward pass through spyre tensors."""
+
 
 # --- entry point --------------------------------------------------------------------------------
 def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
