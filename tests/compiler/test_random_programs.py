@@ -58,16 +58,21 @@ def build(steps):
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(steps=st.lists(step, min_size=1, max_size=6), rows=st.integers(1, 70), cols=st.integers(2, 150),
        seed=st.integers(0, 2**16), fusion=st.sets(st.sampled_from(FUSION_RULES)),
-       division=st.sampled_from(["planned", "naive"]))
-def test_random_chain_matches_eager(steps, rows, cols, seed, fusion, division):
+       division=st.sampled_from(["planned", "naive"]), weight_is_constant=st.booleans())
+def test_random_chain_matches_eager(steps, rows, cols, seed, fusion, division, weight_is_constant):
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, cols, generator=g).half()
     y = torch.randn(rows, cols, generator=g).half()
     w = torch.randn(cols, cols, generator=g).half()
     fn = build(steps)
-    program = compile_graph(fn, [x, y, w], CompileOptions(fusion=frozenset(fusion), work_division=division))
+    options = CompileOptions(fusion=frozenset(fusion), work_division=division)
+    if weight_is_constant:                       # captured tensors become compile-time constants
+        program = compile_graph(lambda a, b: fn(a, b, w), [x, y], options)
+        out = execute(program, [x, y]).outputs[0]
+    else:
+        program = compile_graph(fn, [x, y, w], options)
+        out = execute(program, [x, y, w]).outputs[0]
     assert not program.fallback_ops
-    out = execute(program, [x, y, w]).outputs[0]
     ref = fn(x.float(), y.float(), w.float())
     scale = max(1.0, ref.abs().max().item())
     torch.testing.assert_close(out.float(), ref, atol=3e-2 * scale, rtol=3e-2)
