@@ -57,7 +57,8 @@ def _shapes(signature: str) -> str:
 def _structure(fn: Callable | fx.GraphModule) -> str:
     """Graph code for FX graphs (identity of their constant tensors included), object identity otherwise."""
     if isinstance(fn, fx.GraphModule):
-        consts = [f"{n.target}@{id(getattr(fn, n.target, None))}" for n in fn.graph.nodes if n.op == "get_attr"]
+        consts = [f"{n.target}@{id(t)}:{getattr(t, '_version', 0)}" for n in fn.graph.nodes if n.op == "get_attr"
+                  for t in [getattr(fn, n.target, None)]]
         return fn.code + "\n".join(consts)
     identity = f"{getattr(fn, '__qualname__', type(fn).__name__)}@{id(fn)}"
     if isinstance(fn, torch.nn.Module):
