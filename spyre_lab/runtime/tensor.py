@@ -71,7 +71,7 @@ def warn_if_narrowed(dtype: torch.dtype) -> None:
 class DeviceBuffer:
     """The payload of one spyre storage: its DRAM allocation and its stickified contents."""
 
-    __slots__ = ("__weakref__", "_host", "allocation", "data", "device", "generation", "host_dtype", "layout",
+    __slots__ = ("__weakref__", "_data", "_host", "allocation", "device", "generation", "host_dtype", "layout",
                  "numel")
 
     def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int]) -> None:
@@ -81,10 +81,16 @@ class DeviceBuffer:
         self.layout = _layout(tuple(shape), storage_dtype(host_dtype), device.config.stick_bytes)
         self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=f"{host_dtype} {tuple(shape)}")
         self.generation = device.generation
-        # like torch.empty: contents undefined until written (every copy-in overwrites all of it)
-        self.data = torch.empty(self.layout.device_size, dtype=self.layout.device_dtype)
+        self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
         self._host: torch.Tensor | None = None
         device.register_buffer(self.allocation.address, self)
+
+    @property
+    def data(self) -> torch.Tensor:
+        """The stickified contents (device size and dtype); a buffer never written reads as zeros."""
+        if self._data is None:
+            self._data = torch.zeros(self.layout.device_size, dtype=self.layout.device_dtype)
+        return self._data
 
     @property
     def address(self) -> int:
@@ -113,7 +119,7 @@ class DeviceBuffer:
         """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements): stickify it in."""
         self.check_valid()
         staged = flat.reshape(self.layout.host_shape).to(self.layout.dtype)
-        self.data = stickify(staged, self.layout)
+        self._data = stickify(staged, self.layout)
         self._host = None
 
     def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
