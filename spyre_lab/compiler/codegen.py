@@ -266,10 +266,7 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     x = gate.inputs[0]
     dtype = buffers[x].dtype
     sizes = {"B": 1, "M": gate.m, "N": gate.n, "K": gate.k}
-    division = divide_mlp(gate.m, gate.n, gate.k, down is not None, dtype, cfg, options.work_division,
-                          options.k_fast_placement, down.n if down is not None else None)
     eps = cfg.elems_per_stick(dtype)
-    slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
     out = down.output if down is not None else h
     out_cols = down.n if down is not None else 0
     operands: dict[str, Operand] = {}
@@ -284,8 +281,20 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
         operands[w] = _out_operand(w, buffers, sizes, ("K", "N"))
     w_item = _itemsize(buffers[gate.inputs[1]])
     mk = MlpKernel(kernel.name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
-                   up.output, pointwise, h, out, _itemsize(buffers[x]), w_item, operands, gate.k, out_cols,
-                   {b: share_group(operands[b].dims, division.splits) for b in kernel.inputs})
+                   up.output, pointwise, h, out, _itemsize(buffers[x]), w_item, operands, gate.k, out_cols)
+    fits = _fits(cfg, options, kernel.name)
+
+    def row_tiles(i_split: int, row_split: int) -> int:
+        """Row tiles per core under an (I, rows) split: each one re-reads the core's weight slice."""
+        rows, i_cols = gate.m // row_split, -(-gate.n // eps) // i_split * eps
+        reduce = down is not None and i_split > 1
+        tm = choose_mlp_tiles(mk, rows, i_cols, cfg, options.double_buffer, reduce, fits)[0]
+        return -(-rows // tm)
+
+    division = divide_mlp(gate.m, gate.n, gate.k, down is not None, dtype, cfg, options.work_division,
+                          options.k_fast_placement, down.n if down is not None else None, row_tiles)
+    slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
+    mk.shares = {b: share_group(operands[b].dims, division.splits) for b in kernel.inputs}
     busy = [c for c, s in enumerate(slices) if s]
     ext = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()}
     reduce = down is not None and division.split_reduction_dim is not None

@@ -87,23 +87,29 @@ def mlp_lx_buffers(mk: MlpKernel, tm: int, ti: int, th: int, to: int, cfg: Spyre
 
 def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_buffer: bool, reduce: bool,
                      fits: Fits) -> tuple[int, int, int, int]:
-    """(tm, ti, th, to): the weights are re-read once per row tile, so the fewest row tiles win, then fewer ops."""
+    """(tm, ti, th, to): the weights are re-read once per row tile, so the fewest row tiles win, then fewer ops.
+
+    A row count is tried only if its smallest tiles fit LX (streaming the whole I-slice, or one stick of it).
+    """
     eps = cfg.stick_bytes // mk.w_item
     i_pad, h_pad = pad_to_sticks(ic, eps), pad_to_sticks(mk.hidden, eps)
     o_pad = pad_to_sticks(mk.out_cols, eps) if mk.w_down else eps
-    ranked = []
+
+    def buffers(tm: int, ti: int, th: int, to: int) -> list[LXBuffer]:
+        return mlp_lx_buffers(mk, tm, ti, th, to, cfg, double_buffer, reduce, ti >= i_pad)
+
     for tm in halvings(mc, 1, 1):
+        if not any(fits(buffers(tm, ti, eps, eps)) for ti in {eps, i_pad}):
+            continue
+        ranked = []
         for ti in halvings(i_pad, eps, eps):
             for th in halvings(h_pad, eps, eps):
                 for to in halvings(o_pad, eps, eps):
                     it, ht, ot = math.ceil(i_pad / ti), math.ceil(h_pad / th), math.ceil(o_pad / to)
-                    ops = math.ceil(mc / tm) * it * (ht * 4 + (ot * 2 if mk.w_down else 1))
-                    ranked.append((math.ceil(mc / tm), ops, tm, ti, th, to))
-    ranked.sort()
-    for *_, tm, ti, th, to in ranked:
-        if fits(mlp_lx_buffers(mk, tm, ti, th, to, cfg, double_buffer, reduce, ti >= i_pad)):
-            return tm, ti, th, to
-    need = sum(b.size for b in mlp_lx_buffers(mk, 1, eps, eps, eps, cfg, double_buffer, reduce, eps >= i_pad))
+                    ranked.append((it * (ht * 4 + (ot * 2 if mk.w_down else 1)), ti, th, to))
+        ranked.sort()
+        return next((tm, ti, th, to) for _, ti, th, to in ranked if fits(buffers(tm, ti, th, to)))
+    need = sum(b.size for b in buffers(1, eps, eps, eps))
     raise LXOverflowError(mk.name, 0, need, 0, cfg.lx_budget_bytes)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -38,6 +38,8 @@ BROADCAST_FREE_SHARERS = 8
 """Up to this many cores can share one DRAM read of an operand (a broadcast) at no extra cost."""
 PT_PASS_ROWS = 8
 """Rows one PT pass consumes (the PE array has 8 rows); fewer rows per core leave it idle."""
+MLP_PATH_SLACK = 0.01
+"""MLP splits whose modeled critical paths are within 1% of the shortest count as ties."""
 
 MATMUL_DIMS = ("B", "M", "N", "K")
 
@@ -443,7 +445,8 @@ def slice_ranges(division: WorkDivision, extents: Mapping[str, int], stick_dims:
 # --- fused MLP -----------------------------------------------------------------------------------
 
 def divide_mlp(m: int, i: int, h: int, has_down: bool, dtype: torch.dtype, cfg: SpyreConfig,
-               strategy: str = "planned", k_fast: bool = True, out_cols: int | None = None) -> WorkDivision:
+               strategy: str = "planned", k_fast: bool = True, out_cols: int | None = None,
+               row_tiles: Callable[[int, int], int] | None = None) -> WorkDivision:
     """Divide a fused MLP (``x[m,h] @ Wg/Wu[h,i]``, SiLU, mul, optionally ``@ Wd[i,out_cols]``) over the cores.
 
     Each core owns an I-slice (``N``, in sticks) and a row slice (``M``). ``"planned"`` tries every
@@ -451,13 +454,17 @@ def divide_mlp(m: int, i: int, h: int, has_down: bool, dtype: torch.dtype, cfg: 
     path, the longest of:
 
     * compute: the core's MACs at the PT rate, derated when it has fewer than 8 rows per pass;
-    * DRAM: the weights once per broadcast group of row-split cores (a group of up to
-      ``cfg.dram_broadcast_cores`` shares one read) plus x once per group of I-split cores;
+    * DRAM: the weights once per row tile and per broadcast group of row-split cores (a group of up to
+      ``cfg.dram_broadcast_cores`` shares one read), plus x once per group of I-split cores;
+    * DMA: what one core loads (its weight slice once per row tile, its rows of x) at its DMA rate;
     * ring: with a down projection the I-slices are partial sums of the output, and every partner but
       the last forwards its rows' fp32 partial once down the chain.
 
-    ``"naive"`` splits I alone. Ties go to fewer cores. With a down projection I is the reduced dim
-    (partners adjacent under K-fast placement).
+    ``row_tiles(i_split, row_split)`` says how many row tiles LX lets a core's slice take (codegen
+    asks its tile chooser; 1 when not given). Of the splits within ``MLP_PATH_SLACK`` of the shortest path,
+    the one on the most cores wins: more cores shorten the fill and leave room the model does not see.
+    ``"naive"`` splits I alone. With a down projection I is the reduced dim (partners adjacent under K-fast
+    placement).
     """
     _check_strategy(strategy)
     for name, v in (("m", m), ("i", i), ("h", h)):
@@ -467,27 +474,33 @@ def divide_mlp(m: int, i: int, h: int, has_down: bool, dtype: torch.dtype, cfg: 
     i_sticks = math.ceil(i / eps)
     item = dtype_bytes(dtype)
     cols = (out_cols if out_cols is not None else h) if has_down else 0
-    weights = (2 * h * i + i * cols) * item
+    weights, x_bytes = (2 * h * i + i * cols) * item, m * h * item
     macs = m * i * (2 * h + cols)
     mac_per_us = cfg.macs_per_cycle_per_core * cfg.clock_hz / 1e6
+    dma_per_us = cfg.core_dma_bytes_per_cycle * cfg.clock_hz / 1e6
     cap = cfg.dram_broadcast_cores
+    tiles_of = row_tiles or (lambda _sn, _sm: 1)
 
     def critical_path_us(sn: int, sm: int) -> float:
-        rows_eff = min(1.0, m / sm / cfg.pe_rows)
-        compute = macs / (sn * sm) / (mac_per_us * rows_eff)
-        dram = (sm / min(sm, cap) * weights + sn / min(sn, cap) * m * h * item) / cfg.dram_bandwidth * 1e6
+        rt = tiles_of(sn, sm)
+        compute = macs / (sn * sm) / (mac_per_us * min(1.0, m / sm / cfg.pe_rows))
+        dram = (sm / min(sm, cap) * weights * rt + sn / min(sn, cap) * x_bytes) / cfg.dram_bandwidth * 1e6
+        dma = (weights / sn * rt + x_bytes / sm) / dma_per_us
         ring = (m / sm) * cols * 4 / cfg.ring_bytes_per_cycle / cfg.clock_hz * 1e6 if sn > 1 else 0.0
-        return max(compute, dram, ring)
+        return max(compute, dram, dma, ring)
 
     if strategy == "naive":
         sn, sm = _largest_divisor_at_most(i_sticks, cfg.cores), 1
         reason = f"naive: the intermediate dim I alone takes {sn} cores"
     else:
         pairs = [(a, b) for a in _divisors(i_sticks) for b in _divisors(m) if a * b <= cfg.cores]
-        sn, sm = min(pairs, key=lambda p: (critical_path_us(*p), p[0] * p[1], -p[0]))
+        paths = {p: critical_path_us(*p) for p in pairs}
+        best = min(paths.values())
+        near = [p for p in pairs if paths[p] <= best * (1 + MLP_PATH_SLACK)]
+        sn, sm = max(near, key=lambda p: (p[0] * p[1], p[0], -paths[p]))
         reason = (f"MLP: I-slices {sn} x row slices {sm}, the shortest modeled critical path "
                   f"({critical_path_us(sn, sm):.1f} us) of {len(pairs)} splits: weights are broadcast to the "
-                  f"row-split cores, x to the I-split cores")
+                  f"row-split cores and re-read once per row tile, x is broadcast to the I-split cores")
     splits = {"N": sn, "M": sm, "K": 1} if has_down else {"K": 1, "M": sm, "N": sn}
     red = "N" if has_down else None
     return WorkDivision(splits, placement(splits, red, k_fast), strategy, reason, None,

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spyre_lab.compiler.codegen import generate_kernel
+from spyre_lab.compiler.codegen import estimate_us, generate_kernel
 from spyre_lab.compiler.ir import BufferInfo, Fallback, FusedKernel, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.work_division import ring_hops
@@ -315,7 +315,7 @@ def test_mlp_keeps_intermediates_in_lx():
     kinds = [op.kind for p in spec.tile_kernel.programs for op in p]
     assert OpKind.SPECIAL in kinds  # SiLU on the SFU
     separate = [generate_kernel(single(n), bufs, SPYRE, OPTS) for n in nodes]
-    assert sum(k.bytes_in + k.bytes_out for k in separate) > spec.bytes_in + spec.bytes_out
+    assert sum(k.simulate().dram_bytes for k in separate) > spec.simulate().dram_bytes  # g, u, s, p never in DRAM
 
 
 def test_restickify_is_a_copy():
@@ -407,3 +407,57 @@ def test_a_row_too_wide_for_lx_is_cut_into_stick_columns_and_the_bias_follows():
     assert spec.tiles["d1"] < n and spec.lx_plan.peak <= SPYRE.lx_budget_bytes
     assert spec.bytes_out == m * n * 2
     assert spec.bytes_in == m * n * 2 + m * n * 2 // spec.tiles["d0"]  # the bias slice is reloaded per row tile
+
+
+def _load_steps(program, buffer):
+    """(position among the program's loads, bytes, share) of every load of ``buffer``."""
+    loads = [op for op in program if op.kind is OpKind.LOAD]
+    return [(i, op.nbytes, op.share) for i, op in enumerate(loads) if op.out.split("[")[0] == buffer]
+
+
+def test_matmul_broadcast_groups_load_the_same_tile_at_the_same_step():
+    m, n, k = 1, 2048, 4096  # decode: K and N split, K partners run their own programs
+    spec = generate_kernel(*matmul_graph(m, n, k), SPYRE, OPTS)
+    d = spec.division
+    assert d.splits["K"] > 1 and d.splits["N"] > 1
+    groups: dict = {}
+    for s, core in enumerate(d.core_of_slice):
+        coords = d.slice_coords(s)
+        groups.setdefault(("a", coords["M"], coords["K"]), []).append(core)  # A differs along M and K only
+    for cores in groups.values():
+        steps = [_load_steps(spec.tile_kernel.programs[c], "a") for c in cores]
+        assert len(cores) == d.splits["N"] and steps[0] and all(s == steps[0] for s in steps)
+        assert {share for *_, share in steps[0]} == {d.splits["N"]}
+
+
+def test_bias_row_is_one_broadcast_to_the_row_split_cores():
+    m, n = 2048, 128  # rows outnumber sticks: the rows take all 32 cores
+    spec = generate_kernel(*bias_add(m, n), SPYRE, OPTS)
+    rows = spec.division.splits["d0"]
+    assert rows == SPYRE.cores and spec.division.splits["d1"] == 1
+    shares = {op.out.split("[")[0]: op.share for p in spec.tile_kernel.programs for op in p if op.kind is OpKind.LOAD}
+    assert shares == {"x": 1, "b": rows}
+    r = spec.simulate("analytic")
+    assert r.dram_bytes == pytest.approx(2 * m * n * 2 + rows * n * 2 / min(rows, SPYRE.dram_broadcast_cores))
+
+
+def test_mlp_weights_broadcast_to_row_split_cores_and_x_to_i_split_cores():
+    kernel, bufs, _ = mlp_graph(64, 512, 1024)
+    spec = generate_kernel(kernel, bufs, SPYRE, OPTS)
+    d = spec.division.splits
+    assert d["M"] > 1 or d["N"] > 1
+    shares = {}
+    for p in spec.tile_kernel.programs:
+        for op in p:
+            if op.kind is OpKind.LOAD:
+                shares.setdefault(op.out.split("[")[0], set()).add(op.share)
+    assert shares == {"x": {d["N"]}, "wg": {d["M"]}, "wu": {d["M"]}, "wd": {d["M"]}}
+    cap = SPYRE.dram_broadcast_cores
+    expected = sum(op.nbytes / min(op.share, cap) for p in spec.tile_kernel.programs for op in p
+                   if op.kind in (OpKind.LOAD, OpKind.STORE))
+    assert spec.simulate().dram_bytes == pytest.approx(expected)
+
+
+def test_estimate_us_is_the_planned_kernels_modeled_time():
+    kernel, bufs = matmul_graph(512, 1024, 512)
+    assert estimate_us(kernel, bufs, SPYRE, OPTS) == generate_kernel(kernel, bufs, SPYRE, OPTS).simulate().time_us

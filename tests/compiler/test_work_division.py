@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from spyre_lab.compiler.work_division import (
     divide_iteration_space,
     divide_matmul,
+    divide_mlp,
     matmul_candidates,
     matmul_cost,
     ring_hops,
@@ -170,3 +171,32 @@ def test_hint_overrides_and_bad_hints_explain_themselves():
         divide_matmul(1, 1024, 4096, 4096, FP16, SPYRE, hint={"Q": 2})
     with pytest.raises(ValueError, match="strategy"):
         divide_matmul(1, 64, 64, 64, FP16, SPYRE, strategy="clever")
+
+
+@pytest.mark.parametrize("m", [1, 16, 128, 1024])
+def test_mlp_division_splits_evenly_and_the_reduced_i_goes_first(m):
+    i_sticks = math.ceil(12800 / EPS)
+    for strategy in ("naive", "planned"):
+        d = divide_mlp(m, 12800, 4096, True, FP16, SPYRE, strategy)
+        assert next(iter(d.splits)) == "N" and d.split_reduction_dim in (None, "N")
+        assert i_sticks % d.splits["N"] == 0 and m % d.splits["M"] == 0 and d.cores_used <= SPYRE.cores
+    assert divide_mlp(m, 12800, 4096, True, FP16, SPYRE, "naive").splits["M"] == 1
+
+
+def test_mlp_division_weighs_weight_rereads_per_row_tile():
+    # rows that LX must cut into many tiles re-read the weights each time: splitting rows over more
+    # cores (which share the weight reads as a broadcast) then beats splitting I
+    free = divide_mlp(256, 2048, 1024, True, FP16, SPYRE)
+    cramped = divide_mlp(256, 2048, 1024, True, FP16, SPYRE, row_tiles=lambda sn, sm: max(1, 256 // sm // 8))
+    assert cramped.splits["M"] > free.splits["M"]
+    assert "critical path" in cramped.reason
+
+
+def test_decode_mlp_uses_every_core_its_i_sticks_allow():
+    d = divide_mlp(1, 12800, 4096, True, FP16, SPYRE)
+    assert d.splits["M"] == 1 and d.splits["N"] == 25  # 200 sticks: 25 is the largest divisor <= 32
+
+
+def test_mlp_division_rejects_bad_dims():
+    with pytest.raises(ValueError, match="MLP dim m"):
+        divide_mlp(0, 128, 128, True, FP16, SPYRE)
