@@ -57,6 +57,21 @@ def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float16 if dtype in _NARROWED_TO_FP16 else dtype
 
 
+FP16_MAX = torch.finfo(torch.float16).max
+
+
+def check_convertible(src: torch.Tensor) -> None:
+    """float64 data reaches the card only if it fits fp16: a finite value beyond +-65504 would become
+    inf. (float32 / bfloat16 follow the card's conversion and saturate to inf, like a cast.)"""
+    if src.dtype == torch.float64 and src.numel():
+        finite = src[torch.isfinite(src)]
+        if finite.numel() and float(finite.abs().max()) > FP16_MAX:
+            raise ValueError(
+                f"float64 values up to {float(finite.abs().max()):.6g} do not fit float16 (max {FP16_MAX:g}), the "
+                "dtype spyre stores them in; rescale them or keep this tensor on the CPU"
+            )
+
+
 def warn_if_narrowed(dtype: torch.dtype) -> None:
     """One warning per dtype when host data in ``dtype`` is rounded to fp16 on its way to the card."""
     if dtype in _NARROWED_TO_FP16 and dtype not in _warned_dtypes:

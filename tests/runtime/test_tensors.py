@@ -130,6 +130,13 @@ def test_backward_is_refused_with_a_clear_message():
         loss.backward()
 
 
+def test_float64_must_fit_float16():
+    assert torch.equal(torch.tensor([0.5, -2.0], dtype=torch.float64).to("spyre").cpu(),
+                       torch.tensor([0.5, -2.0], dtype=torch.float64))
+    with pytest.raises(ValueError, match="do not fit float16"):
+        torch.tensor([1e6], dtype=torch.float64).to("spyre")
+
+
 def test_complex_dtypes_are_refused():
     with pytest.raises(TypeError, match="complex"):
         torch.ones(2, dtype=torch.complex64).to("spyre")
