@@ -19,5 +19,6 @@ class RMSNorm(CustomOp):
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize in at least fp32 (as Hugging Face does), then cast back before the weight."""
-        wide = x.to(torch.promote_types(x.dtype, torch.float32))
-        return self.weight * F.rms_norm(wide, wide.shape[-1:], eps=self.eps).to(x.dtype)
+        if x.dtype in (torch.float32, torch.float64):  # already wide: one fused call
+            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)

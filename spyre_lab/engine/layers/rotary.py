@@ -28,13 +28,10 @@ class RotaryEmbedding(CustomOp):
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate query [T, heads*d] and key [T, kv_heads*d] by the angle of each token's position."""
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
+        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, d/2] each
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_dim)
-        x1, x2 = x.to(torch.promote_types(x.dtype, torch.float32)).chunk(2, dim=-1)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        x1, x2 = x.view(x.shape[0], -1, self.head_dim).chunk(2, dim=-1)
         rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        return rotated.to(x.dtype).view(shape)
+        return rotated.view(x.shape).to(x.dtype)
