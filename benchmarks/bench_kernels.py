@@ -1,11 +1,13 @@
-"""Kernel planning on the modeled card: work division, fused softmax, fused MLP.
+"""Kernel planning on the modeled card: work division, DRAM broadcast, fused softmax, fused MLP.
 
 Prints modeled kernel times (``KernelSpec.simulate``, analytic mode unless stated) next to the
 published claims they relate to, and the wall-clock time codegen itself took. Nothing here is tuned
-to a claim: the numbers are whatever the mechanisms produce on ``SPYRE``.
+to a claim: the numbers are whatever the mechanisms produce on ``SPYRE``. "DRAM MB" is what DRAM
+itself served (a broadcast load counted once per group); "no bcast" reruns the same plan on a card
+whose DRAM cannot broadcast (``dram_broadcast_cores=1``), to show what the mechanism is worth.
 
-    .venv/bin/python benchmarks/bench_kernels.py            # everything (~15 s)
-    .venv/bin/python benchmarks/bench_kernels.py matmul     # one section: matmul | softmax | mlp
+    .venv/bin/python benchmarks/bench_kernels.py            # everything (~20 s)
+    .venv/bin/python benchmarks/bench_kernels.py matmul     # one section: matmul | roofline | softmax | mlp
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from spyre_lab.compiler.codegen import KernelSpec, generate_kernel
 from spyre_lab.compiler.ir import BufferInfo, FusedKernel, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.device.kernels import softmax_kernel
+from spyre_lab.device.sim import simulate
 
 F16 = torch.float16
 HIDDEN, INTERMEDIATE, KV = 4096, 12800, 1024  # Granite-3.3-8B: hidden 4096, MLP 12800, 8 KV heads x 128
+NO_BROADCAST = SPYRE.replace(dram_broadcast_cores=1)  # same card, every core's load a separate DRAM read
 
 
 def _noop(*_):
@@ -63,19 +68,26 @@ def matmul_kernel(m: int, n: int, k: int) -> tuple[FusedKernel, dict[str, Buffer
 def bench_matmul() -> None:
     print("== matmul: naive (one output dim) vs planned work division, Granite-3.3-8B shapes, fp16, 32 cores ==")
     print("   published: matmul kernel time -29 ... -69% (IBM; mechanism not in the docs)")
-    shapes = {"qkv": (HIDDEN, HIDDEN + 2 * KV, HIDDEN), "o_proj": (HIDDEN, HIDDEN, HIDDEN),
-              "mlp up": (HIDDEN, INTERMEDIATE, HIDDEN), "mlp down": (HIDDEN, HIDDEN, INTERMEDIATE)}
-    header = f"{'shape':>26} {'M':>5} {'naive split':>22} {'planned split':>22} {'naive us':>9} {'planned us':>10}"
-    print(header + f" {'change':>8} {'MB in n/p':>15} {'codegen s':>9}")
+    print("   roof = compute roofline (prefill) or DRAM roofline (decode: each weight byte once) over the time")
+    shapes = {"qkv": (HIDDEN + 2 * KV, HIDDEN), "o_proj": (HIDDEN, HIDDEN), "mlp up": (INTERMEDIATE, HIDDEN),
+              "mlp down": (HIDDEN, INTERMEDIATE)}
+    header = (f"{'shape':>26} {'naive':>7} {'planned':>8} {'naive us':>9} {'planned us':>10} {'change':>8} "
+              f"{'roof n/p':>9} {'DRAM MB n/p':>12} {'no bcast us':>11} {'tiles MxNxK':>13} {'codegen s':>9}")
+    print(header)
     for m in (1024, 1):
-        for label, (_, n, k) in shapes.items():
+        for label, (n, k) in shapes.items():
             kernel, bufs = matmul_kernel(m, n, k)
             naive, t0 = _compile(kernel, bufs, SPYRE, CompileOptions(work_division="naive"))
             planned, t1 = _compile(kernel, bufs, SPYRE, CompileOptions(work_division="planned"))
-            tn, tp = naive.simulate().time_us, planned.simulate().time_us
-            print(f"{label + f' {m}x{n}x{k}':>26} {m:>5} {_fmt(naive.division.splits):>22} "
-                  f"{_fmt(planned.division.splits):>22} {tn:>9.1f} {tp:>10.1f} {100 * (tp / tn - 1):>+7.1f}% "
-                  f"{naive.bytes_in / 1e6:>7.0f}/{planned.bytes_in / 1e6:<7.0f} {t0 + t1:>9.2f}")
+            rn, rp = naive.simulate(), planned.simulate()
+            alone = generate_kernel(kernel, bufs, NO_BROADCAST, CompileOptions()).simulate()
+            floor_us = (2 * m * n * k / SPYRE.peak_flops if m > 1 else n * k * 2 / SPYRE.dram_bandwidth) * 1e6
+            t = planned.tiles
+            print(f"{label + f' {m}x{n}x{k}':>26} {_fmt(naive.division.splits):>7} {_fmt(planned.division.splits):>8} "
+                  f"{rn.time_us:>9.1f} {rp.time_us:>10.1f} {100 * (rp.time_us / rn.time_us - 1):>+7.1f}% "
+                  f"{floor_us / rn.time_us:>4.0%}/{floor_us / rp.time_us:<4.0%} "
+                  f"{rn.dram_bytes / 1e6:>5.0f}/{rp.dram_bytes / 1e6:<6.0f} {alone.time_us:>11.1f} "
+                  f"{t['M']:>5}x{t['N']}x{t['K']:<4} {t0 + t1:>9.2f}")
     kernel, bufs = matmul_kernel(1, HIDDEN, HIDDEN)
     for kf in (True, False):
         spec, _ = _compile(kernel, bufs, SPYRE, CompileOptions(k_fast_placement=kf))
@@ -83,6 +95,23 @@ def bench_matmul() -> None:
         r = spec.simulate("event")
         print(f"   decode o_proj, K-fast placement {'on ' if kf else 'off'}: psum hops {sorted(hops)}, "
               f"{r.time_us:.1f} us modeled (event mode)")
+
+
+def bench_roofline() -> None:
+    n = 4096
+    print(f"\n== {n}^3 fp16 matmul, planned, 32 cores: fraction of the compute roofline ==")
+    kernel, bufs = matmul_kernel(n, n, n)
+    ideal_us = 2 * n ** 3 / SPYRE.peak_flops * 1e6
+    for label, cfg, mode in (("broadcast", SPYRE, "analytic"), ("broadcast", SPYRE, "event"),
+                             ("no broadcast", NO_BROADCAST, "analytic")):
+        spec, tc = _compile(kernel, bufs, cfg, CompileOptions())
+        t = time.perf_counter()
+        r = spec.simulate(mode)
+        ts = time.perf_counter() - t
+        print(f"   {label:>12} ({mode:>8}): split {_fmt(spec.division.splits)}, tiles {spec.tiles['M']}x"
+              f"{spec.tiles['N']}x{spec.tiles['K']}, {r.time_us:7.1f} us modeled vs {ideal_us:.1f} ideal = "
+              f"{ideal_us / r.time_us:5.1%} of the roofline, DRAM {r.dram_bytes / 1e6:.0f} MB, bottleneck "
+              f"{r.bottleneck} (codegen {tc:.2f} s, sim {ts:.2f} s)")
 
 
 def _fmt(splits: dict[str, int]) -> str:
@@ -122,12 +151,16 @@ def bench_softmax() -> None:
                                       ["exp", "sum"], ["sub"]), bufs, cfg, opts)[0],
                  _compile(_single(div), bufs, cfg, opts)[0]]
         tf = fused.simulate().time_us
-        for label, staged in (("5 kernels", five), ("3 kernels", three)):
-            ts = sum(k.simulate().time_us for k in staged)
-            moved = sum(k.bytes_in + k.bytes_out for k in staged)
-            fused_mb = (fused.bytes_in + fused.bytes_out) / 1e6
-            print(f"   {cores:>2} core(s), staged {label}: {ts:7.2f} us modeled, {moved / 1e6:.2f} MB DRAM | fused: "
-                  f"{tf:6.2f} us, {fused_mb:.2f} MB | change {100 * (tf / ts - 1):+.1f}%")
+        fused_mb = fused.simulate().dram_bytes / 1e6
+        one_launch = simulate(softmax_kernel(m, n, cores, cfg, fused=False), cfg, mode="analytic")
+        print(f"   {cores:>2} core(s): fused {tf:6.2f} us, {fused_mb:.2f} MB DRAM, split "
+              f"{_fmt(fused.division.splits)}, row tile {fused.tiles['d0']}")
+        rows = [("staged in one launch (device reference kernel)", one_launch.time_us, one_launch.dram_bytes)]
+        rows += [(f"staged as {len(ks)} kernels", sum(k.simulate().time_us for k in ks),
+                  sum(k.simulate().dram_bytes for k in ks)) for ks in (five, three)]
+        for label, ts, moved in rows:
+            print(f"      {label:>47}: {ts:7.2f} us, {moved / 1e6:5.2f} MB DRAM | fused change "
+                  f"{100 * (tf / ts - 1):+6.1f}%")
         if cores == 1:
             ev = fused.simulate("event").time_us
             launch = SPYRE.cycles_to_us(SPYRE.kernel_launch_cycles)
@@ -155,6 +188,8 @@ def mlp_nodes(m: int, h: int, i: int) -> tuple[list[IRNode], dict[str, BufferInf
 def bench_mlp() -> None:
     print("\n== MLP (gate, up, SiLU, mul, down): one fused kernel vs five kernels, Granite-3.3-8B dims ==")
     print("   published: fused MLP-style kernel raises core utilization (not quantified)")
+    print("   util = time-weighted share of all 32 cores' time their PT or SFU computes; a scheduler comparing")
+    print("   codegen.estimate_us(fused) with the sum over the five kernels picks the faster one")
     for m in (1, 16, 128, 1024):
         nodes, bufs = mlp_nodes(m, HIDDEN, INTERMEDIATE)
         fused, tc = _compile(FusedKernel("mlp", nodes, "mlp", ["x", "wg", "wu", "wd"], ["y"], ["g", "u", "s", "p"]),
@@ -162,15 +197,17 @@ def bench_mlp() -> None:
         separate = [_compile(_single(nd), bufs, SPYRE, CompileOptions())[0] for nd in nodes]
         tf = fused.simulate().time_us
         ts = sum(k.simulate().time_us for k in separate)
-        moved_f = (fused.bytes_in + fused.bytes_out) / 1e6
-        moved_s = sum(k.bytes_in + k.bytes_out for k in separate) / 1e6
-        print(f"   M={m:>4}: separate {ts:9.1f} us, util {_mean_util(separate):5.1%}, {moved_s:8.1f} MB | fused "
-              f"{tf:9.1f} us, util {_mean_util([fused]):5.1%}, {moved_f:8.1f} MB, split {_fmt(fused.division.splits)},"
-              f" row tile {fused.tiles['M']} | change {100 * (tf / ts - 1):+.1f}% | codegen {tc:.2f} s")
+        dram_f = fused.simulate().dram_bytes / 1e6
+        dram_s = sum(k.simulate().dram_bytes for k in separate) / 1e6
+        pick = "fused" if tf < ts else "separate"
+        print(f"   M={m:>4}: separate {ts:8.1f} us, util {_mean_util(separate):5.1%}, DRAM {dram_s:7.1f} MB | fused "
+              f"{tf:8.1f} us, util {_mean_util([fused]):5.1%}, DRAM {dram_f:7.1f} MB, split "
+              f"{_fmt(fused.division.splits)}, row tile {fused.tiles['M']} | change {100 * (tf / ts - 1):+6.1f}% "
+              f"-> {pick} | codegen {tc:.2f} s")
 
 
 def main(argv: list[str]) -> None:
-    sections = {"matmul": bench_matmul, "softmax": bench_softmax, "mlp": bench_mlp}
+    sections = {"matmul": bench_matmul, "roofline": bench_roofline, "softmax": bench_softmax, "mlp": bench_mlp}
     chosen = argv or list(sections)
     unknown = [s for s in chosen if s not in sections]
     if unknown:
