@@ -249,7 +249,7 @@ def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analy
     """Run ``program`` on real CPU tensors. Returns outputs, the modeled Trace and per-kernel modeled times."""
     if mode not in ("analytic", "event"):
         raise ValueError(f"mode must be 'analytic' or 'event', got {mode!r}")
-    with _cpu_threads(program):
+    with _cpu_threads(program), torch.no_grad():          # programs are inference-only
         return _execute(program, inputs, mode, tile_by_tile)
 
 
