@@ -5,7 +5,9 @@ allocator (:class:`~spyre_lab.device.memory.DeviceMemory`) and the map from DRAM
 buffer living there (what a patched program resolves its operands through). The number of cards
 comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1), read once at first use.
 
-Memory numbers are real bookkeeping of the modeled DRAM; times are modeled (see ``streams``).
+Memory numbers are real bookkeeping of the modeled DRAM (tensors only; loaded programs live in a
+separate program segment); times are modeled (see ``streams``). ``empty_cache()`` is a device reset
+here (the model keeps no cache to empty): tensors still on the card become invalid and say so.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Event", "Stream", "current_device", "current_stream", "default_stream", "device_count", "empty_cache",
-    "get_device_name", "get_rng_state", "is_available", "is_initialized", "manual_seed", "manual_seed_all",
-    "max_memory_allocated", "memory_allocated", "memory_reserved", "memory_stats", "reset_peak_memory_stats",
-    "set_device", "set_rng_state", "set_stream", "stream", "synchronize",
+    "get_device_name", "get_device_properties", "get_rng_state", "is_available", "is_initialized", "manual_seed",
+    "manual_seed_all", "max_memory_allocated", "memory_allocated", "memory_reserved", "memory_stats",
+    "reset_peak_memory_stats", "set_device", "set_rng_state", "set_stream", "stream", "synchronize",
 ]
 
 DEVICES_ENV = "SPYRE_LAB_DEVICES"
@@ -197,6 +199,11 @@ def set_device(device: Any) -> None:
 def get_device_name(device: Any = None) -> str:
     dev = get_device(_device_index(device))
     return f"IBM Spyre (modeled, {dev.config.name})"
+
+
+def get_device_properties(device: Any = None) -> SpyreConfig:
+    """The hardware numbers of the card (its :class:`SpyreConfig`)."""
+    return get_device(_device_index(device)).config
 
 
 def memory_allocated(device: Any = None) -> int:
