@@ -260,6 +260,10 @@ def plan_launch(program: Any, bindings: Mapping[str, torch.Tensor], device: Spyr
     if device is None:
         first = next(iter(bindings.values()), None)
         device = get_device(first.device.index if first is not None else None)
+    elsewhere = {slot: str(t.device) for slot, t in bindings.items() if t.device != torch.device("spyre", device.index)}
+    if elsewhere:
+        raise ValueError(f"a launch on spyre:{device.index} needs every bound tensor there; {elsewhere} are not "
+                         f"(move them with .to('spyre:{device.index}'))")
     image = load_program(program, device)
     cfg = device.config
     steps: list[Step] = []

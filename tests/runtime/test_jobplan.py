@@ -156,6 +156,13 @@ def test_runtime_options_are_validated():
         RuntimeOptions(dispatch="fast")
 
 
+def test_bindings_must_live_on_the_launch_device():
+    binds = _bindings(0)
+    binds["c"] = binds["c"].cpu()
+    with pytest.raises(ValueError, match="'c': 'cpu'"):
+        plan_launch(TwoKernelProgram(), binds)
+
+
 def test_missing_slot_binding_is_explained():
     binds = _bindings(0)
     del binds["c"]
