@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 
 PLUGIN_GROUP = "spyre_lab.platform_plugins"
 
-_BUILTIN = {"cpu": "spyre_lab.engine.platforms.cpu:CpuPlatform"}
+_BUILTIN = {
+    "cpu": "spyre_lab.engine.platforms.cpu:CpuPlatform",
+    "spyre": "spyre_lab.engine.platforms.spyre:SpyrePlatform",
+}
 
 
 def default_prefill_buckets(max_model_len: int, smallest: int = 64) -> tuple[int, ...]:
@@ -159,7 +162,7 @@ def set_current_platform(platform: Platform) -> Iterator[Platform]:
 
 # ---- discovery --------------------------------------------------------------------------------
 def available_platforms() -> dict[str, importlib.metadata.EntryPoint]:
-    """Name -> entry point for every platform plugin installed (plus the built-in cpu platform)."""
+    """Name -> entry point for every platform plugin installed (plus the built-in cpu and spyre)."""
     found = {
         name: importlib.metadata.EntryPoint(name=name, value=value, group=PLUGIN_GROUP)
         for name, value in _BUILTIN.items()
