@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import gc
+import math
 import warnings
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from spyre_lab.device.layout import StickLayout, stickify
 from spyre_lab.device.memory import DeviceOutOfMemoryError
@@ -194,3 +197,30 @@ def test_saving_spyre_tensors_asks_for_cpu_copies():
 
     with pytest.raises(SpyreUsageError, match=r"t\.cpu\(\)"):
         torch.save(torch.ones(3, dtype=torch.float16).to("spyre"), io.BytesIO())
+
+
+_VIEWS = {
+    "t": lambda t: t.transpose(0, -1),
+    "slice": lambda t: t[1:] if t.shape[0] > 1 else t,
+    "step": lambda t: t[..., ::2],
+    "narrow": lambda t: t.narrow(-1, 0, max(1, t.shape[-1] // 2)),
+    "unsqueeze": lambda t: t.unsqueeze(0),
+    "flip_view": lambda t: t.permute(*reversed(range(t.dim()))),
+}
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(shape=st.lists(st.integers(1, 9), min_size=1, max_size=3),
+       chain=st.lists(st.sampled_from(sorted(_VIEWS)), max_size=3))
+def test_random_view_chains_read_and_write_like_cpu(shape, chain):
+    cpu = torch.arange(math.prod(shape), dtype=torch.float16).reshape(shape)
+    dev = cpu.to("spyre")
+    v_cpu, v_dev = cpu, dev
+    for name in chain:
+        v_cpu, v_dev = _VIEWS[name](v_cpu), _VIEWS[name](v_dev)
+    assert v_dev.shape == v_cpu.shape and v_dev.stride() == v_cpu.stride()
+    assert torch.equal(v_dev.cpu(), v_cpu)
+    assert torch.equal((v_dev * 2 + 1).cpu(), v_cpu * 2 + 1)
+    v_cpu.mul_(-1)
+    v_dev.mul_(-1)                                   # in place through the view: the base sees it
+    assert torch.equal(dev.cpu(), cpu)
