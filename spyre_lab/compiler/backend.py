@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -159,7 +160,7 @@ class CompiledGraph:
     def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions,
                  cfg: SpyreConfig) -> None:
         self.gm, self.options, self.cfg = gm, options, cfg
-        self.param_ids = {id(x) for x in example_inputs if isinstance(x, torch.Tensor)}
+        self._input_refs = [weakref.ref(x) for x in example_inputs if isinstance(x, torch.Tensor)]
         self.programs: dict[str, Program] = {}
         self.program: Program | None = None
         self.last_result: Any = None
@@ -169,6 +170,10 @@ class CompiledGraph:
             self.program = compile_graph(gm, example_inputs, options, cfg)
         _REGISTRY.append(self)
         del _REGISTRY[:-64]
+
+    def reads_any_of(self, tensor_ids: set[int]) -> bool:
+        """Did Dynamo pass any of these (still alive) tensors, e.g. a module's parameters, to this graph?"""
+        return any(t is not None and id(t) in tensor_ids for t in (r() for r in self._input_refs))
 
     def program_for(self, args: Sequence[Any]) -> Program:
         if self.program is not None:
@@ -214,7 +219,7 @@ def compiled_graphs_for(obj: Any) -> list[CompiledGraph]:
     module = getattr(obj, "_orig_mod", obj)
     params = {id(p) for p in module.parameters()} if isinstance(module, torch.nn.Module) else set()
     if params:
-        return [g for g in _REGISTRY if g.param_ids & params]
+        return [g for g in _REGISTRY if g.reads_any_of(params)]
     return _REGISTRY[-1:]
 
 
