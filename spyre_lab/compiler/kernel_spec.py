@@ -81,6 +81,14 @@ class KernelSpec:
             f"{self.flops:,} FLOP; {self.tile_kernel.num_ops} tile ops",
             f"  address slots patched at launch: {', '.join(self.address_slots)}",
         ]
+        groups = sorted({(op.out.split("[")[0], op.share) for p in self.tile_kernel.programs for op in p
+                         if op.kind is OpKind.LOAD and op.share > 1 and op.out})
+        if groups:
+            cap = self.cfg.dram_broadcast_cores
+            served = sum(op.nbytes / min(op.share, cap) for p in self.tile_kernel.programs for op in p
+                         if op.kind is OpKind.LOAD)
+            lines.append(f"  DRAM broadcasts: {', '.join(f'{b} to {g} cores' for b, g in groups)} "
+                         f"(DRAM serves {served:,.0f} of the {self.bytes_in:,} B loaded; <= {cap} cores per read)")
         kept = sorted({n.split("[")[0] for n in self.lx_plan.offsets} - set(self.address_slots) - {"acc", "psum_in",
                                                                                                 "out_acc"})
         if kept:

@@ -49,6 +49,15 @@ class RowKernel:
     inner_whole: bool = True            # tiles span the whole innermost dim (row_tile_shape may cut it)
     shares: dict[str, int] = field(default_factory=dict)  # input -> cores loading its tiles at once
 
+    @property
+    def lone_reduction(self) -> bool:
+        """One reduction and nothing else: its reduced dims may be cut into chunks that accumulate in LX."""
+        return len(self.nodes) == 1 and isinstance(self.nodes[0], Reduction)
+
+    def reduction_chunks(self, extent: Mapping[str, int], tile: Mapping[str, int]) -> int:
+        """Tiles that accumulate into one output tile (1 unless a reduced dim is cut)."""
+        return math.prod(math.ceil(extent[d] / tile[d]) for d in self.reduced if d in extent)
+
     def resident(self) -> list[str]:
         """Inputs with no row dims (a bias row, a scalar): loaded once per core and kept in LX."""
         if not self.inner_whole:
@@ -112,7 +121,8 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
 def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool,
                    fits: Fits) -> dict[str, int]:
     """The biggest tile of a core's slice that ``fits`` LX: whole col dims, rows halved from the outermost
-    row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks. A slice with
+    row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks, and a lone
+    reduction its reduced dims into chunks that accumulate into one output tile. A slice with
     rows to spare is still cut into at least ``PIPELINE_TILES`` tiles, so one tile's load, SFU work and
     store overlap its neighbours' instead of running back to back."""
     tile = dict(extent)
@@ -129,6 +139,13 @@ def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, do
             tile[inner] = math.ceil(math.ceil(tile[inner] / eps) / 2) * eps
             k.inner_whole = False
             continue
+        quantum = {d: eps if d == inner else 1 for d in k.dims}
+        chunkable = [d for d in k.dims if d in k.reduced and tile[d] > quantum[d]] if k.lone_reduction else []
+        if chunkable:  # accumulate the reduction over chunks of its reduced dims
+            d = chunkable[0]
+            tile[d] = math.ceil(math.ceil(tile[d] / quantum[d]) / 2) * quantum[d]
+            k.inner_whole = k.inner_whole and d != inner
+            continue
         need = sum(b.size for b in row_lx_buffers(k, tile, cfg, double_buffer))
         raise LXOverflowError(k.name, 0, need, 0, cfg.lx_budget_bytes)
     while math.prod(math.ceil(extent[d] / tile[d]) for d in rows) < PIPELINE_TILES:
@@ -143,7 +160,9 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
               double_buffer: bool, partner_info: PartnerInfo | None = None) -> CoreProgram:
     """One core's program: per tile, load the streamed inputs, run every node on the SFU, store the outputs.
 
-    ``partner_info`` = (rank, partner cores, this core) when a reduced dim is split across cores.
+    ``partner_info`` = (rank, partner cores, this core) when a reduced dim is split across cores. Tiles walk
+    the reduced dims innermost, so the chunks of a cut reduced dim follow each other: the first claims the
+    output tile, the rest accumulate into it, and the last combines with the partners and stores.
     """
     shares = k.shares
     p = CoreProgram()
@@ -154,7 +173,11 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
     res_op = {b: p.load(b, k.operands[b].tile_bytes(tile, sb), name=f"load {b} (once)", share=shares.get(b, 1))
               for b in resident}
     tile_done: list[int] = []
-    for t, te in enumerate(tile_grid(extent, tile)):
+    order = [d for d in extent if d not in k.reduced] + [d for d in extent if d in k.reduced]
+    per_out = k.reduction_chunks(extent, tile)
+    acc_owner = acc_last = -1
+    for t, te in enumerate(tile_grid({d: extent[d] for d in order}, {d: tile[d] for d in order})):
+        chunk, final = t % per_out, t % per_out == per_out - 1
         slot, wait = slot_wait(tile_done, double_buffer)
         produced: dict[str, int] = dict(res_op)
         owner: dict[str, int] = dict(res_op)
@@ -174,18 +197,24 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
             if in_place:
                 op = emit(None, elements, deps=deps, out_bytes=0, name=f"{n.op} t{t} (in place)")
                 owner[out] = owner[n.inputs[0]]
+            elif chunk > 0:  # a later chunk of a cut reduced dim: fold into the output tile
+                op = acc_last = emit(None, elements, deps=[*deps, acc_owner, acc_last], out_bytes=0,
+                                     name=f"{n.op} t{t} (accumulate)")
+                owner[out] = acc_owner
             else:
                 op = emit(f"{out}[{slot if out in k.outputs else 0}]", elements, deps=deps, out_bytes=size,
                           name=f"{n.op} t{t}")
-                owner[out] = op
+                owner[out] = acc_owner = acc_last = op
             produced[out] = op
             last = op
+            if not final:
+                continue
             if partner_info is not None and isinstance(n, Reduction):
                 last = produced[out] = chain_reduce(p, partner_info, size, size // k.operands[out].itemsize,
                                                     owner[out], op, f"{k.name}:{out}:t{t}", cfg.cores,
                                                     COMBINE_OP.get(n.op, "add"))
         stores = []
-        for b in k.outputs:
+        for b in k.outputs if final else ():
             src = b if b in produced else (k.inputs[0] if k.copy_only else None)
             if src is None or (partner_info is not None and partner_info[0] != 0):
                 continue

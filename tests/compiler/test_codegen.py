@@ -436,7 +436,7 @@ def test_bias_row_is_one_broadcast_to_the_row_split_cores():
     rows = spec.division.splits["d0"]
     assert rows == SPYRE.cores and spec.division.splits["d1"] == 1
     shares = {op.out.split("[")[0]: op.share for p in spec.tile_kernel.programs for op in p if op.kind is OpKind.LOAD}
-    assert shares == {"x": 1, "b": rows}
+    assert shares == {"x": 1, "b": rows} and f"b to {rows} cores" in spec.explain()
     r = spec.simulate("analytic")
     assert r.dram_bytes == pytest.approx(2 * m * n * 2 + rows * n * 2 / min(rows, SPYRE.dram_broadcast_cores))
 
@@ -461,3 +461,19 @@ def test_mlp_weights_broadcast_to_row_split_cores_and_x_to_i_split_cores():
 def test_estimate_us_is_the_planned_kernels_modeled_time():
     kernel, bufs = matmul_graph(512, 1024, 512)
     assert estimate_us(kernel, bufs, SPYRE, OPTS) == generate_kernel(kernel, bufs, SPYRE, OPTS).simulate().time_us
+
+
+@pytest.mark.parametrize("op", ["sum", "amax"])
+def test_a_reduced_row_too_wide_for_lx_accumulates_in_chunks(op):
+    m, n = 2, 1 << 21  # two 4 MB rows on one core
+    bufs = _bufs(("x", (m, n), "input"), ("s", (m, 1), "output"))
+    node = Reduction(op, op, ("x",), "s", {"d0": m, "d1": n}, _noop, ("d1",), "d0")
+    spec = generate_kernel(single(node), bufs, SPYRE.replace(cores=1), OPTS)
+    chunks = n // spec.tiles["d1"]
+    assert chunks > 1 and spec.lx_plan.peak <= SPYRE.lx_budget_bytes
+    assert spec.bytes_in == m * n * 2 and spec.bytes_out == m * SB  # every element read once, one stick per row
+    ops = spec.tile_kernel.programs[0].ops
+    assert sum("(accumulate)" in o.name for o in ops) == m * (chunks - 1)
+    assert sum(o.kind is OpKind.STORE for o in ops) == m
+    r = spec.simulate("event")  # runs within LX on the event simulator
+    assert max(r.lx_peak.values()) <= SPYRE.lx_bytes
