@@ -103,7 +103,7 @@ def train(steps: int, batch_size: int, seed: int, threads: int) -> tuple[Granite
     tokenizer = CharTokenizer(CHARS)
     model = GraniteForCausalLM(build_config(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
-    warmup = steps // 20
+    warmup = max(1, steps // 20)
     schedule = lambda step: min(1.0, (step + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * step / steps))
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     model.train()
