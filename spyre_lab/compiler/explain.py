@@ -58,6 +58,7 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
         lines.append(f"  host fallbacks: {', '.join(program.fallback_ops)}")
     lines.append("  kernels (modeled times):")
     total = 0.0
+    by_rule: dict[str, list[float]] = {}
     for i, (launch, kernel) in enumerate(zip(program.launches, program.kernels)):
         ops = " -> ".join(n.op for n in kernel.nodes)
         if isinstance(launch, HostFallback):
@@ -67,6 +68,7 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
         if not isinstance(launch, UnplannedKernel):
             sim = launch.simulate(mode)
             total += sim.time_us
+            by_rule.setdefault(kernel.rule, []).append(sim.time_us)
             timing = f"  {sim.time_us:8.2f} us modeled ({getattr(sim, 'bottleneck', '')})"
         lx = f"  LX-resident: {', '.join(kernel.lx_resident)}" if kernel.lx_resident else ""
         lines.append(f"  [{i:2d}] {kernel.rule:<16} {ops}{timing}")
@@ -79,6 +81,9 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
     lines.append(f"  intermediates pool: {program.pool_bytes:,} B for {len(program.dram_plan)} DRAM intermediates")
     if total:
         lines.append(f"  total device time: {total:.2f} us modeled ({mode})")
+        shares = sorted(by_rule.items(), key=lambda kv: -sum(kv[1]))
+        lines.append("  by rule: " + ", ".join(f"{rule} {len(ts)}x {sum(ts):.1f} us ({sum(ts) / total:.0%})"
+                                              for rule, ts in shares))
     return Explanation("\n".join(lines))
 
 
