@@ -37,7 +37,7 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
     if warn and name not in _warned_ops:
         _warned_ops.add(name)
         warnings.warn(f"{name} has no spyre kernel; it runs as a CPU fallback (inputs copied to the host, the CPU op, "
-                      "results copied back). Each call pays two PCIe transfers.", stacklevel=4)
+                      "results copied back). Each call pays two PCIe transfers.", stacklevel=5)
     device = get_device(index)
     stream = current_stream(index)
     written = set(written_leaves(op, leaves, spec))

@@ -74,11 +74,6 @@ HOST_BY_DESIGN = frozenset({
 })
 """Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
 
-DIRECT_KERNELS = (aten.native_layer_norm.default, aten.view.dtype, aten.rms_norm.default)
-"""Ops the dispatcher would otherwise decompose or run with a composite kernel before the backend
-fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
-fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
-
 REFERENCE_ONLY = frozenset({"rms_norm", "_fused_rms_norm", "native_layer_norm", "var", "std", "lerp"})
 """Device ops whose compiled programs round fp16 intermediates (as the card does: no fp32 upcast), so
 squares of large inputs overflow (norms, var/std) or a cancellation loses digits (lerp) where the CPU

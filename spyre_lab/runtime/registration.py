@@ -64,16 +64,27 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_hook(SpyreHooks())
     torch._C._acc.register_python_privateuseone_device_guard(SpyreDeviceGuard())
 
-    from spyre_lab.runtime.ops import DIRECT_KERNELS, dispatch
-
     lib = torch.library.Library("_", "IMPL")  # fallbacks live in the global namespace "_"
-    lib.fallback(dispatch, "PrivateUse1")
+    lib.fallback(_dispatch, "PrivateUse1")
     lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     direct = torch.library.Library("aten", "IMPL")
     for op in DIRECT_KERNELS:
-        direct.impl(op, _kernel_for(op, dispatch), "PrivateUse1")
+        direct.impl(op, _kernel_for(op), "PrivateUse1")
     _LIBRARIES.extend((lib, direct))
     _route_deepcopy_through_clone()
+
+
+DIRECT_KERNELS = (torch.ops.aten.native_layer_norm.default, torch.ops.aten.view.dtype, torch.ops.aten.rms_norm.default)
+"""Ops the dispatcher would otherwise decompose or run with a composite kernel before the backend
+fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
+fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
+
+
+def _dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """The registered kernel: loads the eager-op machinery on the first spyre op, not on ``import torch``."""
+    from spyre_lab.runtime.ops import dispatch
+
+    return dispatch(op, *args, **kwargs)
 
 
 def _route_deepcopy_through_clone() -> None:
@@ -100,8 +111,8 @@ def _route_deepcopy_through_clone() -> None:
     torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
 
 
-def _kernel_for(op: torch._ops.OpOverload, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return dispatch(op, *args, **kwargs)
+        return _dispatch(op, *args, **kwargs)
 
     return kernel

@@ -79,7 +79,7 @@ def warn_if_narrowed(dtype: torch.dtype) -> None:
         warnings.warn(
             f"spyre stores {dtype} tensors as float16 (the device dtype): values are rounded to fp16 on the way in "
             f"and .cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this.",
-            stacklevel=4,
+            stacklevel=5,
         )
 
 
