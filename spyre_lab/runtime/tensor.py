@@ -178,20 +178,25 @@ def _seed_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
     key = (index, dtype)
     seed = _SEEDS.get(key)
     if seed is None:
-        if index == 0:
-            seed = torch._C._acc.create_empty_tensor((0,), dtype)
-        else:
-            import ctypes
-
-            capsule = torch.empty(0, dtype=dtype).__dlpack__()
-            get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-            get_pointer.restype = ctypes.c_void_p
-            get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
-            device_field = (ctypes.c_int32 * 2).from_address(get_pointer(capsule, b"dltensor") + 8)
-            device_field[0], device_field[1] = 12, index  # DLDeviceType.kDLExtDev, device id
-            seed = torch._C._from_dlpack(capsule)
+        # made inside inference_mode, the seed (and every tensor aliased from it later) would be an inference tensor
+        with torch.inference_mode(False):
+            seed = _new_seed(index, dtype)
         _SEEDS[key] = seed
     return seed
+
+
+def _new_seed(index: int, dtype: torch.dtype) -> torch.Tensor:
+    if index == 0:
+        return torch._C._acc.create_empty_tensor((0,), dtype)
+    import ctypes
+
+    capsule = torch.empty(0, dtype=dtype).__dlpack__()
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype = ctypes.c_void_p
+    get_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    device_field = (ctypes.c_int32 * 2).from_address(get_pointer(capsule, b"dltensor") + 8)
+    device_field[0], device_field[1] = 12, index  # DLDeviceType.kDLExtDev, device id
+    return torch._C._from_dlpack(capsule)
 
 
 def storage_numel(size: Sequence[int], stride: Sequence[int], offset: int = 0) -> int:
