@@ -24,6 +24,7 @@ Backward through spyre tensors is refused: this device is inference-only.
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -181,7 +182,9 @@ class EagerProgram:
     compiled: Any = None                     # the compiler's Program for this op, when it has one
 
 
-_PROGRAMS: dict[Any, EagerProgram] = {}
+_PROGRAMS: OrderedDict[Any, EagerProgram] = OrderedDict()
+PROGRAM_CACHE_SIZE = 1024
+"""One-op programs kept (least recently used dropped first), like a compile cache with a size limit."""
 
 
 def clear_program_cache() -> None:
@@ -229,6 +232,10 @@ def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inde
         program = _build_program(op, leaves, spec, get_device(index).config)
         if key is not None:
             _PROGRAMS[key] = program
+            if len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+                _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(key)
     return program
 
 

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from spyre_lab.device.trace import Trace
+from spyre_lab.runtime.device_module import get_device
 from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch
 from spyre_lab.runtime.streams import Stream
 
@@ -129,7 +130,7 @@ class LoadedProgram:
 
     program: Any
     kernels: list[CompiledKernel]
-    constants_on: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)
+    constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -141,10 +142,13 @@ class LoadedProgram:
         return getattr(self.program, "aten_ops", 0) or sum(len(k.kernel.nodes) for k in self.kernels)
 
     def constants(self, device_index: int) -> dict[str, torch.Tensor]:
-        if device_index not in self.constants_on:
-            self.constants_on[device_index] = {b: t.to(torch.device("spyre", device_index))
-                                               for b, t in self.program.constants.items()}
-        return self.constants_on[device_index]
+        """The program's constants on card ``device_index``, uploaded once (again after a device reset)."""
+        generation = get_device(device_index).generation
+        cached = self.constants_on.get(device_index)
+        if cached is None or cached[0] != generation:
+            uploaded = {b: t.to(torch.device("spyre", device_index)) for b, t in self.program.constants.items()}
+            self.constants_on[device_index] = cached = (generation, uploaded)
+        return cached[1]
 
 
 _LOADED: dict[int, LoadedProgram] = {}

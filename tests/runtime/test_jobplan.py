@@ -221,3 +221,15 @@ def test_torch_compile_of_a_spyre_model_matches_cpu():
     if out.device.type != "spyre":
         pytest.xfail("the spyre backend's CompiledGraph still runs executor.execute (CPU outputs); it needs to call "
                      "spyre_lab.runtime.programs.run_program when its inputs are spyre tensors")
+
+
+def test_a_compiled_program_survives_a_device_reset():
+    backend = pytest.importorskip("spyre_lab.compiler.backend")
+    from spyre_lab.runtime.programs import run_program
+
+    a = half(16, 16)
+    program = backend.compile_graph(lambda x: x * 3 + 1, [a])
+    first = run_program(program, [a.to("spyre")])[0].cpu()
+    torch.spyre.empty_cache()
+    second = run_program(program, [a.to("spyre")])[0].cpu()   # constants and program image reloaded
+    assert torch.equal(first, second)
