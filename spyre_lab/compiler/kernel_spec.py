@@ -77,7 +77,7 @@ class KernelSpec:
             f"  work division {d.strategy}: {dict(d.splits)} on {busy} of {self.cfg.cores} cores - {d.reason}",
             f"  tiles per core: {self.tiles}; LX {self.lx_plan.peak:,} of {self.lx_plan.budget:,} B "
             f"({self.lx_plan.strategy})",
-            f"  DRAM {self.bytes_in:,} B in, {self.bytes_out:,} B out; ring {self.ring_bytes:,} B; "
+            f"  cores load {self.bytes_in:,} B and store {self.bytes_out:,} B; ring {self.ring_bytes:,} B; "
             f"{self.flops:,} FLOP; {self.tile_kernel.num_ops} tile ops",
             f"  address slots patched at launch: {', '.join(self.address_slots)}",
         ]
