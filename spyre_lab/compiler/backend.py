@@ -186,16 +186,23 @@ class CompiledGraph:
         return ([self.program] if self.program is not None else []) + list(self.programs.values())
 
     def __call__(self, *args: Any) -> Any:
-        from spyre_lab.runtime.executor import execute
-
         program = self.program_for(args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        result = execute(program, tensors, mode=self.options.timing)
-        self.last_result = result
-        _last["result"], _last["program"] = result, program
-        device = next((t.device for t in tensors if t.device.type != "cpu"), None)
-        outputs = [o.to(device) for o in result.outputs] if device is not None else result.outputs
-        produced = iter(outputs)                  # results live where the inputs came from
+        if any(t.device.type == "spyre" for t in tensors):
+            # on the card: the runtime binds the Program to DRAM buffers and launches each kernel as a
+            # JobPlan (program correction -> H2D of the blob -> Compute); outputs stay on the device
+            from spyre_lab.runtime.programs import run_program
+
+            outputs = run_program(program, tensors, mode=self.options.timing)
+            _last["program"] = program
+        else:
+            from spyre_lab.runtime.executor import execute
+
+            result = execute(program, tensors, mode=self.options.timing)
+            self.last_result = result
+            _last["result"], _last["program"] = result, program
+            outputs = result.outputs
+        produced = iter(outputs)
         leaves = [next(produced) if isinstance(leaf, fx.Node) else leaf for leaf in self.out_leaves]
         return tree_unflatten(leaves, self.out_spec)
 

@@ -217,10 +217,10 @@ def test_torch_compile_of_a_spyre_model_matches_cpu():
     compiled = torch.compile(model.to("spyre"), backend="spyre")
     with torch.no_grad():
         out = compiled(x.to("spyre"))
+    trace = last_trace()  # before .cpu(), which is a launch of its own
+    assert trace.on("host.callback"), "every compiled launch goes through program correction"
+    assert out.device.type == "spyre"
     torch.testing.assert_close(out.cpu(), expected, atol=2e-2, rtol=2e-2)
-    if out.device.type != "spyre":
-        pytest.xfail("the spyre backend's CompiledGraph still runs executor.execute (CPU outputs); it needs to call "
-                     "spyre_lab.runtime.programs.run_program when its inputs are spyre tensors")
 
 
 def test_a_compiled_program_survives_a_device_reset():
