@@ -477,3 +477,30 @@ def test_a_reduced_row_too_wide_for_lx_accumulates_in_chunks(op):
     assert sum(o.kind is OpKind.STORE for o in ops) == m
     r = spec.simulate("event")  # runs within LX on the event simulator
     assert max(r.lx_peak.values()) <= SPYRE.lx_bytes
+
+
+def test_the_modeled_tile_choice_is_as_fast_as_other_tiles_that_fit_on_the_simulator():
+    from spyre_lab.compiler.tiling_matmul import MatmulKernel, emit_matmul, matmul_lx_buffers
+    from spyre_lab.device.isa import Kernel
+    from spyre_lab.device.sim import simulate
+
+    m, n, k = 1024, 4096, 4096
+    spec = generate_kernel(*matmul_graph(m, n, k), SPYRE, OPTS)
+    sp = spec.division.splits
+    mk = MatmulKernel("mm", "a", "w", "c", 2, 2, [], dict(spec.operands), ["c"], {"a": sp["N"], "w": sp["M"]},
+                      spec.division.cores_used)
+    mc, nc = m // sp["M"], n // sp["N"]
+
+    def modeled_us(tiles):
+        program = emit_matmul(mk, 1, mc, nc, k, tiles, SPYRE, True, None)
+        kernel = Kernel.from_programs("mm", [program] * spec.division.cores_used, SPYRE.cores)
+        return simulate(kernel, SPYRE, mode="analytic").time_us
+
+    chosen = (spec.tiles["M"], spec.tiles["N"], spec.tiles["K"])
+    assert modeled_us(chosen) == pytest.approx(spec.simulate().time_us)
+    others = [(tm, tn, tk) for tm in (32, 128, 256) for tn in (64, 256) for tk in (64, 256)
+              if (tm, tn, tk) != chosen and sum(b.size for b in matmul_lx_buffers(mk, tm, tn, tk, SPYRE, True, False))
+              <= SPYRE.lx_budget_bytes]
+    assert len(others) >= 8
+    times = [modeled_us(t) for t in others]
+    assert modeled_us(chosen) <= 1.02 * min(times) and max(times) > 2 * modeled_us(chosen)  # tiles matter
