@@ -9,6 +9,9 @@ The passes follow torch-spyre's planner (docs: compiler/work_division_planning.m
 3. **core split** - output dims by decreasing size take the largest divisor of what is left of the
    cores, then at most one reduction dim.
 
+A fused MLP has no torch-spyre counterpart: :func:`divide_mlp` scores (I-slices x row slices) by a
+modeled critical path in which row-split cores share weight reads as DRAM broadcasts.
+
 Stick dims are split in whole sticks (64 fp16 elements), so every core's slice starts on a stick.
 Splits always divide evenly. A slice index is row-major over ``WorkDivision.splits`` whose order puts
 the split reduction dim (K) *first*: cores that share an output tile but hold different K ranges are
