@@ -151,20 +151,22 @@ class LoadedProgram:
         return cached[1]
 
 
-_LOADED: dict[int, LoadedProgram] = {}
+_LOADED: dict[tuple[int, str], LoadedProgram] = {}
 
 
 def load(program: Any, mode: str | None = None) -> LoadedProgram:
-    """The runtime's view of ``program`` (built once and kept while the program lives)."""
-    loaded = _LOADED.get(id(program))
+    """The runtime's view of ``program`` timed in ``mode`` (default: the program's own timing mode),
+    built once and kept while the program lives."""
+    mode = mode or program.options.timing
+    key = (id(program), mode)
+    loaded = _LOADED.get(key)
     if loaded is None or loaded.program is not program:
         from spyre_lab.compiler.program import HostFallback
 
-        mode = mode or program.options.timing
         kernels = [CompiledKernel(program, k, spec, mode, host=isinstance(spec, HostFallback))
                    for spec, k in zip(program.launches, program.kernels)]
-        loaded = _LOADED[id(program)] = LoadedProgram(program, kernels)
-        weakref.finalize(program, _LOADED.pop, id(program), None)
+        loaded = _LOADED[key] = LoadedProgram(program, kernels)
+        weakref.finalize(program, _LOADED.pop, key, None)
     return loaded
 
 
