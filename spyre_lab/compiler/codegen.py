@@ -18,11 +18,19 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from spyre_lab.compiler.ir import BufferInfo, FusedKernel, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import BufferInfo, FusedKernel, InputView, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
-from spyre_lab.compiler.tiling_common import Operand, PartnerInfo, align_axes, node_axes, renamed, share_group
+from spyre_lab.compiler.tiling_common import (
+    Operand,
+    PartnerInfo,
+    align_axes,
+    node_axes,
+    renamed,
+    share_group,
+    view_operand,
+)
 from spyre_lab.compiler.tiling_matmul import MatmulKernel, choose_matmul_tiles, emit_matmul, matmul_lx_buffers
 from spyre_lab.compiler.tiling_mlp import MlpKernel, choose_mlp_tiles, emit_mlp, mlp_lx_buffers
 from spyre_lab.compiler.tiling_rows import RowKernel, emit_rows, row_lx_buffers, row_tile_shape
@@ -161,6 +169,22 @@ def _reduced_dims(node: IRNode, buffers: Mapping[str, BufferInfo]) -> tuple[str,
     return ()
 
 
+def _input_operand(node: IRNode, i: int, rn: Mapping[str, str], buffers: Mapping[str, BufferInfo],
+                   dims: Mapping[str, int]) -> Operand:
+    """Input ``i`` of ``node`` in the kernel's dims: through its view when it has one (a transposed or
+    expanded read is tiled by the node's iteration space), else the buffer's dims aligned to the node's."""
+    b = node.inputs[i]
+    item = _itemsize(buffers[b])
+    view = node.input_views[i] if i < len(node.input_views) else None
+    if view is not None:
+        moved = InputView(view.shape, view.strides, view.offset, tuple(rn.get(a) if a else None for a in view.axes))
+        op = view_operand(b, moved, dims, item)
+        if op is not None:
+            return op
+    axes = tuple(rn.get(a) if a else None for a in node_axes(node, buffers[b].shape, False))
+    return Operand(b, tuple(buffers[b].shape), axes, item)
+
+
 def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     anchor = kernel.anchor
@@ -175,10 +199,11 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     operands: dict[str, Operand] = {}
     for n in kernel.nodes:
         rn = renamed(n, names)
-        for b, is_out in [*((i, False) for i in n.inputs), (n.output, True)]:
-            if b not in operands or is_out:
-                axes = tuple(rn.get(a) if a else None for a in node_axes(n, buffers[b].shape, is_out))
-                operands[b] = Operand(b, tuple(buffers[b].shape), axes, _itemsize(buffers[b]))
+        for i, b in enumerate(n.inputs):
+            if b not in operands:
+                operands[b] = _input_operand(n, i, rn, buffers, dims)
+        axes = tuple(rn.get(a) if a else None for a in node_axes(n, buffers[n.output].shape, True))
+        operands[n.output] = Operand(n.output, tuple(buffers[n.output].shape), axes, _itemsize(buffers[n.output]))
     for b in [*kernel.inputs, *kernel.outputs]:
         if b not in operands:
             operands[b] = Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, names, dims),

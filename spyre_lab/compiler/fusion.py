@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, InputView, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.lowering import Lowered, Read
 from spyre_lab.compiler.options import CompileOptions
 
@@ -274,6 +274,8 @@ class _Scheduler:
         for g in groups:
             if g.rule == "matmul_epilogue":
                 self.align_epilogue_dims(g.nodes)
+        for node in self.graph.nodes:
+            node.input_views = tuple(_view_of(r) for r in self.reads(node))
         kernels = []
         for i, g in enumerate(groups):
             nodes, rule = g.nodes, (g.rule if len(g.nodes) > 1 or g.rule == "restickify" else "single")
@@ -283,6 +285,13 @@ class _Scheduler:
             name = f"k{i}_{rule}_{'_'.join(dict.fromkeys(n.op for n in nodes))}"[:64]
             kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx))
         return kernels
+
+
+def _view_of(r: Read) -> InputView | None:
+    """What codegen needs of a read through views (None for a plain read of the whole buffer)."""
+    if r.is_identity:
+        return None
+    return InputView(tuple(r.meta.shape), tuple(r.meta.stride()), r.meta.storage_offset(), tuple(r.axes))
 
 
 @dataclass

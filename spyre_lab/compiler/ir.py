@@ -50,12 +50,28 @@ class BufferInfo:
         return self.numel * self.dtype.itemsize
 
 
+@dataclass(frozen=True)
+class InputView:
+    """How a node reads one input through free views (permute, expand, unsqueeze, slice, reshape).
+
+    ``shape`` is the viewed tensor's, ``strides`` and ``offset`` are in elements of the base buffer
+    (row-major), and ``axes`` names the node dim each viewed axis runs along (None: none). Codegen
+    tiles the input by these, so a transposed or broadcast read moves the bytes it really touches.
+    """
+
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    offset: int
+    axes: tuple[str | None, ...]
+
+
 @dataclass
 class IRNode:
     """One operation over a named iteration space.
 
     ``dims`` maps dim name -> extent, outermost first; the last entry of ``dims`` that is not a
-    reduction dim is the stick dim unless ``stick_dim`` says otherwise.
+    reduction dim is the stick dim unless ``stick_dim`` says otherwise. ``input_views`` (one entry per
+    input, None for a plain read) says how each input is read through views; empty when unknown.
     """
 
     name: str
@@ -66,6 +82,7 @@ class IRNode:
     compute: Callable[..., torch.Tensor] = field(repr=False)
     reduction_dims: tuple[str, ...] = ()
     stick_dim: str | None = None
+    input_views: tuple[InputView | None, ...] = field(default=(), repr=False, kw_only=True)
 
     @property
     def kind(self) -> str:

@@ -173,5 +173,15 @@ class KernelSpec:
         if op is None or buf is None or not buf.shape:
             return 0
         layout = buf.layout if buf.layout is not None else StickLayout.default(buf.shape, buf.dtype)
-        index = [min(ranges[a][0], n - 1) if a is not None and a in ranges else 0 for a, n in zip(op.axes, buf.shape)]
+        if op.strides:  # read through a view: walk the view's strides, then back to the base buffer's index
+            flat = op.offset + sum(min(ranges[a][0], n - 1) * st for a, n, st in zip(op.axes, op.shape, op.strides)
+                                   if a is not None and a in ranges)
+            index = []
+            for n in reversed(buf.shape):
+                flat, i = divmod(flat, n)
+                index.append(i)
+            index.reverse()
+        else:
+            index = [min(ranges[a][0], n - 1) if a is not None and a in ranges else 0
+                     for a, n in zip(op.axes, buf.shape)]
         return layout.device_offset(layout.device_coords(index)) * op.itemsize

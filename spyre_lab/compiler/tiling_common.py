@@ -26,11 +26,12 @@ so the scratchpad planner can place them and tile sizes can shrink until they fi
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from spyre_lab.compiler.ir import IRNode, Reduction
+from spyre_lab.compiler.ir import InputView, IRNode, Reduction
 from spyre_lab.compiler.scratchpad import LXBuffer
 from spyre_lab.compiler.work_division import ring_hops
 from spyre_lab.device.isa import CoreProgram
@@ -57,12 +58,19 @@ COMBINE_OP = {"sum": "add", "mean": "add", "amax": "max", "max": "max", "amin": 
 
 @dataclass(frozen=True)
 class Operand:
-    """A buffer as one kernel sees it: which iteration dim each tensor dim runs along (None = broadcast)."""
+    """A buffer as one kernel sees it: which iteration dim each tensor dim runs along (None = broadcast).
+
+    Dims are in memory order, the last one the stick dim. For a plain read they are the buffer's own;
+    for a read through views (:func:`view_operand`) they are the viewed axes the read touches, ordered
+    by stride, with ``strides``/``offset`` (elements of the base buffer) saying where each lies.
+    """
 
     buffer: str
     shape: tuple[int, ...]
     axes: tuple[str | None, ...]
     itemsize: int
+    strides: tuple[int, ...] = ()
+    offset: int = 0
 
     @property
     def dims(self) -> frozenset[str]:
@@ -76,6 +84,28 @@ class Operand:
         eps = stick_bytes // self.itemsize
         rows = math.prod(sizes[:-1])
         return rows * math.ceil(sizes[-1] / eps) * stick_bytes
+
+
+def view_operand(buffer: str, view: InputView, sizes: Mapping[str, int], itemsize: int) -> Operand | None:
+    """An input read through views, as the bytes a tile of the node's iteration space touches in the base buffer.
+
+    The viewed axes that move through memory (size > 1, stride > 0; expanded axes read the same bytes
+    again) are sorted outermost first by stride, so the last one is the stick dim of the base buffer
+    when its stride is 1. When no axis has stride 1, every element lies in a stick of its own: a unit
+    stick dim is appended. None when the axes overlap in memory (then the caller falls back to the
+    buffer's own dims).
+    """
+    if len(view.axes) != len(view.shape) or len(view.strides) != len(view.shape):
+        return None
+    moving = sorted(((st, n, a if a is not None and sizes.get(a) == n else None)
+                     for n, st, a in zip(view.shape, view.strides, view.axes) if n > 1 and st > 0), reverse=True)
+    for (outer, _, _), (inner, n, _) in itertools.pairwise(moving):
+        if outer < inner * n:
+            return None
+    if not moving or moving[-1][0] != 1:
+        moving.append((1, 1, None))
+    return Operand(buffer, tuple(n for _, n, _ in moving), tuple(a for _, _, a in moving), itemsize,
+                   tuple(st for st, _, _ in moving), view.offset)
 
 
 def share_group(varies_along: Iterable[str], splits: Mapping[str, int], exclude: Iterable[str] = ()) -> int:
