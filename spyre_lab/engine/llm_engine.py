@@ -93,6 +93,7 @@ class LLMEngine:
         self.runner = ModelRunner(self.model, self.platform, block_size, num_kv_blocks, self.max_model_len,
                                   self.dtype, seed)
         self.stats = EngineStats()
+        self._created = time.perf_counter()
         self.requests: dict[str, Sequence] = {}
         self._prompts: dict[str, str | None] = {}
         self._aborted: list[RequestOutput] = []
@@ -237,15 +238,17 @@ class LLMEngine:
             kv_blocks_used=self.block_manager.num_used_blocks,
             dispatch=self.platform.dispatch_mode + ("+on-demand" if result.on_demand else ""),
             num_preempted=num_preempted,
+            start_ms=(result.start - self._created) * 1e3,
         ))
 
     def warmup(self, show_progress: bool = True) -> None:
         """Run every shape bucket once (static-shape platforms); a no-op with dynamic shapes."""
-        for (kind, size), host_ms, device_ms in self.runner.warmup(show_progress):
+        for (kind, size), start, host_ms, device_ms in self.runner.warmup(show_progress):
             self.stats.steps.append(StepStats(
                 len(self.stats.steps), f"warmup-{kind}", 0, size if kind == "decode" else None,
                 size if kind == "prefill" else None, 0, size, host_ms, device_ms,
                 self.block_manager.num_used_blocks, self.platform.dispatch_mode,
+                start_ms=(start - self._created) * 1e3,
             ))
 
     def run_to_completion(self) -> Iterable[RequestOutput]:

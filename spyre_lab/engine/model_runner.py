@@ -37,6 +37,7 @@ class ModelInput:
 @dataclass
 class StepResult:
     token_ids: list[int]
+    start: float  # time.perf_counter() when the step began
     host_ms: float
     device_ms_modeled: float | None
     num_tokens: int
@@ -182,6 +183,7 @@ class ModelRunner:
         num_real = sum(len(s) - s.num_computed_tokens for s in seqs) if is_prefill else len(seqs)
         return StepResult(
             token_ids=token_ids,
+            start=start,
             host_ms=(time.perf_counter() - start) * 1e3,
             device_ms_modeled=device_time.modeled_ms,
             num_tokens=num_real,
@@ -192,10 +194,10 @@ class ModelRunner:
 
     # ---- warmup ---------------------------------------------------------------------------------
     @torch.inference_mode()
-    def warmup(self, show_progress: bool = True) -> list[tuple[tuple[str, int], float, float | None]]:
+    def warmup(self, show_progress: bool = True) -> list[tuple[tuple[str, int], float, float, float | None]]:
         """Run every prefill and decode bucket once on dummy data (written only to the scratch block).
 
-        Returns (bucket, host ms measured, device ms modeled) per bucket."""
+        Returns (bucket, start perf_counter, host ms measured, device ms modeled) per bucket."""
         if not self.platform.static_shapes:
             return []
         buckets = [("prefill", b) for b in self.platform.prefill_buckets]
@@ -208,7 +210,7 @@ class ModelRunner:
                 self.execute(self._dummy_input(kind, size))
                 self.platform.synchronize()
             self.warmed_buckets.add(bucket)
-            timings.append((bucket, (time.perf_counter() - start) * 1e3, device_time.modeled_ms))
+            timings.append((bucket, start, (time.perf_counter() - start) * 1e3, device_time.modeled_ms))
         return timings
 
     def _dummy_input(self, kind: str, size: int) -> ModelInput:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from spyre_lab.device.trace import Trace
+
 
 @dataclass
 class StepStats:
@@ -23,6 +25,7 @@ class StepStats:
     kv_blocks_used: int
     dispatch: str  # platform dispatch mode; "+on-demand" when the shape was not warmed up
     num_preempted: int = 0
+    start_ms: float = 0.0  # measured, from engine creation
 
 
 @dataclass
@@ -92,6 +95,16 @@ class EngineStats:
             "on_demand_steps": sum("on-demand" in s.dispatch for s in served),
             "preemptions": sum(s.num_preempted for s in served),
         }
+
+    def to_trace(self) -> Trace:
+        """The steps as events on the `engine` lane of a Trace (measured host time), for timelines and Perfetto."""
+        trace = Trace(meta={"time": "measured host microseconds (engine lane)"})
+        for s in self.steps:
+            trace.add("engine", f"{s.kind} x{s.num_seqs}", s.start_ms * 1e3, s.host_ms * 1e3,
+                      num_tokens=s.num_tokens, padded_tokens=s.padded_tokens, batch_bucket=s.batch_bucket,
+                      token_bucket=s.token_bucket, kv_blocks_used=s.kv_blocks_used, dispatch=s.dispatch,
+                      device_ms_modeled=s.device_ms_modeled)
+        return trace
 
     def reset(self) -> None:
         self.steps.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 
 import pytest
@@ -120,6 +121,11 @@ def test_stats_rows_and_table(hf_granite_dir):
     assert "host ms measured, device ms modeled" in text and "n/a" in text
     with pytest.raises(ValueError, match="steps"):
         llm.stats.to_rows("nope")
+    trace = llm.stats.to_trace()
+    assert trace.lanes() == ["engine"] and len(trace) == len(rows)
+    events = trace.on("engine")
+    assert all(a.end_us <= b.start_us for a, b in itertools.pairwise(events))  # steps run one after another
+    assert events[0].args["num_tokens"] == rows[0]["num_tokens"]
 
 
 def test_static_shapes_pad_to_buckets_and_match_dynamic(hf_granite_dir, caplog):
