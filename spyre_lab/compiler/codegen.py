@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 
 import torch
 
@@ -39,10 +40,11 @@ from spyre_lab.compiler.work_division import (
     divide_iteration_space,
     divide_matmul,
     divide_mlp,
+    ring_hops,
     slice_ranges,
 )
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, Kernel, LXOverflowError
+from spyre_lab.device.isa import CoreProgram, Kernel, LXOverflowError, OpKind
 
 __all__ = ["KNOWN_RULES", "KernelSpec", "estimate_us", "generate_kernel"]
 
@@ -72,10 +74,21 @@ def generate_kernel(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg:
     return _row_spec(kernel, buffers, cfg, options)
 
 
+def _live_bytes_bound(bufs: Sequence[LXBuffer]) -> int:
+    """A lower bound on any LX plan's peak: at each step, the buffers alive then that have no in-place parent
+    all need addresses of their own. (Tile choosers try many sizes; most fail this cheap test.)"""
+    owners = [b for b in bufs if b.in_place_parent is None]
+    steps = {b.start for b in owners}
+    return max((sum(b.size for b in owners if b.start <= s <= b.end) for s in steps), default=0)
+
+
 def _fits(cfg: SpyreConfig, options: CompileOptions, name: str) -> Callable[[list[LXBuffer]], bool]:
     """Does a tile's buffer list fit LX under the chosen allocator?"""
+    budget = cfg.lx_budget_bytes
 
     def fits(bufs: list[LXBuffer]) -> bool:
+        if _live_bytes_bound(bufs) > budget:
+            return False
         try:
             plan_scratchpad(bufs, cfg.lx_budget_bytes, options.lx_allocator, name)
         except LXOverflowError:
@@ -93,24 +106,47 @@ def _partners(division: WorkDivision, core: int) -> PartnerInfo | None:
 
 
 def _per_core(slices: Sequence[Mapping[str, tuple[int, int]]], division: WorkDivision | None, cfg: SpyreConfig,
-              emit: Callable[[dict[str, int], PartnerInfo | None], CoreProgram]) -> list[CoreProgram]:
+              emit: Callable[[dict[str, int], PartnerInfo | None], CoreProgram],
+              reuse_partners: bool = True) -> list[CoreProgram]:
     """Every core's program. Cores with the same slice extents and no partners run the very same ops
-    (one shared program), which keeps codegen and the analytic simulator linear in distinct work."""
+    (one shared program), which keeps codegen and the analytic simulator linear in distinct work. Partners
+    of a split reduction with the same extents and rank differ only in whom their ring ops talk to: they
+    get the first such core's ops with those peers swapped."""
     programs = [CoreProgram() for _ in range(cfg.cores)]
     shared: dict[tuple, CoreProgram] = {}
+    templates: dict[tuple, tuple[CoreProgram, PartnerInfo]] = {}
     for c, ranges in enumerate(slices):
         if not ranges:
             continue
         extent = {d: hi - lo for d, (lo, hi) in ranges.items()}
+        key = tuple(sorted(extent.items()))
         partners = _partners(division, c) if division is not None else None
         if partners is not None:
-            programs[c] = emit(extent, partners)
+            rank_key = (key, partners[0], len(partners[1]))
+            if reuse_partners and rank_key in templates:
+                programs[c] = _repartnered(*templates[rank_key], partners, cfg.cores)
+            else:
+                programs[c] = emit(extent, partners)
+                templates[rank_key] = (programs[c], partners)
             continue
-        key = tuple(sorted(extent.items()))
         if key not in shared:
             shared[key] = emit(extent, None)
         programs[c] = shared[key]
     return programs
+
+
+def _repartnered(template: CoreProgram, source: PartnerInfo, target: PartnerInfo, cores: int) -> CoreProgram:
+    """``template`` (emitted for partner ``source``) as the program of ``target``, a partner of the same rank
+    in another group: the same op objects, except ring transfers go to ``target``'s partners."""
+    peer = dict(zip(source[1], target[1]))
+    ops = []
+    for op in template.ops:
+        if op.kind is OpKind.RING_SEND:
+            op = replace(op, peer=peer[op.peer], hops=ring_hops(target[2], peer[op.peer], cores))
+        elif op.kind is OpKind.RING_RECV:
+            op = replace(op, peer=peer[op.peer])
+        ops.append(op)
+    return CoreProgram(ops)
 
 
 def _slots(kernel: FusedKernel) -> list[str]:
@@ -308,12 +344,18 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     mk = MlpKernel(kernel.name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
                    up.output, pointwise, h, out, _itemsize(buffers[x]), w_item, operands, gate.k, out_cols)
     fits = _fits(cfg, options, kernel.name)
+    chosen: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
+
+    def tiles_for(rows: int, i_cols: int, reduce: bool) -> tuple[int, int, int, int]:
+        if (rows, i_cols, reduce) not in chosen:
+            chosen[rows, i_cols, reduce] = choose_mlp_tiles(mk, rows, i_cols, cfg, options.double_buffer, reduce,
+                                                            fits)
+        return chosen[rows, i_cols, reduce]
 
     def row_tiles(i_split: int, row_split: int) -> int:
         """Row tiles per core under an (I, rows) split: each one re-reads the core's weight slice."""
         rows, i_cols = gate.m // row_split, -(-gate.n // eps) // i_split * eps
-        reduce = down is not None and i_split > 1
-        tm = choose_mlp_tiles(mk, rows, i_cols, cfg, options.double_buffer, reduce, fits)[0]
+        tm = tiles_for(rows, i_cols, down is not None and i_split > 1)[0]
         return -(-rows // tm)
 
     division = divide_mlp(gate.m, gate.n, gate.k, down is not None, dtype, cfg, options.work_division,
@@ -323,8 +365,7 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     busy = [c for c, s in enumerate(slices) if s]
     ext = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()}
     reduce = down is not None and division.split_reduction_dim is not None
-    tiles = choose_mlp_tiles(mk, ext["M"], ext["N"], cfg, options.double_buffer, reduce,
-                             _fits(cfg, options, kernel.name))
+    tiles = tiles_for(ext["M"], ext["N"], reduce)
     programs = _per_core(slices, division if down is not None else None, cfg, lambda e, partners: emit_mlp(
         mk, e["M"], e["N"], tiles, cfg, options.double_buffer, partners))
     whole_slice = tiles[1] >= -(-ext["N"] // eps) * eps

@@ -1,0 +1,49 @@
+"""Codegen shortcuts that make compiling faster must not change what is compiled."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from spyre_lab.compiler import codegen
+from spyre_lab.compiler.codegen import _live_bytes_bound, generate_kernel
+from spyre_lab.compiler.ir import BufferInfo, FusedKernel, MatMul
+from spyre_lab.compiler.options import CompileOptions
+from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
+from spyre_lab.device.config import SPYRE
+from spyre_lab.device.isa import OpKind
+
+
+def _noop(*_):
+    return None
+
+
+def gemv(n: int, k: int) -> tuple[FusedKernel, dict[str, BufferInfo]]:
+    f16 = torch.float16
+    bufs = {"a": BufferInfo("a", (1, k), f16, "input"), "w": BufferInfo("w", (k, n), f16, "constant"),
+            "c": BufferInfo("c", (1, n), f16, "output")}
+    node = MatMul("mm", "matmul", ("a", "w"), "c", {"B": 1, "M": 1, "N": n, "K": k}, _noop, ("K",), "N", 1, 1, n, k)
+    return FusedKernel("gemv", [node], "single", ["a", "w"], ["c"]), bufs
+
+
+def test_partners_of_one_rank_share_ops_but_talk_to_their_own_group(monkeypatch):
+    kernel, bufs = gemv(4096, 4096)
+    shared = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    assert shared.division.split_reduction_dim == "K"
+    monkeypatch.setattr(codegen, "_per_core", functools.partial(codegen._per_core, reuse_partners=False))
+    fresh = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    for c, (p, q) in enumerate(zip(shared.tile_kernel.programs, fresh.tile_kernel.programs)):
+        assert p.ops == q.ops, f"core {c}"
+    ids = {id(op) for p in shared.tile_kernel.programs for op in p}
+    assert len(ids) < shared.tile_kernel.num_ops          # cores of one rank hold the very same op objects
+    peers = {op.peer for p in shared.tile_kernel.programs for op in p if op.kind is OpKind.RING_SEND}
+    assert len(peers) > 1
+    assert shared.simulate().time_us == fresh.simulate().time_us
+
+
+def test_live_bytes_bound_never_exceeds_the_planned_peak():
+    bufs = [LXBuffer("a", 100, 0, 2), LXBuffer("b", 50, 1, 3), LXBuffer("c", 70, 3, 4),
+            LXBuffer("d", 60, 2, 2, "a"), LXBuffer("e", 30, 4, 4)]
+    plan = plan_scratchpad(bufs, 10_000, "greedy")
+    assert _live_bytes_bound(bufs) == 150 <= plan.peak
