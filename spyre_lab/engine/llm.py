@@ -5,24 +5,43 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
+import torch
 from tqdm.auto import tqdm
 
 from spyre_lab.engine.llm_engine import LLMEngine, Prompt
 from spyre_lab.engine.outputs import CompletionOutput, RequestOutput
+from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.stats import EngineStats
 
 
 class LLM:
-    """`LLM("tiny-granite")` or `LLM("/path/to/hf_folder", platform="cpu", ...)`; see LLMEngine for options.
+    """`LLM("tiny-granite")` or `LLM("/path/to/hf_folder", platform="cpu", ...)`.
+
+    Further options go to LLMEngine: max_num_batched_tokens, enable_prefix_caching, static_shapes,
+    prefill_buckets, batch_buckets.
 
     A request that cannot be served (invalid SamplingParams, prompt of max_model_len tokens or more)
     is not raised: `generate` returns it finished with finish_reason "error" and the reason in
     `RequestOutput.error`, and serves the others.
     """
 
-    def __init__(self, model: str = "tiny-granite", platform="cpu", **engine_options) -> None:
-        self.llm_engine = LLMEngine(model, platform, **engine_options)
+    def __init__(
+        self,
+        model: str = "tiny-granite",
+        platform: str | Platform = "cpu",
+        max_num_seqs: int = 16,
+        max_model_len: int | None = None,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        seed: int = 0,
+        dtype: torch.dtype | str | None = None,
+        **engine_options,
+    ) -> None:
+        self.llm_engine = LLMEngine(
+            model, platform, max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
+            num_kv_blocks=num_kv_blocks, seed=seed, dtype=dtype, **engine_options,
+        )
         self._ids = itertools.count()
 
     @property
