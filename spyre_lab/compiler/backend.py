@@ -111,7 +111,7 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
     aten_gm = to_aten(fn, example_inputs)
     lowered = lower(aten_gm)
     restickifies = propagate_layouts(lowered, cfg)
-    kernels = schedule(lowered, options)
+    kernels = schedule(lowered, options, cfg)
     unfused = len(lowered.graph.nodes)
     buffers = lowered.graph.buffers
     launches = [_plan(k, buffers, cfg, options) for k in kernels]

@@ -73,6 +73,8 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
         lx = f"  LX-resident: {', '.join(kernel.lx_resident)}" if kernel.lx_resident else ""
         lines.append(f"  [{i:2d}] {kernel.rule:<16} {ops}{timing}")
         lines.append(f"        DRAM in: {', '.join(kernel.inputs)}  out: {', '.join(kernel.outputs)}{lx}")
+        if kernel.decision:
+            lines.append(f"        fusion choice: {kernel.decision}")
         for extra in (_division_line(launch), _lx_line(launch)):
             if extra:
                 lines.append("  " + extra)

@@ -7,7 +7,8 @@ produces and consumes itself stays in the cores' LX scratchpads. Rules (names fr
 * ``softmax``: amax -> sub -> exp -> sum -> div over one row, all five in one kernel. Off, the
   staged form of the torch-spyre study is used: max | sub-exp-sum | div, through DRAM.
 * ``mlp``: gate and up matmuls sharing their input, SiLU, multiply, and the down matmul when it
-  follows -- only x, the weights and the result touch DRAM.
+  follows -- only x, the weights and the result touch DRAM. Cost-based: the fused kernel is kept
+  only when its modeled time beats the kernels the other rules would form (at large M it does not).
 * ``matmul_epilogue``: pointwise ops on a matmul's output (bias, residual add, scale) in the matmul kernel.
 * ``reduction_fusion``: pointwise prologue into a reduction and its epilogue after it (RMSNorm, LayerNorm).
 * ``pointwise_chain``: producer -> consumer pointwise ops.
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, InputView, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.lowering import Lowered, Read
 from spyre_lab.compiler.options import CompileOptions
+from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.device.isa import LXOverflowError
 
 
 def _rows(node: IRNode) -> int:
@@ -45,10 +48,12 @@ def _layout_preserving(r: Read) -> bool:
 
 
 class _Scheduler:
-    def __init__(self, lowered: Lowered, options: CompileOptions) -> None:
+    def __init__(self, lowered: Lowered, options: CompileOptions, cfg: SpyreConfig) -> None:
         self.lowered = lowered
         self.graph: Graph = lowered.graph
         self.options = options
+        self.cfg = cfg
+        self.decisions: dict[str, str] = {}                    # node name -> why its kernel looks the way it does
         self.rules = options.fusion
         self.producer = {n.output: n for n in self.graph.nodes}
         self.users: dict[str, list[IRNode]] = {}
@@ -139,6 +144,49 @@ class _Scheduler:
                 and self.internal_edge(down, mul.output) and self.fits_bundle([*group, down])):
             group.append(down)
         return group if self.fits_bundle(group) else None
+
+    # --- cost-based choice ------------------------------------------------------------------------
+    def separate_groups(self, nodes: Sequence[IRNode]) -> list[tuple[list[IRNode], str]]:
+        """The kernels the other rules form from ``nodes`` alone (greedy bundling in program order)."""
+        groups: list[_Group] = []
+        group_of: dict[str, int] = {}
+        for n in sorted(nodes, key=lambda n: self.position[n.name]):
+            if not self.join(groups, group_of, n):
+                groups.append(_Group([n], "single", True))
+                group_of[n.output] = len(groups) - 1
+        return [(g.nodes, g.rule) for g in groups]
+
+    def estimate_us(self, parts: Sequence[tuple[list[IRNode], str]]) -> float:
+        """Modeled time of running ``parts`` as kernels (inf if one of them cannot be planned)."""
+        from spyre_lab.compiler.codegen import estimate_us
+
+        total = 0.0
+        for nodes, rule in parts:
+            ins, outs, lx = self.dram_tensors(nodes)
+            kernel = FusedKernel(f"{rule}_{nodes[0].output}", list(nodes), rule, ins, outs, lx)
+            try:
+                total += estimate_us(kernel, self.graph.buffers, self.cfg, self.options)
+            except (LXOverflowError, ValueError, NotImplementedError):
+                return math.inf
+        return total
+
+    def choose_mlp(self, group: list[IRNode]) -> list[IRNode] | None:
+        """Keep the fused MLP only where the model says it is faster than the kernels the other rules would form.
+
+        Fusion keeps gate, up and their product in LX, but LX caps the rows a tile holds, and every row tile
+        re-reads the core's weight slice: at large M separate matmuls (each reading its weight once per
+        row tile of its own, larger tiles) win. With a down projection a third option is weighed: gate, up,
+        SiLU and mul fused, the down matmul on its own. Returns the nodes to fuse under ``mlp`` (None: none).
+        """
+        options: dict[str, tuple[list[IRNode], list[tuple[list[IRNode], str]]]] = {"fused": (group, [(group, "mlp")])}
+        if len(group) == 5:
+            options["fused without down"] = (group[:4], [(group[:4], "mlp"), *self.separate_groups(group[4:])])
+        options["separate"] = ([], self.separate_groups(group))
+        times = {name: self.estimate_us(parts) for name, (_, parts) in options.items()}
+        best = min(times, key=lambda name: times[name])             # ties keep the more fused option
+        self.decisions[group[0].name] = ("mlp: " + " vs ".join(f"{name} {t:.0f} us" for name, t in times.items())
+                                         + f" -> {best} (modeled)")
+        return options[best][0] or None
 
     def schedulable(self, group: list[IRNode]) -> bool:
         """A pattern group runs at its last member's position: outside users of its outputs must come later."""
@@ -243,8 +291,12 @@ class _Scheduler:
                 group = matcher(node)
                 if group is None or any(n.name in claimed for n in group) or not self.schedulable(group):
                     continue
-                if rule == "mlp" and rule not in self.rules:
-                    continue
+                if rule == "mlp":
+                    if rule not in self.rules:
+                        continue
+                    group = self.choose_mlp(group)
+                    if group is None:
+                        continue
                 last = max(group, key=lambda n: self.position[n.name])
                 patterns[last.name] = (group, rule)
                 claimed |= {n.name for n in group}
@@ -283,7 +335,8 @@ class _Scheduler:
             if len(nodes) == 1 and nodes[0].op == "restickify":
                 rule = "restickify"
             name = f"k{i}_{rule}_{'_'.join(dict.fromkeys(n.op for n in nodes))}"[:64]
-            kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx))
+            decision = next((self.decisions[n.name] for n in nodes if n.name in self.decisions), "")
+            kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx, decision))
         return kernels
 
 
@@ -307,6 +360,8 @@ def _combine(current: str, joined: str) -> str:
     return max(current, joined, key=order.index)
 
 
-def schedule(lowered: Lowered, options: CompileOptions) -> list[FusedKernel]:
-    """Group the lowered nodes into fused kernels, in an order that respects every dependency."""
-    return _Scheduler(lowered, options).run()
+def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE) -> list[FusedKernel]:
+    """Group the lowered nodes into fused kernels, in an order that respects every dependency.
+
+    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on."""
+    return _Scheduler(lowered, options, cfg).run()

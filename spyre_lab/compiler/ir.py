@@ -142,6 +142,8 @@ class FusedKernel:
     inputs: list[str]
     outputs: list[str]
     lx_resident: list[str] = field(default_factory=list)
+    decision: str = ""
+    """Why the scheduler formed this kernel when it weighed alternatives (e.g. fused vs separate MLP)."""
 
     @property
     def is_fallback(self) -> bool:
