@@ -24,8 +24,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spyre_lab.compiler.access import Lowered, Read
 from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, InputView, IRNode, MatMul, Pointwise, Reduction
-from spyre_lab.compiler.lowering import Lowered, Read
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.isa import LXOverflowError

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from spyre_lab.compiler.access import Access, Lowered, Read, compose
 from spyre_lab.compiler.ir import BufferInfo, Pointwise
-from spyre_lab.compiler.lowering import Access, Lowered, Read, _compose
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.layout import StickLayout
 
@@ -89,7 +89,7 @@ def propagate_layouts(lowered: Lowered, cfg: SpyreConfig) -> list[Restickify]:
         if new_reads != access.reads:
             access.reads = new_reads
             node.inputs = tuple(r.buffer for r in new_reads)
-            node.compute = _compose(new_reads, access.op_fn)
+            node.compute = compose(new_reads, access.op_fn)
         nodes.append(node)
     graph.nodes = _restickify_early(nodes)
     for buf in buffers.values():
@@ -114,7 +114,7 @@ def _restickify(lowered: Lowered, r: Read, consumer: str, why: str, nodes: list,
     src = Read(r.buffer, r.steps, r.meta, names)
     fn = torch.Tensor.contiguous
     node = Pointwise(name=f"restickify:{name}", op="restickify", inputs=(r.buffer,), output=name,
-                     dims=dict(zip(names, shape)), compute=_compose([src], fn), stick_dim=names[-1] if names else None)
+                     dims=dict(zip(names, shape)), compute=compose([src], fn), stick_dim=names[-1] if names else None)
     lowered.access[node.name] = Access([src], names, fn)
     nodes.append(node)
     events.append(Restickify(consumer, r.buffer, name, why, False))

@@ -19,7 +19,6 @@ once), matmuls accumulate explicitly in fp32. Ops the device does not run become
 
 from __future__ import annotations
 
-import functools
 import itertools
 import operator
 import warnings
@@ -30,116 +29,26 @@ import torch
 import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
+from spyre_lab.compiler.access import Access, Lowered, Read, compose
 from spyre_lab.compiler.ir import BufferInfo, Fallback, Graph, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.op_tables import (
+    DEVICE_POINTWISE,
+    DEVICE_REDUCTIONS,
+    HOST_ONLY_REASON,
+    MATMUL_OPS,
+    MULTI_OUTPUT_NAMES,
+    SHAPE_ONLY_OPS,
+    VIEW_OPS,
+    decomposition_table,
+)
+
+__all__ = ["Access", "Lowered", "LoweringError", "Read", "decomposition_table", "lower"]
 
 aten = torch.ops.aten
 
-# --- op tables ---------------------------------------------------------------------------------
-
-DEVICE_POINTWISE: dict[str, str] = {
-    # aten overload packet -> LoopIR op name
-    "add": "add", "sub": "sub", "rsub": "rsub", "mul": "mul", "div": "div", "neg": "neg", "pow": "pow",
-    "rsqrt": "rsqrt", "sqrt": "sqrt", "exp": "exp", "log": "log", "abs": "abs", "reciprocal": "reciprocal",
-    "silu": "silu", "gelu": "gelu", "sigmoid": "sigmoid", "tanh": "tanh", "relu": "relu", "erf": "erf",
-    "clamp": "clamp", "clamp_min": "clamp", "clamp_max": "clamp", "maximum": "maximum", "minimum": "minimum",
-    "where": "where", "masked_fill": "masked_fill",
-    "eq": "eq", "ne": "ne", "lt": "lt", "le": "le", "gt": "gt", "ge": "ge",
-    "logical_not": "logical_not", "logical_and": "logical_and", "logical_or": "logical_or",
-    "_to_copy": "cast", "clone": "copy", "copy": "copy", "alias": "copy", "lift_fresh_copy": "copy",
-    "cat": "cat", "index_select": "index_select",
-}
-"""Elementwise (and data-movement) ops the SFU runs. sin/cos stay on the host, as on the real stack."""
-
-DEVICE_REDUCTIONS = {"sum", "mean", "amax", "amin", "argmax", "argmin", "any", "all", "prod", "max", "min", "topk",
-                     "var", "var_mean"}
-
-MULTI_OUTPUT_NAMES = {"var_mean": ("var", "mean")}
-
-VIEW_OPS = {
-    "view", "_unsafe_view", "reshape", "permute", "t", "transpose", "expand", "unsqueeze", "squeeze",
-    "slice", "select", "detach", "alias_copy", "view_copy", "permute_copy", "expand_copy", "squeeze_copy",
-    "unsqueeze_copy", "slice_copy", "t_copy", "transpose_copy",
-}
-
-SHAPE_ONLY_OPS = {"full_like", "zeros_like", "ones_like", "empty_like", "new_zeros", "new_ones", "new_full",
-                  "new_empty", "empty_strided", "empty"}
-
-MATMUL_OPS = {"mm", "bmm", "addmm", "baddbmm"}
-
-HOST_ONLY_REASON = {
-    "embedding": "embedding gather runs on the host, as in torch-spyre (CPU fallback with auto-transfer)",
-    "sin": "sin/cos run on the host in torch-spyre", "cos": "sin/cos run on the host in torch-spyre",
-    "cumsum": "scan ops run on the host", "tril": "tril/triu run on the host", "triu": "tril/triu run on the host",
-    "convolution": "convolution has no Spyre lowering here",
-}
-
-
-@functools.cache
-def decomposition_table() -> dict:
-    """ATen core decompositions, minus the ops Spyre keeps whole (silu/gelu/softmax lower as fused targets),
-    plus layer_norm so it reaches the device as reductions (var_mean) and pointwise ops."""
-    from torch._decomp import core_aten_decompositions, get_decompositions
-
-    keep = {aten.silu, aten.gelu, aten._softmax, aten.clamp, aten.masked_fill, aten.sigmoid, aten.relu}
-    table = {op: fn for op, fn in core_aten_decompositions().items()
-             if getattr(op, "overloadpacket", None) not in keep}
-    table.update(get_decompositions([aten.native_layer_norm]))
-    return table
-
-
-# --- what lowering produces --------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Read:
-    """How a node reads one input: a base buffer seen through a chain of free views.
-
-    ``steps`` are ``(aten_op, args)`` applied in order; ``meta`` is the viewed tensor on the meta
-    device (its strides tell layout propagation which base axis the stick lands on); ``axes`` names
-    the node dim each axis of the viewed tensor runs along (None: not aligned with a dim).
-    """
-
-    buffer: str
-    steps: tuple[tuple[object, tuple], ...]
-    meta: torch.Tensor = field(compare=False)
-    axes: tuple[str | None, ...] = ()
-
-    def apply(self, t: torch.Tensor) -> torch.Tensor:
-        for op, args in self.steps:
-            t = op(t, *args)
-        return t
-
-    @property
-    def is_identity(self) -> bool:
-        return not self.steps
-
-    def describe(self) -> str:
-        return self.buffer + "".join(f".{op.__name__.split('.')[0]}{list(args)}" for op, args in self.steps)
-
-
-@dataclass
-class Access:
-    """Per node: its input reads and the node dim of each output axis (for tile-by-tile execution)."""
-
-    reads: list[Read]
-    out_axes: tuple[str | None, ...]
-    op_fn: Callable[..., torch.Tensor] = field(repr=False)
-
-
-@dataclass
-class Lowered:
-    """The lowering result: the LoopIR graph plus what the executor needs to run it."""
-
-    graph: Graph
-    constants: dict[str, torch.Tensor]
-    access: dict[str, Access]
-    outputs: list[Read]
-    input_names: list[str]
-    fallback_ops: list[str]
-    mutations: list[tuple[str, Read]] = field(default_factory=list)   # graph input <- value, written after the run
-
 
 class LoweringError(RuntimeError):
-    pass
+    """The graph cannot become a static Spyre program (symbolic shapes, data-dependent outputs, ...)."""
 
 
 _WARNED: set[str] = set()
@@ -185,12 +94,6 @@ def _matmul_fp32(out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.matmul(a.float(), b.float()).to(out_dtype)
     return mm
-
-
-def _compose(reads: Sequence[Read], fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    def compute(*inputs: torch.Tensor) -> torch.Tensor:
-        return fn(*(r.apply(x) for r, x in zip(reads, inputs)))
-    return compute
 
 
 def _dim_names(n: int) -> tuple[str, ...]:
@@ -378,7 +281,7 @@ class _Lowerer:
             out = f"{name}_{next(self._names)}"
         self.buffers[out] = BufferInfo(out, tuple(out_shape), out_dtype, "intermediate")
         node = cls(name=f"{op}:{out}", op=op, inputs=tuple(r.buffer for r in reads), output=out, dims=dims,
-                   compute=_compose(reads, op_fn), **extra)
+                   compute=compose(reads, op_fn), **extra)
         self.nodes.append(node)
         self.access[node.name] = Access(reads, out_axes, op_fn)
         return self._base_read(out, torch.empty(tuple(out_shape), dtype=out_dtype, device="meta"))

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from spyre_lab.compiler.access import Access, Read
 from spyre_lab.compiler.ir import BufferInfo, FusedKernel
-from spyre_lab.compiler.lowering import Access, Read
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SpyreConfig
 
