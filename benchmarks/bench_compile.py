@@ -84,6 +84,9 @@ def bench_compile_time() -> None:
             print(f"  modeled device time: n/a, kernels without a tile plan: {untimed}")
         else:
             print(f"  modeled device time: {modeled_unfused:.1f} us unfused -> {modeled:.1f} us fused (analytic)")
+        for kernel in program.kernels:
+            if kernel.decision:
+                print(f"  fusion choice: {kernel.decision}")
     torch._dynamo.reset()
     inputs = layer_inputs(256, 4, 2, 512, 64)
     cache.clear()
