@@ -111,10 +111,11 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
     aten_gm = to_aten(fn, example_inputs)
     lowered = lower(aten_gm)
     restickifies = propagate_layouts(lowered, cfg)
-    kernels = schedule(lowered, options, cfg)
+    planned: dict[str, Any] = {}
+    kernels = schedule(lowered, options, cfg, planned)
     unfused = len(lowered.graph.nodes)
     buffers = lowered.graph.buffers
-    launches = [_plan(k, buffers, cfg, options) for k in kernels]
+    launches = [planned.get(k.name) or _plan(k, buffers, cfg, options) for k in kernels]
     keep = {r.buffer for r in lowered.outputs} | {v.buffer for _, v in lowered.mutations}
     dram_plan, pool = plan_intermediates(kernels, buffers, keep)
     name = getattr(fn, "__name__", None) or type(fn).__name__

@@ -345,11 +345,12 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
                    up.output, pointwise, h, out, _itemsize(buffers[x]), w_item, operands, gate.k, out_cols)
     fits = _fits(cfg, options, kernel.name)
     chosen: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
+    fitting: dict[tuple, bool] = {}
 
     def tiles_for(rows: int, i_cols: int, reduce: bool) -> tuple[int, int, int, int]:
         if (rows, i_cols, reduce) not in chosen:
             chosen[rows, i_cols, reduce] = choose_mlp_tiles(mk, rows, i_cols, cfg, options.double_buffer, reduce,
-                                                            fits)
+                                                            fits, fitting)
         return chosen[rows, i_cols, reduce]
 
     def row_tiles(i_split: int, row_split: int) -> int:

@@ -23,12 +23,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spyre_lab.compiler.access import Lowered, Read
 from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, InputView, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.isa import LXOverflowError
+
+if TYPE_CHECKING:
+    from spyre_lab.compiler.kernel_spec import KernelSpec
 
 
 def _rows(node: IRNode) -> int:
@@ -54,6 +58,8 @@ class _Scheduler:
         self.options = options
         self.cfg = cfg
         self.decisions: dict[str, str] = {}                    # node name -> why its kernel looks the way it does
+        self.estimated: dict[tuple[str, ...], KernelSpec] = {}  # node names -> the spec a cost estimate planned
+        self.planned: dict[str, KernelSpec] = {}                 # final kernel name -> its reusable spec
         self.rules = options.fusion
         self.producer = {n.output: n for n in self.graph.nodes}
         self.users: dict[str, list[IRNode]] = {}
@@ -157,17 +163,21 @@ class _Scheduler:
         return [(g.nodes, g.rule) for g in groups]
 
     def estimate_us(self, parts: Sequence[tuple[list[IRNode], str]]) -> float:
-        """Modeled time of running ``parts`` as kernels (inf if one of them cannot be planned)."""
-        from spyre_lab.compiler.codegen import estimate_us
+        """Modeled time of running ``parts`` as kernels (inf if one of them cannot be planned): what
+        ``codegen.estimate_us`` computes, keeping each plan so the kernel that wins is not planned twice."""
+        from spyre_lab.compiler.codegen import generate_kernel
 
         total = 0.0
         for nodes, rule in parts:
-            ins, outs, lx = self.dram_tensors(nodes)
-            kernel = FusedKernel(f"{rule}_{nodes[0].output}", list(nodes), rule, ins, outs, lx)
-            try:
-                total += estimate_us(kernel, self.graph.buffers, self.cfg, self.options)
-            except (LXOverflowError, ValueError, NotImplementedError):
-                return math.inf
+            key = tuple(n.name for n in nodes)
+            if key not in self.estimated:
+                ins, outs, lx = self.dram_tensors(nodes)
+                kernel = FusedKernel(f"{rule}_{nodes[0].output}", list(nodes), rule, ins, outs, lx)
+                try:
+                    self.estimated[key] = generate_kernel(kernel, self.graph.buffers, self.cfg, self.options)
+                except (LXOverflowError, ValueError, NotImplementedError):
+                    return math.inf
+            total += self.estimated[key].simulate("analytic").time_us
         return total
 
     def choose_mlp(self, group: list[IRNode]) -> list[IRNode] | None:
@@ -337,6 +347,10 @@ class _Scheduler:
             name = f"k{i}_{rule}_{'_'.join(dict.fromkeys(n.op for n in nodes))}"[:64]
             decision = next((self.decisions[n.name] for n in nodes if n.name in self.decisions), "")
             kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx, decision))
+            spec = self.estimated.get(tuple(n.name for n in nodes))
+            if spec is not None and rule == "mlp" and spec.rule == rule:
+                spec.name = spec.tile_kernel.name = name
+                self.planned[name] = spec
         return kernels
 
 
@@ -360,8 +374,14 @@ def _combine(current: str, joined: str) -> str:
     return max(current, joined, key=order.index)
 
 
-def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE) -> list[FusedKernel]:
+def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE,
+             planned: dict[str, KernelSpec] | None = None) -> list[FusedKernel]:
     """Group the lowered nodes into fused kernels, in an order that respects every dependency.
 
-    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on."""
-    return _Scheduler(lowered, options, cfg).run()
+    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on. Kernels a cost
+    estimate already planned land in ``planned`` (kernel name -> KernelSpec), for codegen to reuse."""
+    scheduler = _Scheduler(lowered, options, cfg)
+    kernels = scheduler.run()
+    if planned is not None:
+        planned.update(scheduler.planned)
+    return kernels

@@ -86,20 +86,29 @@ def mlp_lx_buffers(mk: MlpKernel, tm: int, ti: int, th: int, to: int, cfg: Spyre
 
 
 def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_buffer: bool, reduce: bool,
-                     fits: Fits) -> tuple[int, int, int, int]:
+                     fits: Fits, memo: dict[tuple, bool] | None = None) -> tuple[int, int, int, int]:
     """(tm, ti, th, to): the weights are re-read once per row tile, so the fewest row tiles win, then fewer ops.
 
     A row count is tried only if its smallest tiles fit LX (streaming the whole I-slice, or one stick of it).
+    ``memo`` remembers which tile shapes fit, across calls for the same kernel (work division asks for
+    many slice sizes whose candidate tiles mostly coincide).
     """
     eps = cfg.stick_bytes // mk.w_item
     i_pad, h_pad = pad_to_sticks(ic, eps), pad_to_sticks(mk.hidden, eps)
     o_pad = pad_to_sticks(mk.out_cols, eps) if mk.w_down else eps
+    known = memo if memo is not None else {}
 
     def buffers(tm: int, ti: int, th: int, to: int) -> list[LXBuffer]:
         return mlp_lx_buffers(mk, tm, ti, th, to, cfg, double_buffer, reduce, ti >= i_pad)
 
+    def fit(tm: int, ti: int, th: int, to: int) -> bool:
+        key = (tm, ti, th, to, reduce, ti >= i_pad)
+        if key not in known:
+            known[key] = fits(buffers(tm, ti, th, to))
+        return known[key]
+
     for tm in halvings(mc, 1, 1):
-        if not any(fits(buffers(tm, ti, eps, eps)) for ti in {eps, i_pad}):
+        if not any(fit(tm, ti, eps, eps) for ti in {eps, i_pad}):
             continue
         ranked = []
         for ti in halvings(i_pad, eps, eps):
@@ -108,7 +117,7 @@ def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_b
                     it, ht, ot = math.ceil(i_pad / ti), math.ceil(h_pad / th), math.ceil(o_pad / to)
                     ranked.append((it * (ht * 4 + (ot * 2 if mk.w_down else 1)), ti, th, to))
         ranked.sort()
-        return next((tm, ti, th, to) for _, ti, th, to in ranked if fits(buffers(tm, ti, th, to)))
+        return next((tm, ti, th, to) for _, ti, th, to in ranked if fit(tm, ti, th, to))
     need = sum(b.size for b in buffers(1, eps, eps, eps))
     raise LXOverflowError(mk.name, 0, need, 0, cfg.lx_budget_bytes)
 
