@@ -55,3 +55,25 @@ def test_small_m_fuses_everything_and_large_m_does_not():
         large, _ = choice(compile_graph(mlp, inputs(1024)))
     assert small["fused"] < small["separate"]
     assert large["fused"] > min(large["separate"], large["fused without down"])
+
+
+def test_the_estimated_mlp_plan_is_the_launch(monkeypatch):
+    from spyre_lab.compiler import cache, codegen
+
+    planned_rules = []
+    real = codegen.generate_kernel
+
+    def counting(kernel, *args, **kwargs):
+        planned_rules.append(kernel.rule)
+        return real(kernel, *args, **kwargs)
+
+    monkeypatch.setattr(codegen, "generate_kernel", counting)
+    cache.clear()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        program = compile_graph(mlp, inputs(8, 1024, 2816))
+    assert planned_rules.count("mlp") == 2          # fused, fused without down: each planned once
+    (kernel,), (launch,) = program.kernels, program.launches
+    assert kernel.rule == "mlp" and launch.name == kernel.name == launch.tile_kernel.name
+    fresh = real(kernel, program.buffers, program.cfg, program.options)
+    assert fresh.simulate().time_us == launch.simulate().time_us
