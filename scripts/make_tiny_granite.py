@@ -3,7 +3,8 @@
     .venv/bin/python scripts/make_tiny_granite.py            # writes spyre_lab/engine/models/tiny_granite/
 
 The text is generated here (counting, one-digit sums, letter runs, a few facts), so the model's
-greedy completions are checkable by eye: "count from 5 to 12:" -> " 5 6 7 8 9 10 11 12".
+greedy completions are checkable by eye: "count from 5 to 12:" -> " 5 6 7 8 9 10 11 12",
+"The answer is" -> " 42.".
 Everything is seeded; on one CPU thread training takes a few minutes. Training uses the
 Hugging Face implementation (a reference we did not write), and the result is saved with
 `save_pretrained`, so the shipped folder is an ordinary Hugging Face checkpoint plus our
@@ -37,6 +38,7 @@ FACTS = [
     "a kv block holds 16 tokens.",
     "prefill reads the whole prompt.",
     "decode makes one token per step.",
+    "the answer is 42.",
 ]
 
 
@@ -100,7 +102,7 @@ def train(steps: int, batch_size: int, seed: int, threads: int) -> tuple[Granite
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     rng = random.Random(seed)
-    tokenizer = CharTokenizer(CHARS)
+    tokenizer = CharTokenizer(CHARS, lowercase=True)
     model = GraniteForCausalLM(build_config(tokenizer))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01, betas=(0.9, 0.98))
     warmup = max(1, steps // 20)
@@ -134,7 +136,7 @@ def main() -> None:
     model.save_pretrained(args.out)
     (args.out / "generation_config.json").unlink(missing_ok=True)
     tokenizer.save(args.out / "tokenizer.json")
-    for prompt in ["count from 5 to 12:", "3 + 4 =", "letters from c to h:", "spyre has"]:
+    for prompt in ["count from 5 to 12:", "3 + 4 =", "letters from c to h:", "spyre has", "The answer is"]:
         ids = torch.tensor([tokenizer.encode(prompt)])
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=40, do_sample=False, eos_token_id=tokenizer.eos_token_id,

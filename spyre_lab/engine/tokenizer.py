@@ -24,14 +24,18 @@ class Tokenizer(Protocol):
 
 
 class CharTokenizer:
-    """One token per character; ids 0-3 are <pad>, <bos>, <eos>, <unk>. `encode` prepends <bos>."""
+    """One token per character; ids 0-3 are <pad>, <bos>, <eos>, <unk>. `encode` prepends <bos>.
+
+    With `lowercase=True` text is lowercased before encoding (the vocabulary has no capitals).
+    """
 
     pad_token_id, bos_token_id, eos_token_id, unk_token_id = 0, 1, 2, 3
 
-    def __init__(self, chars: str) -> None:
+    def __init__(self, chars: str, lowercase: bool = False) -> None:
         if len(set(chars)) != len(chars):
             raise ValueError("CharTokenizer characters must be unique")
         self.chars = chars
+        self.lowercase = lowercase
         self._id_of = {c: i + len(SPECIAL_TOKENS) for i, c in enumerate(chars)}
 
     @property
@@ -39,7 +43,7 @@ class CharTokenizer:
         return len(SPECIAL_TOKENS) + len(self.chars)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = [self._id_of.get(c, self.unk_token_id) for c in text]
+        ids = [self._id_of.get(c, self.unk_token_id) for c in (text.lower() if self.lowercase else text)]
         return [self.bos_token_id, *ids] if add_bos else ids
 
     def decode(self, token_ids: list[int]) -> str:
@@ -47,14 +51,19 @@ class CharTokenizer:
         return "".join(self.chars[i - first] for i in token_ids if first <= i < self.vocab_size)
 
     def save(self, path: str | Path) -> None:
-        document = {"type": CHAR_TOKENIZER_TYPE, "special_tokens": list(SPECIAL_TOKENS), "chars": self.chars}
+        document = {
+            "type": CHAR_TOKENIZER_TYPE,
+            "special_tokens": list(SPECIAL_TOKENS),
+            "chars": self.chars,
+            "lowercase": self.lowercase,
+        }
         Path(path).write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
 
     @classmethod
     def from_dict(cls, document: dict) -> CharTokenizer:
         if list(document.get("special_tokens", [])) != list(SPECIAL_TOKENS):
             raise ValueError(f"char tokenizer special tokens must be {list(SPECIAL_TOKENS)}")
-        return cls(document["chars"])
+        return cls(document["chars"], lowercase=document.get("lowercase", False))
 
 
 class HFTokenizer:
