@@ -7,8 +7,9 @@ until a steady-state tile's buffers fit LX, placed by the scratchpad planner
 (:mod:`~spyre_lab.compiler.scratchpad`); and every core gets its tile program
 (:mod:`~spyre_lab.compiler.tiling_rows`, :mod:`~spyre_lab.compiler.tiling_matmul`,
 :mod:`~spyre_lab.compiler.tiling_mlp`), the list of loads, PT/SFU ops, ring transfers and stores the
-simulator runs. :func:`estimate_us` is the modeled time of a kernel, for a scheduler weighing one
-fused kernel against several.
+simulator runs. Inputs read through views are tiled by the node's iteration space, through the view's
+strides (:func:`~spyre_lab.compiler.tiling_common.view_operand`). :func:`estimate_us` is the modeled
+time of a kernel, for a scheduler weighing one fused kernel against several.
 """
 
 from __future__ import annotations

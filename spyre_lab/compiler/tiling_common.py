@@ -15,6 +15,10 @@ so the scratchpad planner can place them and tile sizes can shrink until they fi
 * **Bytes** are whole sticks: each operand tile is padded along its tensor's last dim (its stick dim)
   to a multiple of ``elems_per_stick``. A keepdim reduction's output (``[..., 1]``) therefore moves one
   stick per value: the sparse "1 value per stick" output of a reduction along the stick dim.
+* **Views**: an input a node reads through a permute, expand or reshape (``IRNode.input_views``) is an
+  operand over the viewed axes it moves through, outermost stride first (:func:`view_operand`): a tile
+  of a transposed read loads the sticks that tile touches, an expanded axis loads nothing more, and
+  each core's DRAM start address follows the view's strides.
 * **Broadcast loads**: cores whose slices differ only along dims an operand does not vary in load the
   very same tile of it. Every core of such a group walks its slice in the same loop order, so they ask
   for that tile at the same step, and the load is tagged ``share=<group size>``: DRAM serves it once
