@@ -337,7 +337,8 @@ class _Scheduler:
             if g.rule == "matmul_epilogue":
                 self.align_epilogue_dims(g.nodes)
         for node in self.graph.nodes:
-            node.input_views = tuple(_view_of(r) for r in self.reads(node))
+            access = self.lowered.access.get(node.name)
+            node.input_views = tuple(_view_of(r) for r in access.reads) if access is not None else ()
         kernels = []
         for i, g in enumerate(groups):
             nodes, rule = g.nodes, (g.rule if len(g.nodes) > 1 or g.rule == "restickify" else "single")
