@@ -272,6 +272,15 @@ def _out_operand(b: str, buffers: Mapping[str, BufferInfo], sizes: Mapping[str, 
     return Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, list(dims), sizes), _itemsize(buffers[b]))
 
 
+def _viewed(node: IRNode, i: int, buffers: Mapping[str, BufferInfo], sizes: Mapping[str, int]) -> Operand | None:
+    """Input ``i`` of ``node`` through its view, when it has one whose every moving axis is a dim of ``sizes``."""
+    view = node.input_views[i] if i < len(node.input_views) else None
+    if view is None or any(n > 1 and st > 0 and a not in sizes for n, st, a in zip(view.shape, view.strides,
+                                                                                      view.axes)):
+        return None
+    return view_operand(node.inputs[i], view, sizes, _itemsize(buffers[node.inputs[i]]))
+
+
 def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                  options: CompileOptions) -> KernelSpec:
     mm = next(n for n in kernel.nodes if isinstance(n, MatMul))
@@ -285,10 +294,12 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
     division = divide_matmul(mm.b, mm.m, mm.n, mm.k, dtype, cfg, options.work_division, options.k_fast_placement)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
-    operands = {a: Operand(a, tuple(buffers[a].shape), align_axes(buffers[a].shape, ["B", "M", "K"], sizes),
-                           _itemsize(buffers[a])),
-                b: Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, ["B", "K", "N"], sizes),
-                           _itemsize(buffers[b]))}
+    operands = {a: _viewed(mm, 0, buffers, sizes) or Operand(
+                    a, tuple(buffers[a].shape), align_axes(buffers[a].shape, ["B", "M", "K"], sizes),
+                    _itemsize(buffers[a])),
+                b: _viewed(mm, 1, buffers, sizes) or Operand(
+                    b, tuple(buffers[b].shape), align_axes(buffers[b].shape, ["B", "K", "N"], sizes),
+                    _itemsize(buffers[b]))}
     for n in kernel.nodes:
         for name in [*n.inputs, n.output]:
             operands.setdefault(name, _out_operand(name, buffers, sizes))

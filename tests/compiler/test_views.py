@@ -119,3 +119,16 @@ def test_granite_8b_shaped_layer_plans_every_kernel():
     restick = [launch for launch in program.device_launches if launch.rule == "restickify"]
     assert restick and all(launch.bytes_in == launch.bytes_out for launch in restick)
     assert program.modeled_time_us() > 0
+
+
+def test_batched_matmul_reads_a_permuted_input_by_its_own_dims():
+    x, w = meta(256, 8, 128), meta(8, 128, 256)          # A = x.permute(1, 0, 2): [8, 256, 128], sticks intact
+    program = compile_graph(lambda a, b: torch.bmm(a.permute(1, 0, 2), b), [x, w])
+    spec = only_kernel(program)
+    a = spec.operands[spec.address_slots[0]]
+    assert a.shape == (256, 8, 128) and a.axes == ("M", "B", "K")
+    # no core is told it shares A's tiles with cores that work on other batches or rows
+    loads_a = [op for p in spec.tile_kernel.programs for op in p if op.kind.name == "LOAD" and op.out
+               and op.out.startswith(spec.address_slots[0])]
+    splits = spec.division.splits
+    assert all(op.share <= splits.get("N", 1) for op in loads_a)
