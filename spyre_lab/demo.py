@@ -1,7 +1,14 @@
 """``make demo``: the main job on the modeled device, with a report.
 
-Each section prints what it did and appends to ``out/report.txt``; the kernels' per-core
-timelines go to ``out/trace.json`` (Perfetto / chrome://tracing). Every time is modeled.
+Three sections, bottom layer first, each printing what it did and adding to ``out/report.txt``:
+
+1. device:   hand-built softmax and matmul kernels on all 32 cores, simulated tile by tile;
+2. compiler: a SwiGLU MLP and a softmax through ``torch.compile(backend="spyre")`` with every
+             fusion rule on and off, launched on ``torch.device("spyre")``;
+3. engine:   the embedded tiny-granite model served by the mini vLLM engine on the spyre platform.
+
+Per-core timelines go to ``out/trace.json`` and the engine's steps to ``out/engine_trace.json``
+(both open in Perfetto / chrome://tracing). Every device time is modeled.
 """
 
 from __future__ import annotations
@@ -10,10 +17,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.kernels import matmul_kernel, softmax_kernel
 from spyre_lab.device.sim import SimResult, simulate
 from spyre_lab.device.trace import Trace
+
+ENGINE_PROMPTS = ("count from 5 to 12:", "letters from c to h:", "The answer is")
 
 
 def _kernel_lines(result: SimResult) -> list[str]:
@@ -31,7 +42,7 @@ def _kernel_lines(result: SimResult) -> list[str]:
 
 def device_section(cfg: SpyreConfig, trace: Trace) -> list[str]:
     """A softmax-shaped and a matmul-shaped kernel on every core, event-simulated tile by tile."""
-    lines = ["Device model: hand-built kernels on the dataflow simulator (event mode)", f"  {cfg.describe()}"]
+    lines = ["1. Device model: hand-built kernels on the dataflow simulator (event mode)", f"  {cfg.describe()}"]
     kernels = [
         softmax_kernel(1024, 1024, cores=cfg.cores, cfg=cfg, fused=True),
         matmul_kernel(2048, 2048, 2048, cores_m=4, cores_n=4, cores_k=2, cfg=cfg, tile=(256, 256, 128)),
@@ -39,18 +50,91 @@ def device_section(cfg: SpyreConfig, trace: Trace) -> list[str]:
     for kernel in kernels:
         result = simulate(kernel, cfg, mode="event")
         assert result.trace is not None
-        trace.extend(result.trace, offset_us=trace.end_us, lane_prefix="")
+        trace.extend(result.trace, offset_us=trace.end_us)
         lines += _kernel_lines(result)
     return lines
 
 
-def run_demo(out_dir: str = "out", cfg: SpyreConfig = SPYRE) -> int:
+class SwiGLU(torch.nn.Module):
+    """The gated MLP of a Granite/Llama block: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, inner: int) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(hidden, inner, bias=False)
+        self.up = torch.nn.Linear(hidden, inner, bias=False)
+        self.down = torch.nn.Linear(inner, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.silu(self.gate(x)) * self.up(x))
+
+
+def _compiled_run(module: torch.nn.Module, x: torch.Tensor, fusion: bool) -> tuple[torch.Tensor, object]:
+    from spyre_lab.compiler.backend import compiled_graphs_for
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="spyre", options={"fusion": fusion})
+    with torch.no_grad():
+        out = compiled(x)
+    return out, compiled_graphs_for(compiled)[-1].program
+
+
+def compiler_section(cfg: SpyreConfig) -> list[str]:
+    """Fusion on vs off for two graphs, numerics checked against the CPU, times modeled."""
+    lines = ['2. Compiler: torch.compile(backend="spyre") on torch.device("spyre"), fusion on vs off']
+    torch.manual_seed(0)
+    mlp = SwiGLU(512, 1408).half().eval()
+    x = torch.randn(128, 512, dtype=torch.float16)
+    expected_mlp = mlp(x).detach()  # on the CPU, before the module moves to the card
+    graphs: list[tuple[str, torch.nn.Module, torch.Tensor, torch.Tensor]] = [
+        ("SwiGLU MLP 128x512 -> 1408 -> 512", mlp.to("spyre"), x.to("spyre"), expected_mlp),
+    ]
+    scores = torch.randn(512, 1024, dtype=torch.float16)
+    softmax = torch.nn.Softmax(dim=-1)
+    graphs.append(("softmax 512x1024", softmax, scores.to("spyre"), softmax(scores.float()).half()))
+    for title, module, inp, expected in graphs:
+        lines.append(f"  {title}")
+        for fusion in (False, True):
+            out, program = _compiled_run(module, inp, fusion)
+            error = (out.cpu().float() - expected.float()).abs().max().item()
+            modeled = program.modeled_time_us()
+            rules = sorted({launch.rule for launch in program.launches if hasattr(launch, "rule")})
+            lines.append(f"    fusion {'on ' if fusion else 'off'}  {len(program.launches):3d} kernels  "
+                         f"{modeled:9.2f} us modeled   max |spyre - cpu| {error:.4f}   rules: {', '.join(rules)}")
+    return lines
+
+
+def engine_section(out: Path, trace_path: Path) -> list[str]:
+    """tiny-granite on the spyre platform: warmup, greedy generation, per-request and per-step stats."""
+    from spyre_lab.engine import LLM, SamplingParams
+
+    lines = ['3. Engine: LLM("tiny-granite", platform="spyre"), greedy decoding']
+    llm = LLM("tiny-granite", platform="spyre", max_num_seqs=4, max_model_len=128)
+    started = time.perf_counter()
+    llm.warmup(show_progress=True)
+    lines.append(f"  warmup (every static-shape bucket): {time.perf_counter() - started:.1f} s wall")
+    outputs = llm.generate(list(ENGINE_PROMPTS), SamplingParams(temperature=0, max_tokens=16), use_tqdm=True)
+    for request in outputs:
+        lines.append(f"  {request.prompt!r:>26} -> {request.outputs[0].text!r}")
+    summary = llm.stats.summary()
+    modeled = summary.get("device_ms_modeled")
+    lines.append(f"  {summary['steps']} steps ({summary['prefill_steps']} prefill, {summary['decode_steps']} decode), "
+                 f"{summary['generated_tokens']} tokens; device {modeled:.2f} ms modeled, "
+                 f"host {summary['host_s'] * 1e3:.0f} ms measured")
+    lines += ["  last steps:", *("    " + row for row in llm.stats.table(last=4).splitlines())]
+    llm.stats.to_trace().to_chrome_trace(trace_path)
+    return lines
+
+
+def run_demo(out_dir: str = "out", cfg: SpyreConfig = SPYRE, engine: bool = True) -> int:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     trace = Trace(meta={"demo": "spyre_lab", "time": "modeled"})
     sections: list[tuple[str, Callable[[], list[str]]]] = [
         ("device", lambda: device_section(cfg, trace)),
+        ("compiler", lambda: compiler_section(cfg)),
     ]
+    if engine:
+        sections.append(("engine", lambda: engine_section(out, out / "engine_trace.json")))
     report: list[str] = ["spyre_lab demo report (all device times are modeled)", ""]
     for name, section in sections:
         started = time.perf_counter()
