@@ -57,7 +57,7 @@ def device_dtype(dtype: torch.dtype) -> torch.dtype:
     return _DEVICE_DTYPE.get(dtype, dtype)
 
 
-def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major element strides, counting size-0 dims as 1 exactly like torch does."""
     strides, step = [], 1
     for size in reversed(shape):
@@ -69,7 +69,7 @@ def _contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 def _default_geometry(host_shape: tuple[int, ...], dim_order: tuple[int, ...],
                       eps: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """``(device_size, stride_map)`` of the default stick rule (see the module docstring)."""
-    host_strides = _contiguous_strides(host_shape)
+    host_strides = contiguous_strides(host_shape)
     kept = [d for d in dim_order if host_shape[d] != 1]
     if not kept:
         return (1, eps), (-1, -1)
@@ -188,7 +188,7 @@ class StickLayout:
     @property
     def device_strides(self) -> tuple[int, ...]:
         """Row-major element strides of ``device_size`` (the device copy is always contiguous)."""
-        return _contiguous_strides(self.device_size)
+        return contiguous_strides(self.device_size)
 
     # --- sizes ---------------------------------------------------------------------------------
     @property

@@ -12,12 +12,12 @@ from typing import Any
 
 import torch
 
+from spyre_lab.device.layout import contiguous_strides
 from spyre_lab.runtime.device_module import _device_index, get_device
 from spyre_lab.runtime.jobplan import dma_us
 from spyre_lab.runtime.streams import PCIE_LANE, TIMELINE, current_stream, device_lane
 from spyre_lab.runtime.tensor import (
     SpyreUsageError,
-    _contiguous_strides,
     buffer_of,
     check_convertible,
     device_nbytes,
@@ -125,7 +125,7 @@ def _local_scalar_dense(t: torch.Tensor) -> Any:
 def resize(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...] | None) -> None:
     """Give ``t`` a new shape; grow its storage (a new DRAM block, old contents kept) if needed."""
 
-    stride = _contiguous_strides(size) if stride is None else tuple(stride)
+    stride = contiguous_strides(size) if stride is None else tuple(stride)
     need = storage_numel(size, stride, t.storage_offset())
     buffer = buffer_of(t)
     if need <= buffer.numel:

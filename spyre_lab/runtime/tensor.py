@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from spyre_lab.device.layout import StickLayout, stickify, unstickify
+from spyre_lab.device.layout import StickLayout, contiguous_strides, stickify, unstickify
 from spyre_lab.device.layout import device_dtype as layout_device_dtype
 from spyre_lab.runtime.device_module import SpyreDevice, get_device
 
@@ -147,7 +147,7 @@ class DeviceBuffer:
         if values.dtype != self.host_dtype:
             values = values.to(self.host_dtype)
         numel = storage_numel(size, stride, offset)
-        if offset == 0 and numel == self.numel and stride == _contiguous_strides(size):
+        if offset == 0 and numel == self.numel and stride == contiguous_strides(size):
             self.write_flat(values.expand(size).reshape(-1))
             return
         flat = self.host_flat().clone()
@@ -205,23 +205,15 @@ def storage_numel(size: Sequence[int], stride: Sequence[int], offset: int = 0) -
     return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
 
 
-def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for s in reversed(size):
-        strides.append(step)
-        step *= max(s, 1)
-    return tuple(reversed(strides))
-
-
 def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype,
                 device_index: int) -> torch.Tensor:
     """A new spyre tensor backed by a fresh DRAM allocation (contents zero)."""
     size = tuple(int(s) for s in size)
-    stride = _contiguous_strides(size) if stride is None else tuple(int(s) for s in stride)
+    stride = contiguous_strides(size) if stride is None else tuple(int(s) for s in stride)
     device = get_device(device_index)
     numel = storage_numel(size, stride)
     # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
-    shape = size if stride == _contiguous_strides(size) else (numel,)
+    shape = size if stride == contiguous_strides(size) else (numel,)
     buffer = DeviceBuffer(device, numel, dtype, shape)
     nbytes = numel * dtype.itemsize
     storage = torch._C._construct_storage_from_data_pointer(buffer.address, torch.device("spyre", device_index),
