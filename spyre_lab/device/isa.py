@@ -164,14 +164,21 @@ class Kernel:
     programs: list[CoreProgram]
 
     def __post_init__(self) -> None:
-        sends = {(c, op.tag): op for c, p in enumerate(self.programs) for op in p if op.kind is OpKind.RING_SEND}
-        for c, p in enumerate(self.programs):
-            for op in p:
-                if op.kind is OpKind.RING_RECV:
-                    send = sends.get((op.peer, op.tag))
-                    if send is None or send.peer != c:
-                        raise ValueError(f"core {c}: {op.name!r} waits for a ring_send tagged {op.tag!r} "
-                                         f"from core {op.peer} to core {c}, and there is none")
+        sends: dict[tuple[int, str | None], TileOp] = {}
+        recvs: list[tuple[int, TileOp]] = []
+        send_kind, recv_kind = OpKind.RING_SEND, OpKind.RING_RECV
+        for c, p in enumerate(self.programs):  # one pass: kernels can hold a million ops
+            for op in p.ops:
+                kind = op.kind
+                if kind is send_kind:
+                    sends[(c, op.tag)] = op
+                elif kind is recv_kind:
+                    recvs.append((c, op))
+        for c, op in recvs:
+            send = sends.get((op.peer, op.tag))
+            if send is None or send.peer != c:
+                raise ValueError(f"core {c}: {op.name!r} waits for a ring_send tagged {op.tag!r} "
+                                 f"from core {op.peer} to core {c}, and there is none")
 
     @classmethod
     def from_programs(cls, name: str, programs: Sequence[CoreProgram], cores: int) -> Kernel:
