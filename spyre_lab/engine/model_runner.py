@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from spyre_lab.engine.layers.attention import Attention, AttentionMetadata
+from spyre_lab.engine.layers.attention import Attention, AttentionMetadata, causal_mask
 from spyre_lab.engine.models.granite import GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampler import Sampler
@@ -154,6 +154,7 @@ class ModelRunner:
             query_positions=longs(query_positions),
             token_seq=longs(token_seq),
             token_offset=longs(token_offset),
+            attn_mask=causal_mask(torch.as_tensor(query_positions), len(tables[0]) * self.block_size).to(self.device),
         )
         return ModelInput(longs(input_ids), longs(positions), meta, longs(ends), bucket)
 

@@ -35,6 +35,9 @@ class AttentionMetadata:
     query_positions: torch.Tensor  # [B, Q] position of each query in its sequence (padding -> 0)
     token_seq: torch.Tensor  # [T] which sequence a flat token belongs to
     token_offset: torch.Tensor  # [T] which query of that sequence it is
+    # [B, 1, Q, L] True where a query may see a key (key position <= query position), built on the host by the
+    # model runner like the rest; None derives it from query_positions on the tensors' device
+    attn_mask: torch.Tensor | None = None
 
 
 class Attention(CustomOp):
@@ -52,21 +55,37 @@ class Attention(CustomOp):
     def forward_native(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
-        num_tokens = query.shape[0]
-        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
-        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        self.k_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, key)
-        self.v_cache.view(-1, self.num_kv_heads, self.head_dim).index_copy_(0, meta.slot_mapping, value)
+        return paged_attention(query, key, value, self.k_cache, self.v_cache, meta,
+                               self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
 
-        batch = meta.block_tables.shape[0]
-        keys = self.k_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, d]
-        values = self.v_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)
-        queries = query.view(num_tokens, self.num_heads, self.head_dim)[meta.query_index].transpose(1, 2)
 
-        key_positions = torch.arange(keys.shape[2], device=query.device)
-        visible = key_positions.view(1, 1, 1, -1) <= meta.query_positions.view(batch, 1, -1, 1)
-        out = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=visible, scale=self.scale, enable_gqa=self.num_kv_heads != self.num_heads
-        )
-        out = out.transpose(1, 2)[meta.token_seq, meta.token_offset]  # back to flat tokens [T, heads, d]
-        return out.reshape(num_tokens, self.num_heads * self.head_dim)
+def paged_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+) -> torch.Tensor:
+    """Write this step's k/v into their cache slots, then attend through the block tables; [T, heads*d] out."""
+    num_tokens = query.shape[0]
+    key = key.view(num_tokens, num_kv_heads, head_dim)
+    value = value.view(num_tokens, num_kv_heads, head_dim)
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+
+    keys = k_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, d]
+    values = v_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)
+    queries = query.view(num_tokens, num_heads, head_dim)[meta.query_index].transpose(1, 2)
+
+    visible = meta.attn_mask
+    if visible is None:
+        visible = causal_mask(meta.query_positions, keys.shape[2])
+    out = F.scaled_dot_product_attention(
+        queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=num_kv_heads != num_heads
+    )
+    out = out.transpose(1, 2)[meta.token_seq, meta.token_offset]  # back to flat tokens [T, heads, d]
+    return out.reshape(num_tokens, num_heads * head_dim)
+
+
+def causal_mask(query_positions: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """[B, 1, Q, L]: query q of sequence b sees key l iff l <= its position (padding keys are never seen)."""
+    batch = query_positions.shape[0]
+    key_positions = torch.arange(num_keys, device=query_positions.device)
+    return key_positions.view(1, 1, 1, -1) <= query_positions.view(batch, 1, -1, 1)

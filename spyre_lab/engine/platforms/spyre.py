@@ -3,24 +3,36 @@
 Importing this module imports the runtime; if that fails, only this platform is unavailable
 (`resolve_platform("spyre")` reports why). Like the Spyre vLLM plugin it uses static shapes:
 prompts padded to prefill buckets and decode batches to batch buckets, all run once by
-`LLM.warmup()`. Scheduler, block tables, slot mapping and sampling stay on the host; weights,
-KV cache and activations live on the device.
+`LLM.warmup()`. Scheduler, block tables, slot mapping and attention masks are built on the host and
+copied over; weights, KV cache and activations live on the device.
+
+Two ways to run a step (the ``dispatch`` column of the engine's stats says which):
+
+* ``"piecewise-compiled"`` (default, ``compile_blocks=True``): the model is compiled with
+  ``torch.compile(fullgraph=True, dynamic=False)`` and split at attention (`piecewise`); each piece
+  between two attentions is one device Program, identical blocks share one Program per bucket, and
+  the paged attention runs between them as eager device ops. Linear weights are stored transposed
+  at load time (`transposed_linear`). The compiles happen in `LLM.warmup()`, one bucket at a time.
+* ``"eager-ops"`` (``compile_blocks=False``): every aten op is its own one-op program. Slow, but each
+  op can be watched on its own.
 
 Each step's modeled time is the span of the modeled events the runtime records while the step
-runs (host program correction, PCIe copies, kernels). Every aten op currently runs as its own
-one-op program ("eager-ops"); compiling whole decoder blocks with `torch.compile(backend="spyre")`
-is the next step for this platform.
+runs (host program correction, PCIe copies, kernels).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
-from typing import ClassVar
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar
 
 import torch
+from torch import nn
 
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
+from spyre_lab.engine.platforms.paged_attention_op import OpaqueAttention
+from spyre_lab.engine.platforms.piecewise import piecewise_backend
+from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
 from spyre_lab.runtime.streams import recording, synchronize
 
 
@@ -29,15 +41,44 @@ class SpyrePlatform(Platform):
     device_type: ClassVar[str] = "spyre"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float16,)
     default_dtype: ClassVar[torch.dtype] = torch.float16
-    dispatch_mode: ClassVar[str] = "eager-ops"
 
     def __init__(
         self,
         static_shapes: bool = True,
         prefill_buckets: Sequence[int] | None = None,
         batch_buckets: Sequence[int] | None = None,
+        compile_blocks: bool = True,
+        compile_options: Mapping[str, Any] | None = None,
     ) -> None:
+        if compile_blocks and not static_shapes:
+            raise ValueError("compile_blocks=True needs static_shapes=True (one compiled program per bucket); "
+                             "pass compile_blocks=False to run dynamic shapes op by op")
+        self.compile_blocks = compile_blocks
+        self.compile_options = dict(compile_options or {})
+        self.dispatch_mode = "piecewise-compiled" if compile_blocks else "eager-ops"
         super().__init__(static_shapes, prefill_buckets, batch_buckets)
+
+    def register_ops(self) -> None:
+        if not self.compile_blocks:
+            return
+        self.register_oot("Attention", OpaqueAttention)
+        for name, layer in TRANSPOSED_LINEARS.items():
+            self.register_oot(name, layer)
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        """Store linear weights transposed, then compile the model piecewise (traced lazily, per bucket)."""
+        if not self.compile_blocks:
+            return model
+        for module in model.modules():
+            if isinstance(module, TransposedWeight):
+                module.store_transposed()
+        buckets = len(self.prefill_buckets or ()) + len(self.batch_buckets or ())
+        # one Dynamo graph per bucket; the default limit (8) would silently fall back to eager beyond it
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, buckets + 1)
+        options = {"options": self.compile_options} if self.compile_options else {}
+        model.compile(backend=lambda gm, example: piecewise_backend(gm, example, **options),
+                      fullgraph=True, dynamic=False)
+        return model
 
     @contextlib.contextmanager
     def device_timer(self, kind: str, num_tokens: int, batch: int) -> Iterator[DeviceTime]:

@@ -1,0 +1,84 @@
+"""Piecewise compilation: split a Dynamo graph at paged attention, compile the pieces, run attention eagerly.
+
+This is vLLM's piecewise CUDA-graph scheme on the spyre backend. Dynamo traces the whole model once
+per shape bucket (``fullgraph=True``, ``dynamic=False``); attention is one opaque node
+(`paged_attention_op`). `piecewise_backend` cuts the graph at those nodes with ``split_module``:
+everything between two attentions (o_proj, residual, RMSNorm, gate_up + SiLU*mul, down, residual,
+the next RMSNorm, fused QKV, RoPE) becomes one piece compiled by ``torch.compile``'s "spyre" backend
+into a device Program; the attention nodes stay in the outer graph and run as eager device ops.
+
+Identical decoder blocks give identical pieces. Dynamo names a piece's inputs after the layer they
+came from (``..._layers_modules_2_...``), so each piece is renamed to positional names before it is
+compiled; the compiler's program cache (keyed by graph code and input shapes) then compiles the
+first middle piece and hits for every later one: three compiles per bucket however deep the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.passes.split_module import split_module
+
+from spyre_lab.compiler.backend import CompiledGraph, spyre_backend
+from spyre_lab.engine.platforms.paged_attention_op import is_paged_attention
+
+
+class CompiledPiece(torch.nn.Module):
+    """A compiled piece as a submodule of the split graph (FX calls children as modules)."""
+
+    def __init__(self, compiled: CompiledGraph) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any) -> Any:
+        return self.compiled(*args)
+
+
+def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rename every node positionally (in0, in1, ..., v0, v1, ...) so that pieces of different layers,
+    which differ only in the names Dynamo gave their inputs, have the same code."""
+    inputs = values = 0
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            node._rename(f"in{inputs}")
+            node.target = node.name
+            inputs += 1
+        elif node.op != "output":
+            node._rename(f"v{values}")
+            values += 1
+    gm.recompile()
+    return gm
+
+
+def split_at_attention(gm: fx.GraphModule) -> fx.GraphModule:
+    """The graph as a sequence of submodules: pieces, each attention node alone, pieces, ..."""
+    partition, current = {}, 0
+    for node in gm.graph.nodes:
+        if is_paged_attention(node):
+            partition[node] = current + 1
+            current += 2
+        elif node.op not in ("placeholder", "output"):
+            partition[node] = current
+    return split_module(gm, None, lambda node: partition[node], keep_original_order=True)
+
+
+def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> fx.GraphModule:
+    """A ``torch.compile`` backend: split at attention, compile each piece with the "spyre" backend.
+
+    ``kwargs`` (e.g. ``options={"fusion": [...]}``) are passed on to the spyre backend."""
+    split = split_at_attention(gm)
+    for name, piece in list(split.named_children()):
+        if any(is_paged_attention(node) for node in piece.graph.nodes):
+            continue
+        example = [node.meta.get("example_value", node.meta.get("val")) for node in piece.graph.nodes
+                   if node.op == "placeholder"]
+        setattr(split, name, CompiledPiece(spyre_backend(canonicalize(piece), example, **kwargs)))
+    return split
+
+
+def compiled_pieces(split: fx.GraphModule) -> list[CompiledGraph]:
+    """The compiled pieces of a split graph, in call order."""
+    return [m.compiled for m in split.children() if isinstance(m, CompiledPiece)]
