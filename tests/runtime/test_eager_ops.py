@@ -183,3 +183,16 @@ def test_a_tiny_granite_generates_the_same_tokens_on_spyre(monkeypatch):
         got = model.to("spyre").generate(ids.to("spyre"), max_new_tokens=4, do_sample=False)
     assert got.device.type == "spyre"
     assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype,divisor",
+                         [(torch.float16, 2), (torch.int64, 3), (torch.int32, 3), (torch.float16, 1.5)],
+                         ids=["fp16-int", "int64", "int32", "fp16-float"])
+def test_remainder_with_a_python_scalar_runs_as_cpu_fallback(dtype, divisor):
+    """remainder.Scalar reaches the fallback as remainder.Tensor_out with the scalar unwrapped to a Python number."""
+    x = (torch.arange(-6, 6) * 1.25).to(dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = torch.remainder(x.to("spyre"), divisor)
+    assert out.device.type == "spyre" and out.dtype == torch.remainder(x, divisor).dtype
+    torch.testing.assert_close(out.cpu(), torch.remainder(x, divisor))
