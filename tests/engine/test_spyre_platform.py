@@ -1,4 +1,10 @@
-"""The spyre platform: tiny-granite on torch.device("spyre") in fp16, static shapes, modeled step time."""
+"""The spyre platform: tiny-granite on torch.device("spyre") in fp16, static shapes, modeled step time.
+
+Default mode ("piecewise-compiled"): the model is compiled per bucket and split at attention; the
+pieces are device Programs shared by identical decoder blocks, linear weights are stored transposed,
+and paged attention runs between the pieces as eager device ops. ``compile_blocks=False`` keeps the
+op-by-op mode ("eager-ops").
+"""
 
 from __future__ import annotations
 
@@ -9,31 +15,111 @@ import torch
 
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.platforms.base import available_platforms, resolve_platform
+from spyre_lab.engine.sampling_params import SamplingParams as Params
+from spyre_lab.engine.sequence import Sequence
 
 try:
     from spyre_lab.engine.platforms.spyre import SpyrePlatform
 except ImportError as error:  # the runtime layer is optional for the engine
     pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
 
+GREEDY = SamplingParams(temperature=0, max_tokens=8)
+PROMPTS = {"3 + 4 =": " 7", "count from 5 to 12:": " 5 6 7 8"}  # known completions (the second cut at 8 tokens)
+SMALL = dict(max_model_len=32, max_num_seqs=2, prefill_buckets=[32], batch_buckets=[2])
+
+
+def spyre_llm(**platform_options) -> LLM:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # CPU-fallback notices for ops the runtime has no kernel for
+        llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=SMALL["prefill_buckets"],
+                                                          batch_buckets=SMALL["batch_buckets"], **platform_options),
+                  max_model_len=SMALL["max_model_len"], max_num_seqs=SMALL["max_num_seqs"])
+        llm.warmup(show_progress=False)
+    return llm
+
+
+@pytest.fixture(scope="module")
+def compiled() -> LLM:
+    return spyre_llm()
+
+
+@pytest.fixture(scope="module")
+def cpu_fp16() -> LLM:
+    return LLM("tiny-granite", dtype=torch.float16, max_model_len=SMALL["max_model_len"])
+
 
 def test_spyre_platform_is_discovered():
     assert "spyre" in available_platforms()
-    assert isinstance(resolve_platform("spyre"), SpyrePlatform)
+    platform = resolve_platform("spyre")
+    assert isinstance(platform, SpyrePlatform) and platform.dispatch_mode == "piecewise-compiled"
 
 
-def test_tiny_granite_runs_on_the_spyre_device():
-    params = SamplingParams(temperature=0, max_tokens=4)
-    options = dict(max_model_len=16, max_num_seqs=1, prefill_buckets=[16], batch_buckets=[1])
+def test_compiled_blocks_give_the_cpu_platforms_greedy_tokens(compiled, cpu_fp16):
+    assert next(compiled.llm_engine.model.parameters()).device.type == "spyre"
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # CPU-fallback notices for ops the runtime has no kernel for
-        llm = LLM("tiny-granite", platform="spyre", **options)
-        assert next(llm.llm_engine.model.parameters()).device.type == "spyre"
-        assert llm.llm_engine.dtype is torch.float16
-        llm.warmup(show_progress=False)
-        out = llm.generate(["3 + 4 ="], params, use_tqdm=False)[0]
-    reference = LLM("tiny-granite", dtype=torch.float16, max_model_len=16).generate(["3 + 4 ="], params,
-                                                                                     use_tqdm=False)[0]
-    assert out.outputs[0].text == reference.outputs[0].text == " 7"
+        warnings.simplefilter("ignore")
+        outs = compiled.generate(list(PROMPTS), GREEDY, use_tqdm=False)
+    reference = cpu_fp16.generate(list(PROMPTS), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].text for o in outs] == [r.outputs[0].text for r in reference] == list(PROMPTS.values())
+    rows = [r for r in compiled.stats.to_rows() if not r["kind"].startswith("warmup")]
+    assert rows and all(r["device_ms_modeled"] > 0 and r["dispatch"] == "piecewise-compiled" for r in rows)
+    assert {r["token_bucket"] for r in rows if r["kind"] == "prefill"} == {32}
+
+
+def test_prefill_logits_match_cpu_within_fp16_tolerance(compiled, cpu_fp16):
+    """Same prompt, same fp16 weights: logits agree to 5e-2 absolute (fp16 rounds at ~1e-3 relative per op,
+    and the device computes matmuls tile by tile in another order than the CPU)."""
+    logits = []
+    for llm in (compiled, cpu_fp16):
+        engine = llm.llm_engine
+        seq = Sequence("logits", engine.tokenizer.encode("count from 5 to 12:"), Params(temperature=0))
+        engine.block_manager.allocate(seq)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                logits.append(engine.runner.execute(engine.runner.prepare_prefill([seq])).float().cpu())
+        finally:
+            engine.block_manager.free(seq)
+    torch.testing.assert_close(logits[0], logits[1], atol=5e-2, rtol=0)
+    assert logits[0].argmax(-1).tolist() == logits[1].argmax(-1).tolist()
+
+
+def test_identical_blocks_share_one_program_per_bucket(compiled):
+    platform = compiled.llm_engine.platform
+    layers = compiled.llm_engine.model_config.num_hidden_layers
+    assert sorted(platform.compile_stats) == [2, 32]  # one Dynamo graph per bucket: decode batch 2, prefill 32
+    for num_tokens, stats in platform.compile_stats.items():
+        pieces = platform.compiled_pieces[num_tokens]
+        # embed..qkv of block 0 | o_proj..qkv of the next block (x layers-1) | o_proj..final norm
+        assert stats["pieces"] == len(pieces) == layers + 1
+        middle = [piece.program for piece in pieces[1:-1]]
+        assert all(program is middle[0] for program in middle)
+        assert stats["compiles"] == 3 and stats["hits"] == layers - 2
+
+
+def test_transposed_weights_remove_the_weight_restickify_kernels(compiled):
+    transposed = compiled.llm_engine.platform.compiled_pieces[2]
+    plain = spyre_llm(transpose_weights=False).llm_engine.platform.compiled_pieces[2]
+    weights_restickified = [len(piece.program.restickifies) for piece in plain]
+    assert sum(weights_restickified) > 0
+    assert [len(piece.program.restickifies) for piece in transposed] == [0] * len(transposed)
+    names = dict(compiled.llm_engine.model.named_parameters())
+    assert "model.layers.0.self_attn.qkv_proj.weight_t" in names and "model.layers.0.self_attn.qkv_proj.weight" \
+        not in names
+    assert names["model.layers.0.mlp.down_proj.weight_t"].shape == (256, 128)  # [in, out]
+
+
+def test_eager_ops_mode_is_kept_for_comparison():
+    llm = spyre_llm(compile_blocks=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = llm.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
+    assert out.outputs[0].text == " 7"
     rows = [r for r in llm.stats.to_rows() if not r["kind"].startswith("warmup")]
-    assert all(r["device_ms_modeled"] > 0 and r["dispatch"] == "eager-ops" for r in rows)
-    assert [r["token_bucket"] for r in rows if r["kind"] == "prefill"] == [16]
+    assert rows and all(r["dispatch"] == "eager-ops" for r in rows)
+
+
+def test_compiled_blocks_need_static_shapes():
+    with pytest.raises(ValueError, match="compile_blocks=True needs static_shapes=True"):
+        SpyrePlatform(static_shapes=False)
+    assert SpyrePlatform(static_shapes=False, compile_blocks=False).dispatch_mode == "eager-ops"

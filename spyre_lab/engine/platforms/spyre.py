@@ -27,11 +27,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
 import torch
+import torch.fx as fx
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
+from spyre_lab.compiler import cache as program_cache
+from spyre_lab.compiler.backend import CompiledGraph
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
 from spyre_lab.engine.platforms.paged_attention_op import OpaqueAttention
-from spyre_lab.engine.platforms.piecewise import piecewise_backend
+from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_backend
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
 from spyre_lab.runtime.streams import recording, synchronize
 
@@ -48,12 +52,17 @@ class SpyrePlatform(Platform):
         prefill_buckets: Sequence[int] | None = None,
         batch_buckets: Sequence[int] | None = None,
         compile_blocks: bool = True,
+        transpose_weights: bool = True,
         compile_options: Mapping[str, Any] | None = None,
     ) -> None:
         if compile_blocks and not static_shapes:
             raise ValueError("compile_blocks=True needs static_shapes=True (one compiled program per bucket); "
                              "pass compile_blocks=False to run dynamic shapes op by op")
-        self.compile_blocks = compile_blocks
+        self.compile_blocks, self.transpose_weights = compile_blocks, transpose_weights
+        #: num_tokens of a bucket -> its compiled pieces in call order (explain each with spyre_lab.explain)
+        self.compiled_pieces: dict[int, list[CompiledGraph]] = {}
+        #: num_tokens of a bucket -> program-cache counters while its pieces compiled (pieces, compiles, hits)
+        self.compile_stats: dict[int, dict[str, int]] = {}
         self.compile_options = dict(compile_options or {})
         self.dispatch_mode = "piecewise-compiled" if compile_blocks else "eager-ops"
         super().__init__(static_shapes, prefill_buckets, batch_buckets)
@@ -62,8 +71,9 @@ class SpyrePlatform(Platform):
         if not self.compile_blocks:
             return
         self.register_oot("Attention", OpaqueAttention)
-        for name, layer in TRANSPOSED_LINEARS.items():
-            self.register_oot(name, layer)
+        if self.transpose_weights:
+            for name, layer in TRANSPOSED_LINEARS.items():
+                self.register_oot(name, layer)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Store linear weights transposed, then compile the model piecewise (traced lazily, per bucket)."""
@@ -75,10 +85,21 @@ class SpyrePlatform(Platform):
         buckets = len(self.prefill_buckets or ()) + len(self.batch_buckets or ())
         # one Dynamo graph per bucket; the default limit (8) would silently fall back to eager beyond it
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, buckets + 1)
-        options = {"options": self.compile_options} if self.compile_options else {}
-        model.compile(backend=lambda gm, example: piecewise_backend(gm, example, **options),
-                      fullgraph=True, dynamic=False)
+        model.compile(backend=self._backend, fullgraph=True, dynamic=False)
         return model
+
+    def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
+        """Dynamo calls this once per bucket; the graph's output (hidden states) is [num_tokens, hidden]."""
+        options = {"options": self.compile_options} if self.compile_options else {}
+        before = program_cache.stats()
+        split = piecewise_backend(gm, example_inputs, **options)
+        after = program_cache.stats()
+        hidden = tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args)[0]
+        num_tokens = hidden.meta["example_value"].shape[0]
+        self.compiled_pieces[num_tokens] = pieces = compiled_pieces(split)
+        self.compile_stats[num_tokens] = {"pieces": len(pieces), "compiles": after["compiles"] - before["compiles"],
+                                          "hits": after["hits"] - before["hits"]}
+        return split
 
     @contextlib.contextmanager
     def device_timer(self, kind: str, num_tokens: int, batch: int) -> Iterator[DeviceTime]:
