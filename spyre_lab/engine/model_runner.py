@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from spyre_lab.engine.layers.attention import Attention, AttentionMetadata, causal_mask
+from spyre_lab.engine.layers.attention import Attention, AttentionMetadata, causal_bias
 from spyre_lab.engine.models.granite import GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampler import Sampler
@@ -64,7 +64,7 @@ class ModelRunner:
         dtype: torch.dtype,
         seed: int = 0,
     ) -> None:
-        self.model, self.platform = model, platform
+        self.model, self.platform, self.dtype = model, platform, dtype
         self.block_size, self.max_model_len = block_size, max_model_len
         self.device = platform.device
         self.scratch_block = num_kv_blocks  # one extra block no sequence owns; padding writes here
@@ -147,14 +147,15 @@ class ModelRunner:
         def longs(values) -> torch.Tensor:
             return torch.as_tensor(values, dtype=torch.long).to(self.device)
 
+        query_index = torch.as_tensor(query_index)
+        out_index = torch.as_tensor(token_seq) * query_index.shape[1] + torch.as_tensor(token_offset)
         meta = AttentionMetadata(
             slot_mapping=longs(slots),
             block_tables=longs(tables),
             query_index=longs(query_index),
-            query_positions=longs(query_positions),
-            token_seq=longs(token_seq),
-            token_offset=longs(token_offset),
-            attn_mask=causal_mask(torch.as_tensor(query_positions), len(tables[0]) * self.block_size).to(self.device),
+            attn_bias=causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
+                                  self.dtype).to(self.device),
+            out_index=longs(out_index),
         )
         return ModelInput(longs(input_ids), longs(positions), meta, longs(ends), bucket)
 

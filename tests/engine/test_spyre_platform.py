@@ -97,12 +97,15 @@ def test_identical_blocks_share_one_program_per_bucket(compiled):
         assert stats["compiles"] == 3 and stats["hits"] == layers - 2
 
 
+def weight_restickifies(pieces) -> int:
+    """Restickify kernels whose source is a graph input (the weights; activations are intermediates)."""
+    return sum(r.source in piece.program.inputs for piece in pieces for r in piece.program.restickifies)
+
+
 def test_transposed_weights_remove_the_weight_restickify_kernels(compiled):
-    transposed = compiled.llm_engine.platform.compiled_pieces[2]
     plain = spyre_llm(transpose_weights=False).llm_engine.platform.compiled_pieces[2]
-    weights_restickified = [len(piece.program.restickifies) for piece in plain]
-    assert sum(weights_restickified) > 0
-    assert [len(piece.program.restickifies) for piece in transposed] == [0] * len(transposed)
+    assert weight_restickifies(plain) >= 4 * (len(plain) - 2)  # every middle piece: o_proj, gate_up, down, qkv
+    assert weight_restickifies(compiled.llm_engine.platform.compiled_pieces[2]) == 0
     names = dict(compiled.llm_engine.model.named_parameters())
     assert "model.layers.0.self_attn.qkv_proj.weight_t" in names and "model.layers.0.self_attn.qkv_proj.weight" \
         not in names

@@ -9,7 +9,8 @@ so fixed (static) shapes never need a branch.
 One call handles prefill and decode alike:
 1. write this step's k/v into their slots (`index_copy_`, one scatter),
 2. gather each sequence's pages through its block table into `[B, kv_heads, L, d]`,
-3. attend from each query (laid out `[B, max_query_len]`) to every key at a position <= its own.
+3. attend from each query (laid out `[B, max_query_len]`) to every key at a position <= its own
+   (an additive mask the model runner builds on the host), then put the outputs back in flat token order.
 """
 
 from __future__ import annotations
@@ -24,20 +25,24 @@ from spyre_lab.engine.layers.custom_op import CustomOp
 
 @dataclass
 class AttentionMetadata:
-    """Where this step's tokens go and what they may see. All tensors are int64.
+    """Where this step's tokens go and what they may see; built on the host by the model runner.
 
-    T = number of (possibly padded) tokens in the step, B = sequences, Q = longest query per sequence.
+    T = number of (possibly padded) tokens in the step, B = sequences, Q = longest query per sequence,
+    L = key positions a sequence's block table can address (max_blocks * block_size).
     """
 
-    slot_mapping: torch.Tensor  # [T] cache slot each token's k/v is written to
-    block_tables: torch.Tensor  # [B, max_blocks] block ids of each sequence (padded with the scratch block)
-    query_index: torch.Tensor  # [B, Q] flat token index of each sequence's queries (padding -> 0)
-    query_positions: torch.Tensor  # [B, Q] position of each query in its sequence (padding -> 0)
-    token_seq: torch.Tensor  # [T] which sequence a flat token belongs to
-    token_offset: torch.Tensor  # [T] which query of that sequence it is
-    # [B, 1, Q, L] True where a query may see a key (key position <= query position), built on the host by the
-    # model runner like the rest; None derives it from query_positions on the tensors' device
-    attn_mask: torch.Tensor | None = None
+    slot_mapping: torch.Tensor  # [T] int64: cache slot each token's k/v is written to
+    block_tables: torch.Tensor  # [B, max_blocks] int64: block ids of each sequence (padded with the scratch block)
+    query_index: torch.Tensor  # [B, Q] int64: flat token index of each sequence's queries (padding -> 0)
+    attn_bias: torch.Tensor  # [B, 1, Q, L] model dtype: 0 where a query may see a key (key pos <= query pos), -inf else
+    out_index: torch.Tensor  # [T] int64: where each flat token's query sits among the B*Q queries (b * Q + q)
+
+
+def causal_bias(query_positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, Q, L] additive mask: query q of sequence b sees key l iff l <= its position (padding keys never)."""
+    batch = query_positions.shape[0]
+    visible = torch.arange(num_keys).view(1, 1, 1, -1) <= query_positions.view(batch, 1, -1, 1)
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
 
 class Attention(CustomOp):
@@ -74,18 +79,9 @@ def paged_attention(
     values = v_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)
     queries = query.view(num_tokens, num_heads, head_dim)[meta.query_index].transpose(1, 2)
 
-    visible = meta.attn_mask
-    if visible is None:
-        visible = causal_mask(meta.query_positions, keys.shape[2])
     out = F.scaled_dot_product_attention(
-        queries, keys, values, attn_mask=visible, scale=scale, enable_gqa=num_kv_heads != num_heads
+        queries, keys, values, attn_mask=meta.attn_bias, scale=scale, enable_gqa=num_kv_heads != num_heads
     )
-    out = out.transpose(1, 2)[meta.token_seq, meta.token_offset]  # back to flat tokens [T, heads, d]
-    return out.reshape(num_tokens, num_heads * head_dim)
+    out = out.transpose(1, 2).reshape(-1, num_heads * head_dim)  # [B * Q, heads * d]
+    return out[meta.out_index]  # back to the step's flat tokens [T, heads * d]
 
-
-def causal_mask(query_positions: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """[B, 1, Q, L]: query q of sequence b sees key l iff l <= its position (padding keys are never seen)."""
-    batch = query_positions.shape[0]
-    key_positions = torch.arange(num_keys, device=query_positions.device)
-    return key_positions.view(1, 1, 1, -1) <= query_positions.view(batch, 1, -1, 1)

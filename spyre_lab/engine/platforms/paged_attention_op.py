@@ -4,13 +4,15 @@ vLLM compiles a model piecewise: attention is a registered custom op (``unified_
 Dynamo records as a single node, the backend splits the graph at those nodes, compiles the pieces
 between them and runs attention itself eagerly. This module does the same for the engine:
 
-* ``spyre_engine::paged_attention`` runs the portable `layers.attention.paged_attention` (KV write by slot mapping, page
-  gather by block tables, masked softmax·V) on whatever device its tensors live on; on spyre that
-  is a handful of eager device ops. Its fake implementation only says "the output looks like q",
-  so Dynamo never traces into the KV-cache writes (which functionalization would drop: the cache is
-  a module attribute, not a graph output) or the mask's `arange` (which would put a CPU tensor next
-  to spyre ones).
+* ``spyre_engine::paged_attention`` runs `grouped_paged_attention` (KV write by slot mapping, page
+  gather by block tables, masked softmax·V) on whatever device its tensors live on; on spyre those
+  are a dozen eager device ops. Its fake implementation only says "the output looks like q", so
+  Dynamo never traces into the KV-cache writes (which functionalization would drop: the cache is a
+  module attribute, not a graph output).
 * `OpaqueAttention` is the `Attention` layer a platform registers to call that op.
+
+Every index and mask tensor the op reads (slot mapping, block tables, query index, additive mask,
+output index) is built on the host by the model runner and copied over, as the real plugin does.
 """
 
 from __future__ import annotations
@@ -18,22 +20,47 @@ from __future__ import annotations
 import torch
 
 from spyre_lab.engine.layers.attention import Attention, AttentionMetadata
-from spyre_lab.engine.layers.attention import paged_attention as attend
 
 OP_NAME = "spyre_engine::paged_attention"
+
+
+def grouped_paged_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    meta: AttentionMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+) -> torch.Tensor:
+    """`layers.attention.paged_attention`'s math in fewer device ops (each eager op is a device launch):
+
+    * pages are gathered with one ``index_select`` over the flattened block tables for K and one for V;
+    * grouped-query attention folds the query heads that share a KV head into the query dimension
+      (``[B, kv_heads, group * Q, d]``) instead of repeating K and V for every query head;
+    * the mask is additive, so scaling and masking are one multiply and one add.
+    """
+    num_tokens, group = query.shape[0], num_heads // num_kv_heads
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key.view(num_tokens, num_kv_heads, -1))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value.view(num_tokens, num_kv_heads, -1))
+
+    batch, max_query = meta.query_index.shape
+    blocks = meta.block_tables.flatten()
+    keys = k_cache.index_select(0, blocks).view(batch, -1, num_kv_heads, head_dim).permute(0, 2, 3, 1)  # [B,kv,d,L]
+    values = v_cache.index_select(0, blocks).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B,kv,L,d]
+    queries = query.index_select(0, meta.query_index.flatten()).view(batch, max_query, num_kv_heads, group, head_dim)
+    queries = queries.permute(0, 2, 3, 1, 4).reshape(batch, num_kv_heads, group * max_query, head_dim)
+
+    scores = (queries @ keys).view(batch, num_kv_heads, group, max_query, -1) * scale + meta.attn_bias.unsqueeze(1)
+    probs = torch.softmax(scores, dim=-1).view(batch, num_kv_heads, group * max_query, -1)
+    out = (probs @ values).view(batch, num_kv_heads, group, max_query, head_dim).permute(0, 3, 1, 2, 4)
+    return out.reshape(batch * max_query, num_heads * head_dim).index_select(0, meta.out_index)
 
 
 @torch.library.custom_op(OP_NAME, mutates_args=("k_cache", "v_cache"))
 def paged_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, query_positions: torch.Tensor,
-    token_seq: torch.Tensor, token_offset: torch.Tensor, attn_mask: torch.Tensor | None,
-    num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+    slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, attn_bias: torch.Tensor,
+    out_index: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
 ) -> torch.Tensor:
-    """The portable paged attention on these caches and this metadata; writes k/v into the caches."""
-    meta = AttentionMetadata(slot_mapping, block_tables, query_index, query_positions, token_seq, token_offset,
-                             attn_mask)
-    return attend(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
+    """`grouped_paged_attention` with the metadata spelled out (custom ops take tensors, not dataclasses)."""
+    meta = AttentionMetadata(slot_mapping, block_tables, query_index, attn_bias, out_index)
+    return grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
 
 
 @paged_attention.register_fake
@@ -54,6 +81,5 @@ class OpaqueAttention(Attention):
                     meta: AttentionMetadata) -> torch.Tensor:
         return torch.ops.spyre_engine.paged_attention(
             query, key, value, self.k_cache, self.v_cache, meta.slot_mapping, meta.block_tables, meta.query_index,
-            meta.query_positions, meta.token_seq, meta.token_offset, meta.attn_mask,
-            self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
+            meta.attn_bias, meta.out_index, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
         )

@@ -36,6 +36,7 @@ from spyre_lab.compiler.backend import CompiledGraph
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
 from spyre_lab.engine.platforms.paged_attention_op import OpaqueAttention
 from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_backend
+from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
 from spyre_lab.runtime.streams import recording, synchronize
 
@@ -71,6 +72,8 @@ class SpyrePlatform(Platform):
         if not self.compile_blocks:
             return
         self.register_oot("Attention", OpaqueAttention)
+        for name, layer in DEVICE_LAYERS.items():
+            self.register_oot(name, layer)
         if self.transpose_weights:
             for name, layer in TRANSPOSED_LINEARS.items():
                 self.register_oot(name, layer)
