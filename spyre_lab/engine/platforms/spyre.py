@@ -85,9 +85,10 @@ class SpyrePlatform(Platform):
         for module in model.modules():
             if isinstance(module, TransposedWeight):
                 module.store_transposed()
+        # Dynamo keeps one graph per bucket per model on the shared forward code object; with fullgraph=True,
+        # reaching its recompile limit (default 8) is an error, so every compiled model raises it by its buckets
         buckets = len(self.prefill_buckets or ()) + len(self.batch_buckets or ())
-        # one Dynamo graph per bucket; the default limit (8) would silently fall back to eager beyond it
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, buckets + 1)
+        torch._dynamo.config.recompile_limit += buckets
         model.compile(backend=self._backend, fullgraph=True, dynamic=False)
         return model
 
