@@ -69,8 +69,8 @@ class Platform:
     device_type: ClassVar[str] = "cpu"
     supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
     default_dtype: ClassVar[torch.dtype] = torch.float32
-    #: what a model call is, as shown in step stats ("eager", "compiled", ...)
-    dispatch_mode: ClassVar[str] = "eager"
+    #: what a model call is, as shown in step stats ("eager", "piecewise-compiled", ...); may differ per instance
+    dispatch_mode: str = "eager"
 
     def __init__(
         self,

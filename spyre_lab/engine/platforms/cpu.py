@@ -14,4 +14,4 @@ from spyre_lab.engine.platforms.base import Platform
 class CpuPlatform(Platform):
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
-    dispatch_mode: ClassVar[str] = "eager"
+    dispatch_mode: str = "eager"
