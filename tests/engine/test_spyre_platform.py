@@ -97,6 +97,15 @@ def test_identical_blocks_share_one_program_per_bucket(compiled):
         assert stats["compiles"] == 3 and stats["hits"] == layers - 2
 
 
+def test_explain_finds_the_compiled_pieces_of_the_model(compiled):
+    import spyre_lab
+
+    text = str(spyre_lab.explain(compiled.llm_engine.model))
+    layers = compiled.llm_engine.model_config.num_hidden_layers
+    assert text.count("Program ") == 2 * (layers + 1)  # every piece of both buckets
+    assert "silu -> mul" in text  # SiluAndMul's two ops in one kernel (alone or as the gate_up matmul's epilogue)
+
+
 def weight_restickifies(pieces) -> int:
     """Restickify kernels whose source is a graph input (the weights; activations are intermediates)."""
     return sum(r.source in piece.program.inputs for piece in pieces for r in piece.program.restickifies)

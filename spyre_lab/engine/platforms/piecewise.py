@@ -70,10 +70,14 @@ def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwarg
 
     ``kwargs`` (e.g. ``options={"fusion": [...]}``) are passed on to the spyre backend."""
     split = split_at_attention(gm)
+    # a piece's inputs are named after the graph nodes feeding them: the model's own inputs and weights
+    # get the real tensors (so spyre_lab.explain(model) finds the pieces that read its parameters),
+    # values made inside the graph get the fake tensors Dynamo recorded for them
+    real = dict(zip((node.name for node in gm.graph.nodes if node.op == "placeholder"), example_inputs))
     for name, piece in list(split.named_children()):
         if any(is_paged_attention(node) for node in piece.graph.nodes):
             continue
-        example = [node.meta.get("example_value", node.meta.get("val")) for node in piece.graph.nodes
+        example = [real.get(node.name, node.meta.get("example_value")) for node in piece.graph.nodes
                    if node.op == "placeholder"]
         setattr(split, name, CompiledPiece(spyre_backend(canonicalize(piece), example, **kwargs)))
     return split
