@@ -205,9 +205,12 @@ class ModelRunner:
         buckets = [("prefill", b) for b in self.platform.prefill_buckets]
         buckets += [("decode", b) for b in self.platform.batch_buckets]
         timings = []
-        for bucket in tqdm(buckets, desc="warmup", disable=not show_progress):
+        # on a compiling platform each bucket's first run is its compile (traced, split, compiled, loaded)
+        progress = tqdm(buckets, desc=f"warmup ({self.platform.dispatch_mode})", disable=not show_progress)
+        for bucket in progress:
             start = time.perf_counter()
             kind, size = bucket
+            progress.set_postfix_str(f"{kind} bucket {size}")
             with self.platform.device_timer(kind, size, 1 if kind == "prefill" else size) as device_time:
                 self.execute(self._dummy_input(kind, size))
                 self.platform.synchronize()
