@@ -255,10 +255,10 @@ def bench_spyre_platform(max_model_len: int = 64) -> None:
         print(f"{platform.dispatch_mode:>19} {warmup_s:>9.2f} {host_ms:>15.1f} {ttft:>15.3f} {tpot:>15.3f}"
               f" {texts == reference!s:>19}")
         if compile_blocks:
-            pieces = platform.compiled_pieces[1]
+            pieces = platform.compiled_pieces["decode", 1]
             block = pieces[1].program
             host = sum(type(launch).__name__ == "HostFallback" for launch in block.launches)
-            stats = platform.compile_stats[1]
+            stats = platform.compile_stats["decode", 1]
             print(f"  decoder block (decode bucket): {len(block.launches) - host} device kernels + {host} host "
                   f"fallbacks in its compiled piece, + the paged-attention device ops; {stats['pieces']} pieces per "
                   f"bucket -> {stats['compiles']} compiles, {stats['hits']} program-cache hits")

@@ -87,9 +87,9 @@ def test_prefill_logits_match_cpu_within_fp16_tolerance(compiled, cpu_fp16):
 def test_identical_blocks_share_one_program_per_bucket(compiled):
     platform = compiled.llm_engine.platform
     layers = compiled.llm_engine.model_config.num_hidden_layers
-    assert sorted(platform.compile_stats) == [2, 32]  # one Dynamo graph per bucket: decode batch 2, prefill 32
-    for num_tokens, stats in platform.compile_stats.items():
-        pieces = platform.compiled_pieces[num_tokens]
+    assert sorted(platform.compile_stats) == [("decode", 2), ("prefill", 32)]  # one Dynamo graph per bucket
+    for bucket, stats in platform.compile_stats.items():
+        pieces = platform.compiled_pieces[bucket]
         # embed..qkv of block 0 | o_proj..qkv of the next block (x layers-1) | o_proj..final norm
         assert stats["pieces"] == len(pieces) == layers + 1
         middle = [piece.program for piece in pieces[1:-1]]
@@ -112,9 +112,9 @@ def weight_restickifies(pieces) -> int:
 
 
 def test_transposed_weights_remove_the_weight_restickify_kernels(compiled):
-    plain = spyre_llm(transpose_weights=False).llm_engine.platform.compiled_pieces[2]
+    plain = spyre_llm(transpose_weights=False).llm_engine.platform.compiled_pieces["decode", 2]
     assert weight_restickifies(plain) >= 4 * (len(plain) - 2)  # every middle piece: o_proj, gate_up, down, qkv
-    assert weight_restickifies(compiled.llm_engine.platform.compiled_pieces[2]) == 0
+    assert weight_restickifies(compiled.llm_engine.platform.compiled_pieces["decode", 2]) == 0
     names = dict(compiled.llm_engine.model.named_parameters())
     assert "model.layers.0.self_attn.qkv_proj.weight_t" in names and "model.layers.0.self_attn.qkv_proj.weight" \
         not in names

@@ -60,10 +60,11 @@ class SpyrePlatform(Platform):
             raise ValueError("compile_blocks=True needs static_shapes=True (one compiled program per bucket); "
                              "pass compile_blocks=False to run dynamic shapes op by op")
         self.compile_blocks, self.transpose_weights = compile_blocks, transpose_weights
-        #: num_tokens of a bucket -> its compiled pieces in call order (explain each with spyre_lab.explain)
-        self.compiled_pieces: dict[int, list[CompiledGraph]] = {}
-        #: num_tokens of a bucket -> program-cache counters while its pieces compiled (pieces, compiles, hits)
-        self.compile_stats: dict[int, dict[str, int]] = {}
+        #: bucket ("prefill", 64) / ("decode", 4) -> its compiled pieces in call order (see spyre_lab.explain)
+        self.compiled_pieces: dict[tuple[str, int], list[CompiledGraph]] = {}
+        #: bucket -> program-cache counters while its pieces compiled: pieces, compiles, hits
+        self.compile_stats: dict[tuple[str, int], dict[str, int]] = {}
+        self._bucket: tuple[str, int] | None = None  # the step being run (set by device_timer)
         self.compile_options = dict(compile_options or {})
         self.dispatch_mode = "piecewise-compiled" if compile_blocks else "eager-ops"
         super().__init__(static_shapes, prefill_buckets, batch_buckets)
@@ -93,23 +94,30 @@ class SpyrePlatform(Platform):
         return model
 
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
-        """Dynamo calls this once per bucket; the graph's output (hidden states) is [num_tokens, hidden]."""
+        """Dynamo calls this once per bucket (the first run of each shape) and per model."""
         options = {"options": self.compile_options} if self.compile_options else {}
         before = program_cache.stats()
         split = piecewise_backend(gm, example_inputs, **options)
         after = program_cache.stats()
-        hidden = tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args)[0]
-        num_tokens = hidden.meta["example_value"].shape[0]
-        self.compiled_pieces[num_tokens] = pieces = compiled_pieces(split)
-        self.compile_stats[num_tokens] = {"pieces": len(pieces), "compiles": after["compiles"] - before["compiles"],
+        if self._bucket is not None:
+            bucket = self._bucket
+        else:  # the model called directly, outside an engine step: name the graph by its token count
+            hidden = tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args)[0]
+            bucket = ("call", hidden.meta["example_value"].shape[0])
+        self.compiled_pieces[bucket] = pieces = compiled_pieces(split)
+        self.compile_stats[bucket] = {"pieces": len(pieces), "compiles": after["compiles"] - before["compiles"],
                                           "hits": after["hits"] - before["hits"]}
         return split
 
     @contextlib.contextmanager
     def device_timer(self, kind: str, num_tokens: int, batch: int) -> Iterator[DeviceTime]:
         timing = DeviceTime()
-        with recording() as trace:
-            yield timing
+        self._bucket = (kind, num_tokens)  # a decode step's num_tokens is its (padded) batch
+        try:
+            with recording() as trace:
+                yield timing
+        finally:
+            self._bucket = None
         timing.modeled_ms = trace.duration_us / 1e3 if len(trace) else 0.0
 
     def synchronize(self) -> None:
