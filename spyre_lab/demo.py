@@ -24,7 +24,7 @@ from spyre_lab.device.kernels import matmul_kernel, softmax_kernel
 from spyre_lab.device.sim import SimResult, simulate
 from spyre_lab.device.trace import Trace
 
-ENGINE_PROMPTS = ("count from 5 to 12:", "letters from c to h:", "The answer is")
+ENGINE_PROMPTS = ("count from 5 to 12:", "letters from c to h:", "3 + 4 =", "The answer is")
 
 
 def _kernel_lines(result: SimResult) -> list[str]:
@@ -112,7 +112,7 @@ def engine_section(out: Path, trace_path: Path) -> list[str]:
     started = time.perf_counter()
     llm.warmup(show_progress=True)
     lines.append(f"  warmup (every static-shape bucket): {time.perf_counter() - started:.1f} s wall")
-    outputs = llm.generate(list(ENGINE_PROMPTS), SamplingParams(temperature=0, max_tokens=16), use_tqdm=True)
+    outputs = llm.generate(list(ENGINE_PROMPTS), SamplingParams(temperature=0, max_tokens=32), use_tqdm=True)
     for request in outputs:
         lines.append(f"  {request.prompt!r:>26} -> {request.outputs[0].text!r}")
     summary = llm.stats.summary()
