@@ -28,13 +28,14 @@ PROMPTS = {"3 + 4 =": " 7", "count from 5 to 12:": " 5 6 7 8"}  # known completi
 SMALL = dict(max_model_len=32, max_num_seqs=2, prefill_buckets=[32], batch_buckets=[2])
 
 
-def spyre_llm(**platform_options) -> LLM:
+def spyre_llm(warmup: bool = True, **platform_options) -> LLM:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # CPU-fallback notices for ops the runtime has no kernel for
         llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=SMALL["prefill_buckets"],
                                                           batch_buckets=SMALL["batch_buckets"], **platform_options),
                   max_model_len=SMALL["max_model_len"], max_num_seqs=SMALL["max_num_seqs"])
-        llm.warmup(show_progress=False)
+        if warmup:
+            llm.warmup(show_progress=False)
     return llm
 
 
@@ -129,6 +130,18 @@ def test_eager_ops_mode_is_kept_for_comparison():
     assert out.outputs[0].text == " 7"
     rows = [r for r in llm.stats.to_rows() if not r["kind"].startswith("warmup")]
     assert rows and all(r["dispatch"] == "eager-ops" for r in rows)
+
+
+def test_a_bucket_skipped_by_warmup_compiles_on_its_first_step(caplog):
+    llm = spyre_llm(warmup=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        out = llm.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
+    assert out.outputs[0].text == " 7"
+    dispatch = [r["dispatch"] for r in llm.stats.to_rows()]
+    assert dispatch[:2] == ["piecewise-compiled+on-demand"] * 2 and set(dispatch[2:]) == {"piecewise-compiled"}
+    assert sorted(llm.llm_engine.platform.compile_stats) == [("decode", 2), ("prefill", 32)]
+    assert "was not warmed up" in caplog.text
 
 
 def test_compiled_blocks_need_static_shapes():
