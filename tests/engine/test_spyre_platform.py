@@ -122,6 +122,13 @@ def test_transposed_weights_remove_the_weight_restickify_kernels(compiled):
     assert names["model.layers.0.mlp.down_proj.weight_t"].shape == (256, 128)  # [in, out]
 
 
+def test_compile_options_reach_the_spyre_backend(compiled):
+    unfused = spyre_llm(compile_options={"fusion": False}).llm_engine.platform.compiled_pieces["decode", 2]
+    fused = compiled.llm_engine.platform.compiled_pieces["decode", 2]
+    assert unfused[1].program.options.fusion == frozenset()
+    assert len(unfused[1].program.launches) > len(fused[1].program.launches)
+
+
 def test_eager_ops_mode_is_kept_for_comparison():
     llm = spyre_llm(compile_blocks=False)
     with warnings.catch_warnings():
