@@ -8,8 +8,8 @@ between them and runs attention itself eagerly. This module does the same for th
   gather by block tables, masked softmax·V) on whatever device its tensors live on; on spyre those
   are 11 to 15 eager ops (11 in a decode step; the two KV writes, ``index_copy_``, run as CPU
   fallbacks until the runtime has a scatter kernel). Its fake implementation only says "the output
-  looks like q", so Dynamo never traces into the KV-cache writes (which functionalization would drop: the cache is a
-  module attribute, not a graph output).
+  looks like q", so Dynamo never traces into the KV-cache writes (which functionalization would
+  drop: the cache is a module attribute, not a graph output).
 * `OpaqueAttention` is the `Attention` layer a platform registers to call that op.
 
 Every index and mask tensor the op reads (slot mapping, block tables, query index, additive mask,
