@@ -60,7 +60,7 @@ DEVICE_OPS = frozenset({
     "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "logical_not", "logical_and", "logical_or",
     "bitwise_and", "bitwise_not",
     # data movement the device does itself
-    "clone", "fill", "zero", "cat", "index_select", "_to_copy", "copy",
+    "clone", "fill", "zero", "cat", "index_select", "index_copy", "_to_copy", "copy",
     # reductions and normalisations
     "sum", "mean", "amax", "amin", "max", "min", "_softmax", "_log_softmax", "native_layer_norm", "var", "std",
     "rms_norm", "_fused_rms_norm", "prod", "all", "any",

@@ -196,3 +196,18 @@ def test_remainder_with_a_python_scalar_runs_as_cpu_fallback(dtype, divisor):
         out = torch.remainder(x.to("spyre"), divisor)
     assert out.device.type == "spyre" and out.dtype == torch.remainder(x, divisor).dtype
     torch.testing.assert_close(out.cpu(), torch.remainder(x, divisor))
+
+
+def test_index_copy_scatters_rows_on_the_device():
+    """The paged KV write (one index_copy_ of a step's rows by slot) stays on the card: no PCIe round trip."""
+    from spyre_lab.runtime import recording
+
+    cache = torch.zeros(16, 2, 64, dtype=torch.float16)
+    slots = torch.tensor([3, 7, 1])
+    rows = torch.randn(3, 2, 64, dtype=torch.float16)
+    on_card = cache.to("spyre")
+    slots_d, rows_d = slots.to("spyre"), rows.to("spyre")
+    with recording() as trace:
+        on_card.index_copy_(0, slots_d, rows_d)
+    assert not trace.on("pcie") or all(e.name.startswith("correction") for e in trace.on("pcie"))
+    assert torch.equal(on_card.cpu(), cache.index_copy_(0, slots, rows))

@@ -23,7 +23,8 @@ CLAIMED = frozenset({
     "clamp", "clamp_min", "clamp_max", "ceil", "floor", "sign", "square", "nn.functional.hardtanh",
     "nn.functional.leaky_relu", "nn.functional.elu", "nn.functional.softplus", "nn.functional.mish", "lerp",
     "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "logical_not", "logical_and", "logical_or",
-    "bitwise_and", "bitwise_not", "clone", "fill", "zero_", "cat", "index_select", "sum", "mean", "amax", "amin",
+    "bitwise_and", "bitwise_not", "clone", "fill", "zero_", "cat", "index_select", "index_copy", "sum", "mean",
+    "amax", "amin",
     "max", "min", "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.rms_norm", "var", "std",
     "prod", "all", "any", "mm", "bmm", "addmm", "baddbmm", "dot", "mv", "matmul", "nn.functional.linear",
 })
