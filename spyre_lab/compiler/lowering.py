@@ -38,6 +38,7 @@ from spyre_lab.compiler.op_tables import (
     MATMUL_OPS,
     MULTI_OUTPUT_NAMES,
     SHAPE_ONLY_OPS,
+    SPLIT_OPS,
     VIEW_OPS,
     decomposition_table,
 )
@@ -222,6 +223,8 @@ class _Lowerer:
             self._check_static(node.name, val)
         if packet in VIEW_OPS:
             return self._view(target, args, kwargs)
+        if packet in SPLIT_OPS:
+            return self._split(packet, args, kwargs)
         if packet == "_softmax" or packet == "softmax":
             return self._softmax(node, args)
         if packet in MATMUL_OPS:
@@ -257,6 +260,22 @@ class _Lowerer:
         op = target
         meta = op(src.meta, *rest)
         return Read(src.buffer, (*src.steps, (op, rest)), meta)
+
+    def _split(self, packet: str, args, kwargs) -> list[Read]:
+        """split / split_with_sizes / unbind return views, so each piece is a slice (or select) read of the
+        source: a fused QKV projection splits into q, k, v without a kernel."""
+        src, rest = args[0], dict(zip(("sizes", "dim"), args[1:])) | kwargs
+        if isinstance(src, torch.Tensor):
+            return list(getattr(aten, packet)(*args, **kwargs))
+        dim = rest.get("dim", 0) % src.meta.dim()
+        if packet == "unbind":
+            return [self._view(aten.select.int, (src, dim, i), {}) for i in range(src.meta.shape[dim])]
+        extent, sizes = src.meta.shape[dim], rest["sizes"]
+        if isinstance(sizes, int):                       # split(t, size): equal pieces, the last one shorter
+            sizes = [min(sizes, extent - start) for start in range(0, extent, sizes)]
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        return [self._view(aten.slice.Tensor, (src, dim, start, start + size), {})
+                for start, size in zip(starts, sizes)]
 
     def _tensor_reads(self, args, kwargs, hint: str) -> tuple[list[Read], tuple, dict]:
         """Replace every tensor argument with a slot; constants become constant buffers."""

@@ -38,6 +38,9 @@ VIEW_OPS = {
     "unsqueeze_copy", "slice_copy", "t_copy", "transpose_copy",
 }
 
+SPLIT_OPS = {"split", "split_with_sizes", "unbind"}
+"""Multi-output views: every piece becomes a read of the source (getitem picks one)."""
+
 SHAPE_ONLY_OPS = {"full_like", "zeros_like", "ones_like", "empty_like", "new_zeros", "new_ones", "new_full",
                   "new_empty", "empty_strided", "empty"}
 
