@@ -9,45 +9,13 @@ import time
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 import spyre_lab.compiler  # noqa: F401  (registers the backend)
 from spyre_lab.compiler import cache
 from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.examples import granite_layer, layer_inputs
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SPYRE
-
-
-def rms_norm(x, w):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-
-
-def rope(t, cos, sin):
-    half = t.shape[-1] // 2
-    return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
-
-
-def granite_layer(x, cos, sin, wq, wk, wv, wo, wg, wu, wd, n1, n2, heads: int = 32, kv_heads: int = 8):
-    """A Granite-style decoder layer with weights as inputs (stored transposed, [in, out], as the vLLM plugin does)."""
-    b, s, d = x.shape
-    hd = d // heads
-    h = rms_norm(x, n1)
-    q = (h @ wq).view(b, s, heads, hd).transpose(1, 2)
-    k = (h @ wk).view(b, s, kv_heads, hd).transpose(1, 2)
-    v = (h @ wv).view(b, s, kv_heads, hd).transpose(1, 2)
-    q, k = rope(q, cos, sin), rope(k, cos, sin)
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    x = x + a.transpose(1, 2).reshape(b, s, d) @ wo
-    h = rms_norm(x, n2)
-    return x + (F.silu(h @ wg) * (h @ wu)) @ wd
-
-
-def layer_inputs(d: int, heads: int, kv_heads: int, ff: int, seq: int, device: str = "cpu") -> list[torch.Tensor]:
-    hd, kv = d // heads, (d // heads) * kv_heads
-    shapes = [(1, seq, d), (seq, hd), (seq, hd), (d, d), (d, kv), (d, kv), (d, d), (d, ff), (d, ff), (ff, d),
-              (d,), (d,)]
-    return [torch.randn(s, dtype=torch.float16, device=device) * 0.05 for s in shapes]
 
 
 def timed(fn, repeat: int = 1) -> float:

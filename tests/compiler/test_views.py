@@ -5,10 +5,10 @@ from __future__ import annotations
 import warnings
 
 import torch
-import torch.nn.functional as F
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.codegen import KernelSpec
+from spyre_lab.compiler.examples import granite_layer
 from spyre_lab.compiler.ir import InputView
 from spyre_lab.compiler.program import UnplannedKernel
 from spyre_lab.compiler.tiling_common import view_operand
@@ -77,30 +77,6 @@ def test_expand_copy_is_planned_and_broadcasts_the_shared_tile():
     # the division keeps the expanded dim inside each tile: every byte of k is loaded once, not four times
     assert spec.division.splits.get("d1", 1) == 1 and spec.tiles["d1"] == 4
     assert spec.bytes_in == k.numel() * 2
-
-
-def _rms_norm(x, w):
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-
-
-def _rope(t, cos, sin):
-    half = t.shape[-1] // 2
-    return t * cos + torch.cat((-t[..., half:], t[..., :half]), dim=-1) * sin
-
-
-def granite_layer(x, cos, sin, wq, wk, wv, wo, wg, wu, wd, n1, n2, heads=32, kv_heads=8):
-    b, s, d = x.shape
-    hd = d // heads
-    h = _rms_norm(x, n1)
-    q = (h @ wq).view(b, s, heads, hd).transpose(1, 2)
-    k = (h @ wk).view(b, s, kv_heads, hd).transpose(1, 2)
-    v = (h @ wv).view(b, s, kv_heads, hd).transpose(1, 2)
-    q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-    a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    x = x + a.transpose(1, 2).reshape(b, s, d) @ wo
-    h = _rms_norm(x, n2)
-    return x + (F.silu(h @ wg) * (h @ wu)) @ wd
 
 
 def test_granite_8b_shaped_layer_plans_every_kernel():
