@@ -1,7 +1,12 @@
 """Rotary position embedding (RoPE), neox style (rotate the two halves of each head).
 
 cos/sin for every position are computed once into `cos_sin_cache` [max_position, head_dim]
-so a step only gathers rows by position — the same cache a device can hold resident.
+so a step only gathers rows by position — the same cache a device can hold resident. Every layer
+rotates by the same angles, so the model gathers them once per step (`cos_sin`) and each layer's
+call only rotates (`forward(cos_sin, query, key)`), as vLLM shares one rotary embedding across layers.
+
+The cache follows the module's dtype (``model.to(float16)`` casts it), so the rotation runs in the
+activations' dtype, as Hugging Face casts cos/sin to the query's dtype.
 """
 
 from __future__ import annotations
@@ -9,6 +14,8 @@ from __future__ import annotations
 import torch
 
 from spyre_lab.engine.layers.custom_op import CustomOp
+
+CosSin = tuple[torch.Tensor, torch.Tensor]
 
 
 class RotaryEmbedding(CustomOp):
@@ -24,14 +31,18 @@ class RotaryEmbedding(CustomOp):
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
         self.register_buffer("cos_sin_cache", cache, persistent=False)
 
+    def cos_sin(self, positions: torch.Tensor) -> CosSin:
+        """The angles of each token's position, cos and sin [T, 1, d/2]: gathered once per step, used by every layer."""
+        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+        return cos, sin
+
     def forward_native(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self, cos_sin: CosSin, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rotate query [T, heads*d] and key [T, kv_heads*d] by the angle of each token's position."""
-        cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, d/2] each
+        """Rotate query [T, heads*d] and key [T, kv_heads*d] by the angles `cos_sin(positions)` gathered."""
+        cos, sin = cos_sin
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.view(x.shape[0], -1, self.head_dim).chunk(2, dim=-1)
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        return rotated.view(x.shape).to(x.dtype)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).view(x.shape)

@@ -7,6 +7,8 @@ same code is Llama, so `LlamaForCausalLM` is this class under another name.
 
 Tokens of all sequences in a step are flattened into one dimension `[T, hidden]`; what each token
 may attend to is described by `AttentionMetadata`, so prefill, decode and padding use one graph.
+Every layer rotates by the same angles, so the model holds one `RotaryEmbedding` (shared by the
+layers, as vLLM's `get_rope` shares it) and gathers each token's cos/sin once per step.
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from spyre_lab.engine.layers.linear import (
     VocabEmbedding,
 )
 from spyre_lab.engine.layers.norm import RMSNorm
-from spyre_lab.engine.layers.rotary import RotaryEmbedding
+from spyre_lab.engine.layers.rotary import CosSin, RotaryEmbedding
 from spyre_lab.engine.models.config import ModelConfig
 
 
 class GraniteAttention(nn.Module):
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.q_size = config.num_attention_heads * config.head_dim
         self.kv_size = config.num_key_value_heads * config.head_dim
@@ -41,14 +43,14 @@ class GraniteAttention(nn.Module):
             bias=config.attention_bias,
         )
         self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.attention_bias)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.rotary_emb = rotary_emb
         self.attn = Attention(
             config.num_attention_heads, config.head_dim, config.attention_scale, config.num_key_value_heads
         )
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, cos_sin: CosSin, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
+        q, k = self.rotary_emb(cos_sin, q, k)
         return self.o_proj(self.attn(q, k, v, meta))
 
 
@@ -68,16 +70,17 @@ class GraniteMLP(nn.Module):
 class GraniteDecoderLayer(nn.Module):
     """One block: pre-norm attention and pre-norm SwiGLU MLP, each added back to the residual stream."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = GraniteAttention(config)
+        self.self_attn = GraniteAttention(config, rotary_emb)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = GraniteMLP(config)
         self.residual_multiplier = config.residual_multiplier
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = hidden + self.self_attn(positions, self.input_layernorm(hidden), meta) * self.residual_multiplier
+    def forward(self, cos_sin: CosSin, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """`cos_sin`: the step's rotary angles, `model.rotary_emb.cos_sin(positions)`."""
+        hidden = hidden + self.self_attn(cos_sin, self.input_layernorm(hidden), meta) * self.residual_multiplier
         return hidden + self.mlp(self.post_attention_layernorm(hidden)) * self.residual_multiplier
 
 
@@ -85,14 +88,18 @@ class GraniteModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(GraniteDecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.max_position_embeddings, config.rope_theta)
+        self.layers = nn.ModuleList(
+            GraniteDecoderLayer(config, self.rotary_emb) for _ in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.embedding_multiplier = config.embedding_multiplier
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids) * self.embedding_multiplier
+        cos_sin = self.rotary_emb.cos_sin(positions)
         for layer in self.layers:
-            hidden = layer(positions, hidden, meta)
+            hidden = layer(cos_sin, hidden, meta)
         return self.norm(hidden)
 
 

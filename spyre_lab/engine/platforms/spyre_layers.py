@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from spyre_lab.engine.layers.activation import SiluAndMul
-from spyre_lab.engine.layers.rotary import RotaryEmbedding
+from spyre_lab.engine.layers.rotary import CosSin, RotaryEmbedding
 
 
 class SlicedSiluAndMul(SiluAndMul):
@@ -45,16 +45,18 @@ class MatmulRotaryEmbedding(RotaryEmbedding):
         rotate_half[torch.arange(half), torch.arange(half, head_dim)] = 1.0  # out[half:] = x[:half]
         self.register_buffer("rotate_half", rotate_half, persistent=False)
 
-    def forward_oot(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        cos = self.cos_full.index_select(0, positions).unsqueeze(1)  # [T, 1, d]
-        sin = self.sin_full.index_select(0, positions).unsqueeze(1)
+    def cos_sin(self, positions: torch.Tensor) -> CosSin:
+        """Full-width cos and sin [T, 1, d], gathered with ``index_select`` (a device gather) once per step."""
+        return (self.cos_full.index_select(0, positions).unsqueeze(1),
+                self.sin_full.index_select(0, positions).unsqueeze(1))
+
+    def forward_oot(self, cos_sin: CosSin, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = cos_sin
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         heads = x.view(x.shape[0], -1, self.head_dim)
-        return (heads * cos + (heads @ self.rotate_half) * sin).view(x.shape).to(x.dtype)
+        return (heads * cos + (heads @ self.rotate_half) * sin).view(x.shape)
 
 
 DEVICE_LAYERS: dict[str, type] = {"SiluAndMul": SlicedSiluAndMul, "RotaryEmbedding": MatmulRotaryEmbedding}
