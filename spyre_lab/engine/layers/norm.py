@@ -16,9 +16,10 @@ class RMSNorm(CustomOp):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
         self.eps = eps
+        self.normalized_shape = (hidden_size,)  # a tuple: cheaper per call than slicing x.shape
 
     def forward_native(self, x: torch.Tensor) -> torch.Tensor:
         """Normalize in at least fp32 (as Hugging Face does), then cast back before the weight."""
         if x.dtype in (torch.float32, torch.float64):  # already wide: one fused call
-            return F.rms_norm(x, x.shape[-1:], self.weight, self.eps)
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+            return F.rms_norm(x, self.normalized_shape, self.weight, self.eps)
+        return self.weight * F.rms_norm(x.float(), self.normalized_shape, eps=self.eps).to(x.dtype)

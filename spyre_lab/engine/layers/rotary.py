@@ -44,5 +44,7 @@ class RotaryEmbedding(CustomOp):
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        x1, x2 = x.view(x.shape[0], -1, self.head_dim).chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).view(x.shape)
+        num_tokens = x.shape[0]
+        x1, x2 = x.view(num_tokens, -1, self.head_dim).chunk(2, dim=-1)
+        # integer sizes, not x.shape: a torch.Size argument takes a slower path through the view op
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1).view(num_tokens, -1)

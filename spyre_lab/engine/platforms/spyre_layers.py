@@ -56,7 +56,7 @@ class MatmulRotaryEmbedding(RotaryEmbedding):
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         heads = x.view(x.shape[0], -1, self.head_dim)
-        return (heads * cos + (heads @ self.rotate_half) * sin).view(x.shape)
+        return (heads * cos + (heads @ self.rotate_half) * sin).view(x.shape[0], -1)
 
 
 DEVICE_LAYERS: dict[str, type] = {"SiluAndMul": SlicedSiluAndMul, "RotaryEmbedding": MatmulRotaryEmbedding}
