@@ -177,7 +177,8 @@ def bench_portable_overhead(repeats: int, new_tokens: int, batch: int) -> None:
 
     print(f"\n[2] portable layers vs hand-written native model, batch {batch}, {new_tokens} new tokens "
           f"(host wall-clock, best of {repeats}, runs interleaved)")
-    print("  engine: best tokens/s of each; forward: medians over interleaved pairs of 20-call blocks")
+    print("  engine: best tokens/s of each; forward: medians over interleaved pairs of 20-call blocks;"
+          " which model runs first alternates")
     print(f"{'size':>7} {'params':>8} {'portable tok/s':>15} {'native tok/s':>13} {'overhead':>9}"
           f" {'portable fwd us':>16} {'native fwd us':>14} {'fwd overhead':>13}")
     ratios, forward_ratios = [], []
@@ -199,15 +200,19 @@ def bench_portable_overhead(repeats: int, new_tokens: int, batch: int) -> None:
         same = [o.outputs[0].token_ids for o in portable.generate(prompts, check, use_tqdm=False)] == [
             o.outputs[0].token_ids for o in native.generate(prompts, check, use_tqdm=False)]
         portable_best = native_best = 0.0
-        for _ in range(repeats):
-            portable_best = max(portable_best, engine_tokens_per_s(portable, prompts, new_tokens))
-            native_best = max(native_best, engine_tokens_per_s(native, prompts, new_tokens))
+        for i in range(repeats):
+            order = (portable, native) if i % 2 == 0 else (native, portable)
+            speeds = {id(llm): engine_tokens_per_s(llm, prompts, new_tokens) for llm in order}
+            portable_best = max(portable_best, speeds[id(portable)])
+            native_best = max(native_best, speeds[id(native)])
         ratio = native_best / portable_best
         ratios.append(ratio)
         model_input = decode_input(portable, batch)
         pairs = []  # forward only; adjacent pairs see the same machine load, so compare within a pair
-        for _ in range(6 * repeats):
-            pairs.append((forward_us(portable, model_input, 20), forward_us(native, model_input, 20)))
+        for i in range(6 * repeats):
+            order = (portable, native) if i % 2 == 0 else (native, portable)
+            us = {id(llm): forward_us(llm, model_input, 20) for llm in order}
+            pairs.append((us[id(portable)], us[id(native)]))
         portable_us = statistics.median(p for p, _ in pairs)
         native_us = statistics.median(n for _, n in pairs)
         forward_ratio = statistics.median(p / n for p, n in pairs)
