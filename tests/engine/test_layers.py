@@ -12,6 +12,7 @@ from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import Attention
 from spyre_lab.engine.layers.linear import Linear, RowParallelLinear
 from spyre_lab.engine.layers.norm import RMSNorm
+from spyre_lab.engine.layers.rotary import RotaryEmbedding
 from spyre_lab.engine.models import granite
 from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.platforms.cpu import CpuPlatform
@@ -141,3 +142,54 @@ def test_override_must_subclass_the_layer():
             raise AssertionError("expected TypeError")
         assert type(RowParallelLinear(4, 4)) is Linear  # other layers unaffected
         assert type(Attention(2, 4, 0.5, 1)) is Attention
+
+
+class CountingRotary(RotaryEmbedding):
+    """A platform's RoPE that counts how often the angles are gathered and how often a layer rotates."""
+
+    gathers = rotations = 0
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        type(self).gathers += 1
+        return super().cos_sin(positions)
+
+    def forward_oot(self, cos_sin, query: torch.Tensor, key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        type(self).rotations += 1
+        return self.forward_native(cos_sin, query, key)
+
+
+class CountingRotaryPlatform(Platform):
+    name = "counting-rotary"
+
+    def register_ops(self) -> None:
+        self.register_oot("RotaryEmbedding", CountingRotary)
+
+
+def test_rotary_angles_are_gathered_once_per_step_and_shared_by_every_layer(hf_granite_dir):
+    CountingRotary.gathers = CountingRotary.rotations = 0
+    llm = LLM(hf_granite_dir, platform=CountingRotaryPlatform(), max_model_len=64)
+    model = llm.llm_engine.model
+    rotaries = {id(m) for m in model.modules() if isinstance(m, RotaryEmbedding)}
+    assert rotaries == {id(model.model.rotary_emb)}
+    assert all(layer.self_attn.rotary_emb is model.model.rotary_emb for layer in model.model.layers)
+    out = llm.generate([PROMPTS[0]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    reference = LLM(hf_granite_dir, max_model_len=64).generate(
+        [PROMPTS[0]], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    assert out[0].outputs[0].token_ids == reference[0].outputs[0].token_ids
+    assert CountingRotary.gathers == 3  # 3 steps, one gather each
+    assert CountingRotary.rotations == 3 * 2  # 3 steps x 2 layers
+
+
+def test_rotary_matches_rotating_each_head_by_its_position_angle():
+    rope = RotaryEmbedding(head_dim=8, max_position=16, base=100.0)
+    positions = torch.tensor([0, 5, 15])
+    query, key = torch.randn(3, 2 * 8), torch.randn(3, 1 * 8)
+    got_q, got_k = rope(rope.cos_sin(positions), query, key)
+    assert got_q.shape == query.shape and got_k.shape == key.shape
+    inv_freq = 1.0 / (100.0 ** (torch.arange(0, 8, 2, dtype=torch.float64) / 8))
+    angle = positions.double()[:, None, None] * inv_freq  # [T, 1, d/2]
+    for x, got in ((query, got_q), (key, got_k)):
+        x1, x2 = x.double().view(3, -1, 8).chunk(2, dim=-1)
+        expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], dim=-1)
+        torch.testing.assert_close(got, expected.view(3, -1).float(), atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_q[0], query[0])  # position 0: no rotation
