@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/spyre-lab demo
 
 test: $(STAMP)
-	$(BIN)/ruff check spyre_lab tests benchmarks
+	$(BIN)/ruff check spyre_lab tests benchmarks scripts
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
