@@ -7,7 +7,8 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="spyre-lab", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="spyre-lab", description="spyre_lab: a modeled IBM Spyre device, compiler, runtime and engine.")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the default model on the modeled device and print a report")
     demo.add_argument("--out", default="out", help="folder for trace.json and the report (default: out)")
