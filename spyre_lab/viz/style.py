@@ -1,0 +1,64 @@
+"""One visual language for every view: a color per hardware unit, a stable color per kernel.
+
+A learner moves between views (dataflow, fusion, roofline, decode timeline); a load is the same
+blue and a kernel keeps its color everywhere, so the eye carries meaning from one figure to the next.
+This module holds data only (no plotly import), so tests and non-plotting code can read it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+#: One color per unit of work. Core units follow the tile pipeline: load -> PT (matmul) -> SFU -> store.
+UNIT_COLORS: dict[str, str] = {
+    "load": "#4C78A8",    # DRAM -> LX
+    "pt": "#E45756",      # PE array (systolic matmul)
+    "sfu": "#F58518",     # vector / special-function unit
+    "store": "#54A24B",   # LX -> DRAM
+    "ring": "#B279A2",    # core-to-core ring
+    "host": "#9D755D",    # host CPU work (program correction, scheduling, sampling)
+    "pcie": "#79706E",    # host <-> device copies
+    "engine": "#BAB0AC",  # engine step bookkeeping
+    "idle": "#EEEEEE",
+}
+
+#: Qualitative palette for kernels (Tableau 20 order, units' hues avoided first).
+KERNEL_PALETTE: tuple[str, ...] = (
+    "#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#7F7F7F",
+    "#BCBD22", "#17BECF", "#AEC7E8", "#FFBB78", "#98DF8A", "#FF9896", "#C5B0D5", "#C49C94",
+    "#F7B6D2", "#C7C7C7", "#DBDB8D", "#9EDAE5",
+)
+
+MODELED_TIME_AXIS = "modeled time (µs)"
+WALL_TIME_AXIS = "wall time (ms)"
+
+_CORE_LANE = re.compile(r"core(\d+)\.(\w+)")
+
+
+def lane_unit(lane: str) -> str:
+    """The unit a trace lane belongs to: ``core3.pt`` -> ``pt``, ``pcie.h2d`` -> ``pcie``."""
+    m = _CORE_LANE.fullmatch(lane)
+    if m:
+        return m.group(2)
+    for unit in ("host", "pcie", "ring", "engine"):
+        if lane.startswith(unit):
+            return unit
+    return "engine"
+
+
+def unit_color(lane_or_unit: str) -> str:
+    """Color of a lane's unit (accepts a lane name or a unit name)."""
+    return UNIT_COLORS.get(lane_or_unit) or UNIT_COLORS[lane_unit(lane_or_unit)]
+
+
+def kernel_color(kernel: str | int) -> str:
+    """A kernel's color, the same in every view and every run.
+
+    An integer picks the palette entry by position (kernel order in a Program); a name is hashed, so a
+    kernel named ``k3_softmax`` is the same color in FusionView, DataflowView, Roofline and DecodeTimeline.
+    """
+    if isinstance(kernel, int):
+        return KERNEL_PALETTE[kernel % len(KERNEL_PALETTE)]
+    digest = hashlib.blake2s(kernel.encode(), digest_size=2).digest()
+    return KERNEL_PALETTE[int.from_bytes(digest, "big") % len(KERNEL_PALETTE)]
