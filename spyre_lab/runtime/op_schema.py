@@ -51,12 +51,13 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
     takes the same arguments without ``out`` and writes nothing (``exp.out`` -> ``exp.default``)."""
     if not mutated_args(op):
         return op
-    wanted = [a.name for a in op._schema.arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+    wanted = [(a.name, str(a.type)) for a in op._schema.arguments
+              if not (a.alias_info is not None and a.alias_info.is_write)]
     for name in op.overloadpacket.overloads():
         candidate = getattr(op.overloadpacket, name)
         args = candidate._schema.arguments
         if not any(a.alias_info is not None and a.alias_info.is_write for a in args) and \
-                [a.name for a in args] == wanted:
+                [(a.name, str(a.type)) for a in args] == wanted:   # clamp_min.Tensor_out -> .Tensor, not .default
             return candidate
     return None
 

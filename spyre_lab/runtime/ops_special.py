@@ -19,12 +19,10 @@ from spyre_lab.runtime.streams import PCIE_LANE, TIMELINE, current_stream, devic
 from spyre_lab.runtime.tensor import (
     SpyreUsageError,
     buffer_of,
-    check_convertible,
     device_nbytes,
     empty_spyre,
     host_view,
     storage_numel,
-    warn_if_narrowed,
     write_into,
 )
 
@@ -62,8 +60,6 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         raise TypeError("spyre has no complex dtypes; keep complex tensors on the CPU")
     if dst.device.type == "spyre" and src.device.type != "spyre":
         with TIMELINE.launch("H2D copy", bytes=device_nbytes(dst)):
-            check_convertible(src)
-            warn_if_narrowed(dst.dtype)
             write_into(dst, src.to(dst.dtype) if src.dtype != dst.dtype else src)
             stream = current_stream(dst.device.index)
             nbytes = device_nbytes(dst)
