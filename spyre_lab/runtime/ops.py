@@ -44,7 +44,7 @@ from spyre_lab.runtime.op_schema import (
     to_cpu_kwargs,
     written_leaves,
 )
-from spyre_lab.runtime.ops_special import SPECIAL, resize
+from spyre_lab.runtime.ops_special import resize, special_kernels
 from spyre_lab.runtime.streams import TIMELINE, current_stream
 from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre
 
@@ -194,6 +194,11 @@ def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
         if program is not None:
             return _run_program(program, leaves, spec, index)
     return run_on_host(op, leaves, spec, index, warn=name not in HOST_BY_DESIGN)
+
+
+SPECIAL = special_kernels(launch_eager)
+"""Allocation, copies, scalars, resize and set_ (:mod:`spyre_lab.runtime.ops_special`); same-card copies among
+them run as eager device ops through :func:`launch_eager`."""
 
 
 class _NeedsHost(Exception):
@@ -352,21 +357,27 @@ def _compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inp
 
     examples = [torch.zeros_like(torch.empty_strided(leaves[i].shape, leaves[i].stride(), dtype=leaves[i].dtype))
                 for i in input_leaves]
+    if any(x.dtype == torch.float64 for x in examples):
+        return None                        # the compiler lays out no float64 buffers: the reference kernel runs
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        # the compiler's notices (an op it leaves on the host, a kernel without a tile plan) describe a program
+        # that is then refused below, so they are not the user's business
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
             program = compile_graph(one_op, examples)
-    except Exception:
+    except Exception as e:                  # a compiler gap must not break an eager op: say so, run the reference
+        _compile_gap(op, f"the compiler raised {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
         return None
     if any(isinstance(launch, (HostFallback, UnplannedKernel)) for launch in program.launches):
         return None
     produced = [(tuple(program.buffers[r.buffer].shape), program.buffers[r.buffer].dtype) for r in program.outputs]
     if len(produced) != len(out_metas) or not program.launches:
         return None
-    return program if _agrees_with_reference(program, one_op, examples) else None
+    return program if _agrees_with_reference(op, program, one_op, examples) else None
 
 
-def _agrees_with_reference(program: Any, one_op: Callable[..., Any], examples: list[torch.Tensor]) -> bool:
+def _agrees_with_reference(op: torch._ops.OpOverload, program: Any, one_op: Callable[..., Any],
+                           examples: list[torch.Tensor]) -> bool:
     """Run the compiled program once on sample data against the CPU op: a program that disagrees
     is not used (the reference kernel runs instead), so a compiler gap never becomes a wrong value."""
     from spyre_lab.runtime.executor import execute
@@ -378,13 +389,24 @@ def _agrees_with_reference(program: Any, one_op: Callable[..., Any], examples: l
         got = execute(program, samples).outputs
         for e, o in zip(expected, got, strict=True):
             torch.testing.assert_close(o, e, atol=1e-3, rtol=1e-3, equal_nan=True)
-    except Exception:
-        _disagreements.add(program.name)
+    except Exception as e:
+        reason = " ".join(str(e).split())[:200]
+        _compile_gap(op, f"its compiled program disagrees with the CPU op on sample data ({reason})")
         return False
     return True
 
 
-_disagreements: set[str] = set()
+_compile_gaps: set[str] = set()
+
+
+def _compile_gap(op: Any, reason: str) -> None:
+    """One warning per op whose one-op program could not be compiled or used, naming the reason."""
+    name = op if isinstance(op, str) else f"aten::{op.overloadpacket.__name__}"
+    if name not in _compile_gaps:
+        _compile_gaps.add(name)
+        warnings.warn(f"spyre: no compiled one-op program for {name}: {reason}. It runs as a reference kernel "
+                      "(the CPU op on the card's data, timed by a roofline), so its values are right but its time "
+                      "is an estimate.", stacklevel=6)
 
 def _dense(t: torch.Tensor) -> bool:
     return t.is_contiguous() or t.is_non_overlapping_and_dense()

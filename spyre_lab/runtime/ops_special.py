@@ -34,10 +34,17 @@ def pcie_lane(index: int) -> str:
     return device_lane(PCIE_LANE, index)
 
 
-def _launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    from spyre_lab.runtime.ops import launch_eager
+EagerLauncher = Callable[[torch._ops.OpOverload, tuple, dict], Any]
+_launch_eager: EagerLauncher | None = None
+"""How a copy within one card runs: as an eager device op. :mod:`spyre_lab.runtime.ops` hands its
+launcher over with :func:`special_kernels`, so this module does not import it back."""
 
-    return launch_eager(op, args, kwargs)
+
+def special_kernels(launch_eager: EagerLauncher) -> dict[Any, Callable[..., Any]]:
+    """The table of these ops, with same-card copies launched through ``launch_eager``."""
+    global _launch_eager
+    _launch_eager = launch_eager
+    return SPECIAL
 
 
 def _empty_memory_format(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
