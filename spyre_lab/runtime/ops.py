@@ -75,12 +75,6 @@ HOST_BY_DESIGN = frozenset({
 })
 """Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
 
-REFERENCE_ONLY = frozenset({"rms_norm", "_fused_rms_norm", "native_layer_norm", "var", "std", "lerp"})
-"""Device ops whose compiled programs round fp16 intermediates (as the card does: no fp32 upcast), so
-squares of large inputs overflow (norms, var/std) or a cancellation loses digits (lerp) where the CPU
-op, computing in fp32, does not. In eager mode they run the reference kernel so eager results equal
-the CPU's; under torch.compile the compiled numerics apply."""
-
 _TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
                              "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
                              "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
@@ -324,7 +318,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     kernel = ProgramKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
     out_args = set(written_leaves(op, leaves, spec, only_out=True))
     compiled = None
-    if set(written) == out_args and packet_name(op) not in REFERENCE_ONLY:  # functional or out=
+    if set(written) == out_args:                    # functional or out=
         compiled = _compile_one_op(op, leaves, spec, [i for i in input_leaves if i not in out_args], out_metas)
     return EagerProgram(name, [kernel], input_leaves, written, (markers, out_spec), new_outputs, resize,
                         compiled=compiled)

@@ -115,12 +115,15 @@ class DeviceBuffer:
     __slots__ = ("__weakref__", "_data", "_host", "allocation", "device", "generation", "host_dtype", "layout",
                  "numel")
 
-    def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int]) -> None:
+    def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int],
+                 exact: bool = False) -> None:
         self.device = device
         self.numel = numel
         self.host_dtype = host_dtype
-        self.layout = _layout(tuple(shape), storage_dtype(host_dtype), device.config.stick_bytes)
-        warn_if_narrowed(host_dtype)
+        stored = host_dtype if exact else storage_dtype(host_dtype)
+        self.layout = _layout(tuple(shape), stored, device.config.stick_bytes)
+        if not exact:
+            warn_if_narrowed(host_dtype)
         self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=f"{host_dtype} {tuple(shape)}")
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
@@ -162,7 +165,7 @@ class DeviceBuffer:
         self.check_valid()
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
-        if self.host_dtype in _NARROWED_TO_FP16:
+        if self.layout.dtype == torch.float16 and self.host_dtype in _NARROWED_TO_FP16:
             check_fits_fp16(source, staged)
         self._data = stickify(staged, self.layout)
         self._host = None
@@ -236,15 +239,19 @@ def storage_numel(size: Sequence[int], stride: Sequence[int], offset: int = 0) -
 
 
 def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype,
-                device_index: int) -> torch.Tensor:
-    """A new spyre tensor backed by a fresh DRAM allocation (contents zero)."""
+                device_index: int, exact: bool = False) -> torch.Tensor:
+    """A new spyre tensor backed by a fresh DRAM allocation (contents zero).
+
+    ``exact``: store ``dtype`` itself (float32 has a device format) instead of fp16. Compiled programs
+    use it for the fp32 intermediates they keep inside (a norm's sum of squares), never for a tensor
+    the caller sees, which follows the fp16 storage policy."""
     size = tuple(int(s) for s in size)
     stride = contiguous_strides(size) if stride is None else tuple(int(s) for s in stride)
     device = get_device(device_index)
     numel = storage_numel(size, stride)
     # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
     shape = size if stride == contiguous_strides(size) else (numel,)
-    buffer = DeviceBuffer(device, numel, dtype, shape)
+    buffer = DeviceBuffer(device, numel, dtype, shape, exact=exact)
     nbytes = numel * dtype.itemsize
     storage = torch._C._construct_storage_from_data_pointer(buffer.address, torch.device("spyre", device_index),
                                                             nbytes)
