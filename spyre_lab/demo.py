@@ -8,8 +8,8 @@ Three sections, bottom layer first, each printing what it did and adding to ``ou
 3. engine:   the embedded tiny-granite model served by the mini vLLM engine on the spyre platform.
 
 Ops with no spyre kernel run as CPU fallbacks; instead of a warning per op the demo ends with one summary
-(op, calls, where first seen). Per-core timelines go to ``out/trace.json`` and the engine's steps to ``out/engine_trace.json``
-(both open in Perfetto / chrome://tracing). Every device time is modeled.
+(op, calls, where first seen). Per-core timelines go to ``out/trace.json`` and the engine's steps to
+``out/engine_trace.json`` (both open in Perfetto / chrome://tracing). Every device time is modeled.
 """
 
 from __future__ import annotations
