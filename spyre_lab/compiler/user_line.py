@@ -73,5 +73,4 @@ def warn_at_user_line(message: str, category: type[Warning] = UserWarning) -> No
         message, category, frame.f_code.co_filename, frame.f_lineno,
         module=module_globals.get("__name__", "<unknown>"),
         registry=module_globals.setdefault("__warningregistry__", {}),
-        module_globals=module_globals,
-    )
+    )  # no module_globals: linecache reads the line from the file (a -c/REPL loader cannot serve it)
