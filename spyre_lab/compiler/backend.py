@@ -214,7 +214,9 @@ class CompiledGraph:
 
 
 def _is_tensor(node: fx.Node) -> bool:
-    return isinstance(node.meta.get("example_value", node.meta.get("val")), torch.Tensor)
+    """Does the node produce a tensor? (Dynamo records each node's example value; without one, assume so.)"""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return value is None or isinstance(value, torch.Tensor)
 
 
 def _host_value_graph(gm: fx.GraphModule, out_leaves: list[Any]) -> fx.GraphModule | None:
