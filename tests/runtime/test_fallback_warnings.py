@@ -90,3 +90,10 @@ def test_the_demo_report_replaces_per_op_warnings_with_one_summary(fresh_warning
     assert text.startswith("CPU fallbacks: 2 ops")
     row = next(line for line in lines[0].splitlines() if "aten::cumsum" in line)
     assert row.split()[1] == "2" and "test_fallback_warnings.py:" in row
+
+
+def test_the_fp16_storage_warning_names_the_user_line(fresh_warnings):
+    with pytest.warns(UserWarning, match="spyre stores torch.float64 tensors as float16") as caught:
+        torch.ones(3, dtype=torch.float64).to("spyre")
+    (w,) = [w for w in caught if "float64" in str(w.message)]
+    assert w.filename == HERE  # not torch/_dynamo/eval_frame.py: the driver's own frames are skipped
