@@ -42,6 +42,7 @@ class FallbackStat:
     calls: int
     first_seen: str  # file:line of the first call: the line that called the torch op (may be spyre_lab's own)
     user_line: str  # file:line of the first frame outside torch and spyre_lab (what the warning names)
+    by_design: bool = False  # a host op by design (its output size depends on the data), not a missing kernel
 
 
 class FallbackLog:
@@ -50,10 +51,10 @@ class FallbackLog:
     def __init__(self) -> None:
         self.stats: dict[str, FallbackStat] = {}
 
-    def record(self, name: str) -> None:
+    def record(self, name: str, by_design: bool) -> None:
         stat = self.stats.get(name)
         if stat is None:
-            self.stats[name] = FallbackStat(name, 1, where(caller_frame(3)), where(user_frame(3)))
+            self.stats[name] = FallbackStat(name, 1, where(caller_frame(3)), where(user_frame(3)), by_design)
         else:
             stat.calls += 1
 
@@ -61,11 +62,12 @@ class FallbackLog:
         if not self.stats:
             return "CPU fallbacks: none (every op ran on the device)"
         width = max(len(name) for name in self.stats)
-        lines = [f"CPU fallbacks: {len(self.stats)} ops with no spyre kernel ran on the host "
+        lines = [f"CPU fallbacks: {len(self.stats)} ops ran on the host "
                  "(each call: D2H of its inputs, the CPU op, H2D of its results)",
-                 f"  {'op':<{width}}  {'calls':>6}  first seen"]
+                 f"  {'op':<{width}}  {'calls':>6}  {'why':<21}  first seen"]
         for stat in sorted(self.stats.values(), key=lambda s: -s.calls):
-            lines.append(f"  {stat.op:<{width}}  {stat.calls:6d}  {stat.first_seen}")
+            why = "output size from data" if stat.by_design else "no spyre kernel"
+            lines.append(f"  {stat.op:<{width}}  {stat.calls:6d}  {why:<21}  {stat.first_seen}")
         return "\n".join(lines)
 
 
@@ -98,7 +100,7 @@ def collect_fallbacks() -> Iterator[FallbackLog]:
 
 def _note_fallback(name: str, warn: bool) -> None:
     for log in (_PROCESS_LOG, *_collectors):
-        log.record(name)
+        log.record(name, by_design=not warn)
     if warn and not _collectors and name not in _warned_ops:
         _warned_ops.add(name)
         stat = _PROCESS_LOG.stats[name]

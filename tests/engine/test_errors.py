@@ -84,12 +84,12 @@ def llm() -> LLM:
 
 
 def test_llm_of_none_is_a_type_error():
-    with pytest.raises(TypeError, match="model must be an embedded model name.*got NoneType None"):
+    with pytest.raises(TypeError, match=r"model must be an embedded model name.*got NoneType None"):
         LLM(None)
 
 
 def test_generate_of_a_number_is_a_type_error(llm):
-    with pytest.raises(TypeError, match="prompts must be a str, a list of token ids.*got int 5"):
+    with pytest.raises(TypeError, match=r"prompts must be a str, a list of token ids.*got int 5"):
         llm.generate(5)
     with pytest.raises(TypeError, match="sampling_params must be a SamplingParams"):
         llm.generate("3 + 4 =", {"temperature": 0})

@@ -89,7 +89,15 @@ def test_the_demo_report_replaces_per_op_warnings_with_one_summary(fresh_warning
     text = "\n".join(lines)
     assert text.startswith("CPU fallbacks: 2 ops")
     row = next(line for line in lines[0].splitlines() if "aten::cumsum" in line)
-    assert row.split()[1] == "2" and "test_fallback_warnings.py:" in row
+    assert row.split()[1] == "2" and "no spyre kernel" in row and "test_fallback_warnings.py:" in row
+
+
+def test_host_ops_by_design_are_counted_but_marked_as_such():
+    x = torch.tensor([0.0, 2.0, -1.0], dtype=torch.float16).to("spyre")
+    with collect_fallbacks() as log:
+        torch.nonzero(x)
+    assert log.stats["aten::nonzero"].by_design
+    assert "output size from data" in log.summary()
 
 
 def test_the_fp16_storage_warning_names_the_user_line(fresh_warnings):
