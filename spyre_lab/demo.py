@@ -117,7 +117,9 @@ def engine_section(out: Path, trace_path: Path) -> list[str]:
     lines.append(f"  warmup (every static-shape bucket): {time.perf_counter() - started:.1f} s wall")
     outputs = llm.generate(list(ENGINE_PROMPTS), SamplingParams(temperature=0, max_tokens=32), use_tqdm=True)
     for request in outputs:
-        lines.append(f"  {request.prompt!r:>26} -> {request.outputs[0].text!r}")
+        seen = (request.decoded_prompt or "").removeprefix("<bos>")
+        note = f"   (the model saw {seen!r})" if seen and seen != request.prompt else ""
+        lines.append(f"  {request.prompt!r:>26} -> {request.outputs[0].text!r}{note}")
     summary = llm.stats.summary()
     modeled = summary.get("device_ms_modeled")
     lines.append(f"  {summary['steps']} steps ({summary['prefill_steps']} prefill, {summary['decode_steps']} decode), "
