@@ -54,12 +54,30 @@ def read_config(folder: Path) -> ModelConfig:
             from e
     if not isinstance(document, dict):
         raise ModelLoadError(f"{path} must hold a JSON object of model settings, got a {type(document).__name__}")
+    for key in SIZE_KEYS:
+        _check_size(path, key, document.get(key, 1))
     try:
-        return ModelConfig.from_hf_dict(document)
+        config = ModelConfig.from_hf_dict(document)
     except KeyError as e:
         raise ModelLoadError(f"{path} lacks the key {e.args[0]!r}, which the model needs") from e
-    except (TypeError, ValueError) as e:
+    except (TypeError, ValueError, AttributeError) as e:
         raise ModelLoadError(f"{path}: {e}") from e
+    for key in SIZE_KEYS:
+        _check_size(path, key, getattr(config, key))
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ModelLoadError(f"{path}: num_attention_heads ({config.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({config.num_key_value_heads})")
+    return config
+
+
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "max_position_embeddings")
+"""config.json fields that size the model: each must be a positive int."""
+
+
+def _check_size(path: Path, key: str, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ModelLoadError(f"{path}: {key} must be a positive int, got {value!r}")
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[Path, str, torch.Tensor]]:

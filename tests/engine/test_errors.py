@@ -43,6 +43,20 @@ def test_a_config_json_missing_a_key_names_the_file_and_the_key(model_dir):
         LLM(str(model_dir))
 
 
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("hidden_size", "128", "hidden_size must be a positive int, got '128'"),
+    ("num_hidden_layers", 0, "num_hidden_layers must be a positive int, got 0"),
+    ("num_key_value_heads", 3, r"num_attention_heads \(4\) must be a multiple of num_key_value_heads \(3\)"),
+    ("architectures", ["BertModel"], "architectures.*not supported"),
+])
+def test_a_config_json_with_a_bad_value_names_the_file_and_the_key(model_dir, key, value, message):
+    config = json.loads((model_dir / "config.json").read_text())
+    config[key] = value
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=rf"config\.json: .*{message}"):
+        LLM(str(model_dir))
+
+
 def test_a_truncated_safetensors_file_is_named(model_dir):
     path = model_dir / "model.safetensors"
     data = path.read_bytes()
