@@ -103,8 +103,8 @@ def _note_fallback(name: str, warn: bool) -> None:
         log.record(name, by_design=not warn)
     if warn and not _collectors and name not in _warned_ops:
         _warned_ops.add(name)
-        stat = _PROCESS_LOG.stats[name]
-        via = f" (called from {stat.first_seen})" if stat.first_seen != stat.user_line else ""
+        site, user = where(caller_frame(1)), where(user_frame(1))   # this call's (the stats keep the first one's)
+        via = f" (called from {site})" if site != user else ""
         warn_at_user_line(f"{name} has no spyre kernel{via}; it runs as a CPU fallback (inputs copied to the host, "
                           "the CPU op, results copied back). Each call pays two PCIe transfers; "
                           "spyre_lab.runtime.fallback.fallback_stats() counts them.")

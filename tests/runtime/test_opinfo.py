@@ -42,7 +42,8 @@ UNSPECIFIED_VALUES = frozenset({"empty", "empty_like", "new_empty", "new_empty_s
 CPU_ARGUMENTS = frozenset({"tensor_split"})
 """Ops whose OpInfo passes a CPU tensor argument that torch requires on the CPU (as with CUDA)."""
 
-EXPECTED_WARNING = re.compile(r"aten::(\w+) has no spyre kernel; it runs as a CPU fallback|spyre stores torch\.\w+ "
+EXPECTED_WARNING = re.compile(r"aten::(\w+) has no spyre kernel( \(called from [^)]*\))?; it runs as a CPU fallback|"
+                              r"spyre stores torch\.\w+ "
                               r"tensors as float16|spyre: no compiled one-op program for aten::\w+|An output with one "
                               r"or more elements was resized since it had shape \[\]")
 """What spyre may print beyond the CPU's own warnings: a CPU fallback notice, the fp16-storage notice, a
