@@ -68,7 +68,7 @@ def register() -> None:
     lib.fallback(_dispatch, "PrivateUse1")
     lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     direct = torch.library.Library("aten", "IMPL")
-    for op in DIRECT_KERNELS:
+    for op in (*DIRECT_KERNELS, *TRANSFER_KERNELS):
         direct.impl(op, _kernel_for(op), "PrivateUse1")
     _LIBRARIES.extend((lib, direct))
     _route_deepcopy_through_clone()
@@ -78,6 +78,18 @@ DIRECT_KERNELS = (torch.ops.aten.native_layer_norm.default, torch.ops.aten.view.
 """Ops the dispatcher would otherwise decompose or run with a composite kernel before the backend
 fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
 fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
+
+TRANSFER_KERNELS = (
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten._copy_from.default,
+    torch.ops.aten._copy_from_and_resize.default,
+)
+"""Allocation and host<->device copies, registered per op as well as through the fallback. torch reaches
+them with a TorchDispatchMode still on the stack (``torch.tensor(data, device="spyre")`` builds the real
+tensor with modes disabled, then lifts it into the mode): a per-op Python kernel is found again from
+there, a Python *fallback* is not (torch stops on an internal assert). This is what lets Dynamo's
+FakeTensorMode trace factory calls on the device, such as transformers' ``torch.tensor([], device=...)``."""
 
 
 def _dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:

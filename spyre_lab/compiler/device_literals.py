@@ -1,0 +1,47 @@
+"""Trace a Dynamo graph on the host: device literals in the graph (``device="spyre"``) become ``"cpu"``.
+
+Why: a compiled Program is device-agnostic. ``to_aten`` traces the graph on CPU fake tensors, while
+unmodified model code writes the device into the graph (``torch.arange(n, device=x.device)``,
+``inv_freq.to(x.device)``, ``torch.tensor([], device=self.device)``); left alone, those make spyre
+fake tensors that meet the CPU ones and tracing stops with a device mismatch. Inside a Program every
+value lives on the card anyway, so the graph is traced as if the card's device were the host's; the
+runtime places inputs and outputs on the card when it launches the Program.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import fx
+
+DEVICE_TYPE = "spyre"
+
+
+def _is_device_literal(value: Any) -> bool:
+    if isinstance(value, torch.device):
+        return value.type == DEVICE_TYPE
+    return isinstance(value, str) and (value == DEVICE_TYPE or value.startswith(DEVICE_TYPE + ":"))
+
+
+def _on_host(value: Any) -> Any:
+    if _is_device_literal(value):
+        return torch.device("cpu")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_on_host(v) for v in value)
+    return value
+
+
+def trace_on_host(gm: fx.GraphModule) -> fx.GraphModule:
+    """Rewrite every spyre device literal in ``gm``'s node arguments to the CPU, in place; returns ``gm``."""
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        args, kwargs = _on_host(node.args), {k: _on_host(v) for k, v in node.kwargs.items()}
+        if args != node.args or kwargs != node.kwargs:
+            node.args, node.kwargs = args, kwargs
+            changed = True
+    if changed:
+        gm.recompile()
+    return gm
