@@ -4,7 +4,9 @@
 module / storage methods (``x.spyre()``, ``x.is_spyre``, ``module.spyre()``), installs
 ``torch.spyre`` and the Python device guard and hooks, and registers ONE boxed fallback kernel for
 the PrivateUse1 dispatch key (:func:`spyre_lab.runtime.ops.dispatch`), through which every ATen op
-on a spyre tensor passes. Autocast on the device falls through to the plain kernels.
+on a spyre tensor passes. It also installs what keeps ordinary PyTorch habits working next to the
+device: fp16 autocast kernels (``autocast``), pinned host memory (``host_memory``) and the
+``torch.accelerator`` / ``torch.Generator`` / ``torch.load`` routes (``generic_api``).
 
 It runs on ``import torch`` through the ``torch.backends`` entry point (:func:`spyre_lab.runtime._autoload`).
 """
@@ -16,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from spyre_lab.runtime import autocast, generic_api, host_memory
 
 BACKEND = "spyre"
 _LIBRARIES: list[torch.library.Library] = []
@@ -70,8 +74,11 @@ def register() -> None:
     direct = torch.library.Library("aten", "IMPL")
     for op in (*DIRECT_KERNELS, *TRANSFER_KERNELS):
         direct.impl(op, _kernel_for(op), "PrivateUse1")
+    autocast.register(direct)
+    host_memory.register(direct)
     _LIBRARIES.extend((lib, direct))
     _route_deepcopy_through_clone()
+    generic_api.install()
 
 
 DIRECT_KERNELS = (torch.ops.aten.native_layer_norm.default, torch.ops.aten.view.dtype, torch.ops.aten.rms_norm.default)
