@@ -230,3 +230,20 @@ def test_amp_supported_dtypes_tell_the_truth_and_bf16_autocast_is_refused_by_nam
           torch.autocast("spyre", dtype=torch.bfloat16)):
         y = x.float() @ x.float()
     assert y.dtype == torch.float32                         # autocast was switched off, not faked
+
+
+def test_compiled_autocast_casts_the_same_ops_as_eager():
+    pytest.importorskip("spyre_lab.compiler")
+
+    def f(a, b, w):
+        with torch.autocast("spyre"):
+            return a @ b, a + b, torch.nn.functional.linear(a, w)
+
+    gen = torch.Generator().manual_seed(3)
+    args = [torch.randn(*shape, generator=gen).half().to("spyre") for shape in ((16, 16), (16, 16), (4, 16))]
+    args = [args[0].float(), args[1], args[2].float()]        # fp32 and fp16 operands on the card
+    eager = f(*args)
+    compiled = torch.compile(f, backend="spyre")(*args)
+    assert [t.dtype for t in compiled] == [t.dtype for t in eager] == [torch.float16, torch.float32, torch.float16]
+    for got, want in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got.cpu(), want.cpu(), atol=2e-2, rtol=2e-2)
