@@ -12,8 +12,10 @@ Each is routed here to what ``torch.spyre`` knows, or to an error that says what
 * ``torch.Generator("spyre")`` -> a CPU generator: random ops on spyre tensors draw on the host
   (``torch.spyre.manual_seed`` seeds the same CPU generator), so a seeded CPU generator gives the
   same numbers as on the CPU. ``torch.Generator`` stays the class every generator is an instance of.
-* ``torch.load(..., map_location="spyre")`` -> an error naming the two-step alternative: the card keeps
-  tensors stickified per shape and dtype, which a raw storage does not carry.
+* ``torch.load(..., map_location="spyre")`` and ``storage.to("spyre")`` / ``storage.spyre()`` -> an
+  error naming the alternative: the card keeps tensors stickified per shape and dtype, which a raw
+  storage does not carry (torch would otherwise build a storage with the PrivateUse1 C++ allocator a
+  Python backend cannot register, and the interpreter would crash).
 """
 
 from __future__ import annotations
@@ -117,6 +119,41 @@ def _load_to_spyre(storage: Any, location: str) -> None:
     )
 
 
+def _storage_error(what: str) -> Exception:
+    from spyre_lab.runtime.tensor import SpyreUsageError
+
+    return SpyreUsageError(
+        f"{what} cannot put a raw storage on the card: spyre keeps each tensor stickified for its shape and "
+        "dtype, which a storage does not carry. Move tensors instead: t.to('spyre')"
+    )
+
+
+def _refusing_storage_to(original: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(original)
+    def to(self: Any, *args: Any, **kwargs: Any) -> Any:
+        device = kwargs.get("device", args[0] if args else None)
+        if device is not None and torch.device(device).type == BACKEND:
+            raise _storage_error(f"storage.to({str(device)!r})")
+        return original(self, *args, **kwargs)
+
+    to.__spyre_routed__ = original  # type: ignore[attr-defined]
+    return to
+
+
+def route_storage() -> None:
+    """``storage.to("spyre")`` and ``storage.spyre()`` raise our error instead of crashing the interpreter."""
+    import torch.storage as storage
+
+    def spyre(self: Any, *args: Any, **kwargs: Any) -> Any:
+        raise _storage_error("storage.spyre()")
+
+    for cls in (storage._StorageBase, storage.TypedStorage):
+        if not hasattr(cls.to, "__spyre_routed__"):
+            cls.to = _refusing_storage_to(cls.to)
+    for cls in (storage.UntypedStorage, storage.TypedStorage):
+        cls.spyre = spyre
+
+
 def route_load() -> None:
     """Register the ``torch.load`` deserializer that explains ``map_location="spyre"``."""
     import torch.serialization as serialization
@@ -126,7 +163,8 @@ def route_load() -> None:
 
 
 def install() -> None:
-    """All three routes (idempotent; runs inside ``import torch``, so it imports nothing heavy)."""
+    """Every route (idempotent; runs inside ``import torch``, so it imports nothing heavy)."""
     route_accelerator()
     route_generator()
     route_load()
+    route_storage()

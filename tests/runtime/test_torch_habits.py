@@ -247,3 +247,19 @@ def test_compiled_autocast_casts_the_same_ops_as_eager():
     assert [t.dtype for t in compiled] == [t.dtype for t in eager] == [torch.float16, torch.float32, torch.float16]
     for got, want in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got.cpu(), want.cpu(), atol=2e-2, rtol=2e-2)
+
+
+def test_moving_a_raw_storage_to_spyre_is_refused_instead_of_crashing():
+    script = textwrap.dedent("""
+        import torch
+        storage = torch.arange(4.0).untyped_storage()
+        for move in (lambda: storage.to(device="spyre"), lambda: storage.spyre(), lambda: storage.to(device="cpu")):
+            try:
+                print(type(move()).__name__)
+            except RuntimeError as exc:
+                print(type(exc).__name__, "t.to('spyre')" in str(exc))
+    """)
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, f"the interpreter died (rc {done.returncode}): {done.stderr[-500:]}"
+    assert done.stdout.split("\n")[:3] == ["SpyreUsageError True", "SpyreUsageError True", "UntypedStorage"]
