@@ -16,6 +16,7 @@ and compiled as a whole; nothing in transformers is patched. References run on t
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import warnings
@@ -29,6 +30,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import spyre_lab.compiler  # noqa: E402, F401  (registers the backend from a source checkout)
+from spyre_lab.compiler.backend import compiled_graphs_for  # noqa: E402
 
 TOL = {"atol": 1e-2, "rtol": 1e-2}
 NEW_TOKENS = 3
@@ -66,15 +68,18 @@ def expected_warnings_only() -> Iterator[None]:
 
 
 def _models(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
-    """(CPU fp32 reference, compiled fp16 model on spyre) with the same fp16-rounded weights."""
+    """(CPU fp32 reference, fp16 model on spyre) with the same fp16-rounded weights."""
     torch.manual_seed(0)
     model = CONFIGS[name]().eval()
     reference = model.half().float()                       # fp32 reference on the rounded weights
-    import copy
+    return reference, copy.deepcopy(reference).half().to("spyre")
 
-    device_model = copy.deepcopy(reference).half().to("spyre")
-    device_model.forward = torch.compile(device_model.forward, backend="spyre")
-    return reference, device_model
+
+def _compiled_forward(device_model: torch.nn.Module) -> torch.nn.Module:
+    """``generate()`` calls the module itself, so it runs compiled once ``forward`` is (transformers' own recipe)."""
+    if not hasattr(device_model.forward, "_torchdynamo_orig_callable"):
+        device_model.forward = torch.compile(device_model.forward, backend="spyre")
+    return device_model
 
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
@@ -89,7 +94,7 @@ def models(request: pytest.FixtureRequest) -> tuple[torch.nn.Module, torch.nn.Mo
 def test_compiled_forward_matches_cpu_fp32_logits(models, expected_warnings_only):
     reference, device_model = models
     expected = reference(PROMPT).logits
-    got = device_model(PROMPT.to("spyre")).logits
+    got = torch.compile(device_model, backend="spyre")(PROMPT.to("spyre")).logits
     assert got.device.type == "spyre" and got.dtype == torch.float16
     torch.testing.assert_close(got.cpu().float(), expected, **TOL)
 
@@ -99,8 +104,8 @@ def test_compiled_generate_with_the_dynamic_cache_gives_the_cpu_tokens(models, e
     reference, device_model = models
     settings = dict(max_new_tokens=NEW_TOKENS, do_sample=False)
     expected = reference.generate(PROMPT, **settings)
-    got = device_model.generate(PROMPT.to("spyre"), **settings)
-    assert got.device.type == "spyre"
+    got = _compiled_forward(device_model).generate(PROMPT.to("spyre"), **settings)
+    assert got.device.type == "spyre" and compiled_graphs_for(device_model), "generate() ran the compiled forward"
     assert got.cpu().tolist() == expected.tolist()
 
 
@@ -112,7 +117,8 @@ def test_compiled_generate_updates_a_static_cache_in_place(models, expected_warn
     cpu_cache = transformers.StaticCache(config=reference.config, max_cache_len=cache_len)
     device_cache = transformers.StaticCache(config=reference.config, max_cache_len=cache_len)
     expected = reference.generate(PROMPT, past_key_values=cpu_cache, **settings)
-    got = device_model.generate(PROMPT.to("spyre"), past_key_values=device_cache, **settings)
+    got = _compiled_forward(device_model).generate(PROMPT.to("spyre"), past_key_values=device_cache, **settings)
+    assert compiled_graphs_for(device_model)
     assert got.cpu().tolist() == expected.tolist()
     for cpu_layer, device_layer in zip(cpu_cache.layers, device_cache.layers, strict=True):
         # the compiled decode steps write their key/value row and advance the counter in place
