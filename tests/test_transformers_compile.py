@@ -67,6 +67,28 @@ def expected_warnings_only() -> Iterator[None]:
     assert not unexpected, f"unexpected warnings: {unexpected}"
 
 
+def test_fake_tensor_mode_builds_device_constants():
+    """The root cause: Dynamo runs ``torch.tensor(data, device="spyre")`` inside FakeTensorMode."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        empty = torch.tensor([], dtype=torch.float16, device="spyre")
+        data = torch.tensor([[1.0, 2.0]], dtype=torch.float16, device="spyre")
+    assert (empty.device.type, tuple(empty.shape)) == ("spyre", (0,))
+    assert (data.device.type, tuple(data.shape), data.dtype) == ("spyre", (1, 2), torch.float16)
+
+
+def test_device_literals_in_a_compiled_graph_match_eager(expected_warnings_only):
+    def f(x):
+        positions = torch.arange(x.shape[-1], device=x.device).to(x.dtype)
+        return x * positions + torch.tensor([0.5], dtype=x.dtype, device=x.device)
+
+    x = torch.randn(4, 8, generator=torch.Generator().manual_seed(0)).half().to("spyre")
+    got = torch.compile(f, backend="spyre")(x)
+    assert got.device.type == "spyre"
+    torch.testing.assert_close(got.cpu(), f(x).cpu(), **TOL)
+
+
 def _models(name: str) -> tuple[torch.nn.Module, torch.nn.Module]:
     """(CPU fp32 reference, fp16 model on spyre) with the same fp16-rounded weights."""
     torch.manual_seed(0)
