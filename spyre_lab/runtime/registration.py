@@ -99,6 +99,7 @@ there, a Python *fallback* is not (torch stops on an internal assert). This is w
 FakeTensorMode trace factory calls on the device, such as transformers' ``torch.tensor([], device=...)``."""
 
 
+@torch._disable_dynamo  # the driver is never traced: a graph break must not compile the runtime (lazy import)
 def _dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """The registered kernel: loads the eager-op machinery on the first spyre op, not on ``import torch``."""
     from spyre_lab.runtime.ops import dispatch
@@ -131,6 +132,7 @@ def _route_deepcopy_through_clone() -> None:
 
 
 def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    @torch._disable_dynamo
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return _dispatch(op, *args, **kwargs)
 
