@@ -71,8 +71,12 @@ __all__ = [
     "synchronize",
 ]
 
-_count_from_env = devices.count_from_env    # the name the device-count check had before devices.py
-_device_index = devices.device_index        # kept for callers that import it from here
+_count_from_env = devices._count_from_env   # the name the device-count check had before devices.py
+
+
+def _device_index(device: Any = None) -> int:
+    """Normalise None / int / "spyre:1" / torch.device / Stream to a device index."""
+    return device.device_index if isinstance(device, Stream) else devices.device_index(device)
 
 
 # --- the torch.cuda-like API -------------------------------------------------------------------
@@ -89,35 +93,35 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return len(devices.all_devices())
+    return devices.device_count()
 
 
 def current_device() -> int:
-    return devices.current_index()
+    return devices.current_device()
 
 
 def set_device(device: Any) -> None:
-    devices.set_current_index(devices.device_index(device))
+    devices.set_device(_device_index(device))
 
 
 class device:  # lower case, like torch.cuda.device
     """``with torch.spyre.device(1):`` makes ``spyre:1`` the current card inside the block."""
 
     def __init__(self, device: Any) -> None:
-        self.index = -1 if device is None else devices.device_index(device)
+        self.index = -1 if device is None else _device_index(device)
         self.previous = -1
 
     def __enter__(self) -> None:
-        self.previous = devices.current_index()
+        self.previous = devices.current_device()
         if self.index >= 0:
-            devices.set_current_index(self.index)
+            devices.set_device(self.index)
 
     def __exit__(self, *exc: object) -> None:
-        devices.set_current_index(self.previous)
+        devices.set_device(self.previous)
 
 
 def get_device_name(device: Any = None) -> str:
-    dev = get_device(devices.device_index(device))
+    dev = get_device(_device_index(device))
     return f"IBM Spyre (modeled, {dev.config.name})"
 
 
@@ -134,19 +138,19 @@ class SpyreDeviceProperties:
 
 def get_device_properties(device: Any = None) -> SpyreDeviceProperties:
     """Name, ``total_memory`` and core count of the card, plus its :class:`SpyreConfig` as ``.config``."""
-    dev = get_device(devices.device_index(device))
+    dev = get_device(_device_index(device))
     return SpyreDeviceProperties(name=get_device_name(dev.index), total_memory=dev.memory.capacity,
                                  multi_processor_count=dev.config.cores, config=dev.config)
 
 
 def memory_allocated(device: Any = None) -> int:
     """Bytes of modeled DRAM held by live tensors (stick-aligned, padded device format)."""
-    dev = get_device(devices.device_index(device))
+    dev = get_device(_device_index(device))
     return dev.memory.allocated_bytes - dev.reserved_bytes
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    dev = get_device(devices.device_index(device))
+    dev = get_device(_device_index(device))
     return max(0, dev.memory.peak_allocated_bytes - dev.reserved_bytes)
 
 
@@ -161,13 +165,13 @@ def max_memory_reserved(device: Any = None) -> int:
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
     """``(free, total)`` bytes of the card's tensor DRAM, like ``torch.cuda.mem_get_info``."""
-    memory = get_device(devices.device_index(device)).memory
+    memory = get_device(_device_index(device)).memory
     return memory.free_bytes, memory.capacity
 
 
 def memory_stats(device: Any = None) -> dict[str, Any]:
     """Counters named like ``torch.cuda.memory_stats()``; reserved equals allocated (no caching allocator)."""
-    dev = get_device(devices.device_index(device))
+    dev = get_device(_device_index(device))
     stats: dict[str, Any] = dict(dev.memory.stats())
     stats["reserved_bytes.all.current"] = stats["allocated_bytes.all.current"]
     stats["reserved_bytes.all.peak"] = stats["allocated_bytes.all.peak"]
@@ -178,7 +182,7 @@ def memory_stats(device: Any = None) -> dict[str, Any]:
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     """A readable table of the card's memory, in the spirit of ``torch.cuda.memory_summary``."""
-    dev = get_device(devices.device_index(device))
+    dev = get_device(_device_index(device))
     mem, stats = dev.memory, memory_stats(dev.index)
 
     def size(n: float) -> str:
@@ -208,7 +212,7 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    get_device(devices.device_index(device)).memory.reset_peak()
+    get_device(_device_index(device)).memory.reset_peak()
 
 
 def reset_accumulated_memory_stats(device: Any = None) -> None:
@@ -221,7 +225,7 @@ def empty_cache(device: Any = None) -> None:
     memory. Live tensors are untouched, as with ``torch.cuda.empty_cache`` (the modeled DRAM has no
     caching allocator, so tensor memory is returned the moment a tensor dies). To wipe the card,
     use :func:`reset_device`."""
-    devices.device_index(device)
+    _device_index(device)
     from spyre_lab.runtime import ops
 
     ops.clear_program_cache()
@@ -233,7 +237,7 @@ def reset_device(device: Any = None) -> None:
     Tensors still alive on it are invalid afterwards, and any use raises an error that says so.
     Move what you need to keep to the CPU first.
     """
-    index = devices.device_index(device)
+    index = _device_index(device)
     synchronize(index)
     get_device(index).reset()
     from spyre_lab.runtime import ops
@@ -287,7 +291,7 @@ def modeled_time_us() -> float:
 
 
 def _lazy_init() -> None:
-    devices.all_devices()
+    devices.device_count()
 
 
 def _is_compiled() -> bool:

@@ -1,18 +1,15 @@
-"""The modeled cards: one :class:`SpyreDevice` per ``spyre:i`` and which one is current.
+"""The modeled cards: one :class:`SpyreDevice` per ``spyre:i`` (config, DRAM allocator, live buffers by address).
 
-Each card is its :class:`SpyreConfig`, its own DRAM allocator (:class:`~spyre_lab.device.memory.DeviceMemory`)
-and the map from DRAM address to the buffer living there (what a patched program resolves its operands
-through). The number of cards comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1),
-read once at first use.
-
-This sits below both ``streams`` (a stream belongs to a card) and ``device_module`` (``torch.spyre``
-answers questions about the cards), so neither has to import the other to find a card.
+The number of cards comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1), read once
+at first use. Everything in the runtime that needs "which card, and what is on it" asks here; the
+``torch.spyre`` API on top of it is :mod:`~spyre_lab.runtime.device_module`.
 """
 
 from __future__ import annotations
 
 import os
 import weakref
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -87,9 +84,21 @@ class SpyreDevice:
         self.memory.reset()
         self.program_memory.reset()
         self._reserve_null_stick()
+        for hook in _RESET_HOOKS:
+            hook()
 
     def __repr__(self) -> str:
         return f"SpyreDevice(spyre:{self.index}, {self.memory.allocated_bytes} B allocated)"
+
+
+_RESET_HOOKS: list[Callable[[], None]] = []
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Call ``hook`` after any card is reset (``torch.spyre.empty_cache()``): caches of what was loaded
+    on the card (the eager program cache) register here, so the card never has to know them."""
+    if hook not in _RESET_HOOKS:
+        _RESET_HOOKS.append(hook)
 
 
 _DEVICES: list[SpyreDevice] = []
@@ -97,7 +106,7 @@ _CURRENT_INDEX = 0
 _CONFIG: SpyreConfig = SPYRE
 
 
-def count_from_env() -> int:
+def _count_from_env() -> int:
     raw = os.environ.get(DEVICES_ENV, "1")
     try:
         count = int(raw)
@@ -108,16 +117,19 @@ def count_from_env() -> int:
     return count
 
 
-def all_devices() -> list[SpyreDevice]:
-    """Every modeled card (created on first use)."""
+def _devices() -> list[SpyreDevice]:
     if not _DEVICES:
-        _DEVICES.extend(SpyreDevice(i, _CONFIG) for i in range(count_from_env()))
+        _DEVICES.extend(SpyreDevice(i, _CONFIG) for i in range(_count_from_env()))
     return _DEVICES
+
+
+def device_count() -> int:
+    return len(_devices())
 
 
 def get_device(index: int | None = None) -> SpyreDevice:
     """The :class:`SpyreDevice` for ``index`` (default: current device)."""
-    devices = all_devices()
+    devices = _devices()
     index = _CURRENT_INDEX if index is None else index
     if not 0 <= index < len(devices):
         raise RuntimeError(
@@ -136,21 +148,10 @@ def configure(config: SpyreConfig | None = None) -> None:
     _DEVICES.clear()
 
 
-def current_index() -> int:
-    return _CURRENT_INDEX
-
-
-def set_current_index(index: int) -> None:
-    global _CURRENT_INDEX
-    _CURRENT_INDEX = device_index(index)
-
-
-def device_index(device: Any = None) -> int:
-    """Normalise None / int / "spyre:1" / torch.device / a stream to the index of an existing card."""
+def device_index(device: int | str | torch.device | None = None) -> int:
+    """Normalise None / int / "spyre:1" / torch.device to the index of an existing card."""
     if device is None:
         return _CURRENT_INDEX
-    if isinstance(device, torch.Stream):            # torch.spyre.Stream is one
-        return device.device_index
     if isinstance(device, int):
         index = device
     else:
@@ -160,3 +161,12 @@ def device_index(device: Any = None) -> int:
         index = _CURRENT_INDEX if dev.index is None else dev.index
     get_device(index)
     return index
+
+
+def current_device() -> int:
+    return _CURRENT_INDEX
+
+
+def set_device(device: int | str | torch.device) -> None:
+    global _CURRENT_INDEX
+    _CURRENT_INDEX = device_index(device)
