@@ -87,7 +87,7 @@ _CPU_SCRIPT = textwrap.dedent("""
 
 @pytest.fixture(scope="module")
 def cpu_script() -> dict:
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
     done = subprocess.run([sys.executable, "-c", _CPU_SCRIPT], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout.strip().splitlines()[-1])
@@ -259,7 +259,7 @@ def test_moving_a_raw_storage_to_spyre_is_refused_instead_of_crashing():
             except RuntimeError as exc:
                 print(type(exc).__name__, "t.to('spyre')" in str(exc))
     """)
-    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1", "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, f"the interpreter died (rc {done.returncode}): {done.stderr[-500:]}"
     assert done.stdout.split("\n")[:3] == ["SpyreUsageError True", "SpyreUsageError True", "UntypedStorage"]
