@@ -193,11 +193,6 @@ class Program:
         with open(path, "w") as f:
             json.dump(self.to_json(), f, indent=1, default=str)
 
-    def explain(self) -> str:
-        from spyre_lab.compiler.explain import explain_program
-
-        return explain_program(self)
-
     def __repr__(self) -> str:
         return (f"Program({self.name!r}: {len(self.launches)} launches, {len(self.inputs)} inputs, "
                 f"{len(self.outputs)} outputs, pool {self.pool_bytes:,} B)")

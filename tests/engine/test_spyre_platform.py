@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spyre_lab.engine import LLM, SamplingParams
-from spyre_lab.engine.platforms.base import available_platforms, resolve_platform
+from spyre_lab.engine.platforms.registry import available_platforms, resolve_platform
 from spyre_lab.engine.sampling_params import SamplingParams as Params
 from spyre_lab.engine.sequence import Sequence
 
