@@ -398,13 +398,18 @@ def _combine(current: str, joined: str) -> str:
     return max(current, joined, key=order.index)
 
 
-def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE,
-             planned: dict[str, KernelSpec] | None = None) -> list[FusedKernel]:
+@dataclass
+class Schedule:
+    """The scheduler's answer: the kernels in launch order, and the ones a cost estimate already planned."""
+
+    kernels: list[FusedKernel]
+    planned: dict[str, KernelSpec]
+    """Kernel name -> the KernelSpec its cost estimate planned (a fused MLP), for codegen to reuse."""
+
+
+def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE) -> Schedule:
     """Group the lowered nodes into fused kernels, in an order that respects every dependency.
 
-    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on. Kernels a cost
-    estimate already planned land in ``planned`` (kernel name -> KernelSpec), for codegen to reuse."""
-    kernels, already_planned = _Scheduler(lowered, options, cfg).run()
-    if planned is not None:
-        planned.update(already_planned)
-    return kernels
+    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on."""
+    kernels, planned = _Scheduler(lowered, options, cfg).run()
+    return Schedule(kernels, planned)

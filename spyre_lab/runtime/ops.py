@@ -333,7 +333,7 @@ def _compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inp
 def _agrees_with_reference(program: Any, one_op: Callable[..., Any], examples: list[torch.Tensor]) -> bool:
     """Run the compiled program once on sample data against the CPU op: a program that disagrees
     is not used (the reference kernel runs instead), so a compiler gap never becomes a wrong value."""
-    from spyre_lab.runtime.executor import execute
+    from spyre_lab.compiler.executor import execute
 
     g = torch.Generator().manual_seed(0)
     samples = [torch.randn(x.shape, generator=g).to(x.dtype) if x.dtype.is_floating_point else x for x in examples]

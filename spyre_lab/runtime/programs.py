@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from spyre_lab.compiler.executor import run_kernel
+from spyre_lab.compiler.program import HostFallback
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.device_module import get_device
 from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, program_kernels
@@ -116,14 +118,8 @@ def _splits_a_reduction(spec: Any) -> bool:
 
 
 def _compute_kernel(kernel: Any, program: Any, env: dict[str, torch.Tensor], slices: Any) -> None:
-    """The compiler's numerics for one kernel (the executor's routine when it has one)."""
-    try:
-        from spyre_lab.runtime.executor import _run_kernel
-    except ImportError:
-        for node in kernel.nodes:
-            env[node.output] = node.compute(*(env[b] for b in node.inputs))
-        return
-    _run_kernel(kernel, program, env, slices)
+    """The compiler's numerics for one kernel (the reference interpreter's routine)."""
+    run_kernel(kernel, program, env, slices)
 
 
 @dataclass(eq=False)
@@ -172,8 +168,6 @@ def load(program: Any, mode: str | None = None) -> LoadedProgram:
     key = (id(program), mode)
     loaded = _LOADED.get(key)
     if loaded is None or loaded.program is not program:
-        from spyre_lab.compiler.program import HostFallback
-
         kernels = [CompiledKernel(program, k, spec, mode, host=isinstance(spec, HostFallback))
                    for spec, k in zip(program.launches, program.kernels)]
         loaded = _LOADED[key] = LoadedProgram(program, kernels)

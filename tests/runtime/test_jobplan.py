@@ -188,8 +188,8 @@ def test_bindings_resolve_through_buffers():
 
 
 def test_a_compiled_program_runs_through_the_jobplan_path():
-    backend = pytest.importorskip("spyre_lab.compiler.backend")
-    from spyre_lab.runtime.executor import execute
+    from spyre_lab.compiler import backend
+    from spyre_lab.compiler.executor import execute
     from spyre_lab.runtime.programs import load, run_program
 
     a, b = half(64, 64, seed=1), half(64, 64, seed=2)
@@ -209,7 +209,6 @@ def test_a_compiled_program_runs_through_the_jobplan_path():
 
 
 def test_torch_compile_of_a_spyre_model_matches_cpu():
-    pytest.importorskip("spyre_lab.compiler.backend")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.SiLU(), torch.nn.Linear(64, 32)).half().eval()
     x = half(8, 64)
@@ -224,7 +223,7 @@ def test_torch_compile_of_a_spyre_model_matches_cpu():
 
 
 def test_a_compiled_program_survives_a_device_reset():
-    backend = pytest.importorskip("spyre_lab.compiler.backend")
+    from spyre_lab.compiler import backend
     from spyre_lab.runtime.programs import run_program
 
     a = half(16, 16)

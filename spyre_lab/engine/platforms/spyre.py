@@ -32,12 +32,12 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from spyre_lab.compiler import cache as program_cache
-from spyre_lab.compiler.backend import CompiledGraph
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
 from spyre_lab.engine.platforms.paged_attention_op import OpaqueAttention
 from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_backend
 from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
+from spyre_lab.runtime.dynamo_backend import CompiledGraph
 from spyre_lab.runtime.streams import recording, synchronize
 
 

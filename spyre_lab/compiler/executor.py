@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spyre_lab.compiler.access import Access
 from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul, Reduction
-from spyre_lab.compiler.lowering import Access
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
 from spyre_lab.device.trace import Trace
 
@@ -215,8 +215,6 @@ def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tenso
         env[node.output] = _run_node(node, env)
     return []
 
-
-_run_kernel = run_kernel
 
 
 # --- timing ------------------------------------------------------------------------------------
