@@ -16,7 +16,7 @@ from sections import chosen, parser
 
 import spyre_lab.runtime  # noqa: F401  (registers the device when autoload is off)
 from spyre_lab.runtime import recording
-from spyre_lab.runtime.jobplan import ProgramKernel, RuntimeOptions, launch
+from spyre_lab.runtime.jobplan import FunctionKernel, RuntimeOptions, launch
 from spyre_lab.runtime.streams import TIMELINE
 
 
@@ -76,12 +76,14 @@ class ChainProgram:
 
     def __init__(self, n: int, time_us: float) -> None:
         self.name = f"chain{n}"
+        self.num_nodes = n
+        self.mutations = ()
 
         def step(src: str, dst: str):
             return lambda ops: ops.write(dst, ops[src] + 1)
 
         names = ["x", *[f"t{i}" for i in range(n)]]
-        self.kernels = [ProgramKernel(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
+        self.kernels = [FunctionKernel(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
                         for i in range(n)]
         self.slots = names
 

@@ -39,18 +39,9 @@ TOP = 5  # cli, demo, studies, workshop and the package's own __init__ (the faca
 MODEL_CODE = ("spyre_lab.engine.models", "spyre_lab.engine.layers")
 PLATFORMS = "spyre_lab.engine.platforms"
 
-# Known violations still being removed. Each entry is (rule, importer, imported). This list only shrinks:
-# the runtime's torch.compile glue still lives in the compiler, and the runtime's modules still reach
-# back to one another through lazy imports. For the cycle rule an entry is the back edge that closes a
-# cycle; the rule checks the graph without it, so each cycle is allowed by exactly the edges named here.
-ALLOWED: set[tuple[str, str, str]] = {
-    ("private-name", "spyre_lab.runtime.ops", "spyre_lab.runtime.device_module"),
-    ("private-name", "spyre_lab.runtime.ops_special", "spyre_lab.runtime.device_module"),
-    ("private-name", "spyre_lab.runtime.streams", "spyre_lab.runtime.device_module"),
-    ("cycle", "spyre_lab.runtime.device_module", "spyre_lab.runtime.ops"),
-    ("cycle", "spyre_lab.runtime.streams", "spyre_lab.runtime.device_module"),
-    ("cycle", "spyre_lab.runtime.ops_special", "spyre_lab.runtime.ops"),
-}
+# Known violations still being removed, as (rule, importer, imported); this list only shrinks, and is empty.
+# For the cycle rule an entry is the back edge that closes a cycle: the rule checks the graph without it.
+ALLOWED: set[tuple[str, str, str]] = set()
 
 
 @dataclass(frozen=True)

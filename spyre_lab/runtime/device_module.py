@@ -12,13 +12,13 @@ here (the model keeps no cache to empty): tensors still on the card become inval
 
 from __future__ import annotations
 
-import os
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.runtime import devices
+from spyre_lab.runtime.devices import current_device, device_count, device_index, get_device
 from spyre_lab.runtime.streams import (
     TIMELINE,
     Event,
@@ -30,9 +30,6 @@ from spyre_lab.runtime.streams import (
     synchronize,
 )
 
-if TYPE_CHECKING:
-    from spyre_lab.device.memory import Allocation, DeviceMemory
-
 __all__ = [
     "Event", "Stream", "current_device", "current_stream", "default_stream", "device_count", "empty_cache",
     "get_device_name", "get_device_properties", "get_rng_state", "is_available", "is_initialized", "manual_seed",
@@ -40,134 +37,9 @@ __all__ = [
     "reset_peak_memory_stats", "set_device", "set_rng_state", "set_stream", "stream", "synchronize",
 ]
 
-DEVICES_ENV = "SPYRE_LAB_DEVICES"
-# estimate: DRAM kept for loaded programs (binaries and their correction areas), at the top of the
-# usable range so tensor addresses and memory_allocated() count tensors only, as torch.cuda does.
-PROGRAM_SEGMENT_BYTES = 1 << 30
-
-
-class SpyreDevice:
-    """One modeled card: config, DRAM allocator and the live buffers by address."""
-
-    def __init__(self, index: int, config: SpyreConfig = SPYRE) -> None:
-        from spyre_lab.device.memory import DeviceMemory
-
-        self.index = index
-        self.config = config
-        tensor_bytes = config.dram_usable_bytes - PROGRAM_SEGMENT_BYTES
-        self.memory: DeviceMemory = DeviceMemory(tensor_bytes, alignment=config.stick_bytes, name=f"spyre:{index}")
-        self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
-                                                         name=f"spyre:{index} program segment")
-        self.program_base = tensor_bytes
-        self._buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self.generation = 0
-        self._reserve_null_stick()
-
-    def _reserve_null_stick(self) -> None:
-        # Address 0 would be a null data pointer to torch; keep the first stick unused, as hosts do.
-        self.memory.allocate(self.config.stick_bytes, tag="reserved: null address")
-        self.reserved_bytes = self.config.stick_bytes
-
-    def allocate(self, nbytes: int, tag: str) -> Allocation:
-        """A DRAM block; running out raises DeviceOutOfMemoryError with requested and free bytes."""
-        return self.memory.allocate(nbytes, tag)
-
-    def allocate_program_region(self, nbytes: int, tag: str) -> Allocation:
-        """A block of the program segment; its ``address`` is relative to :attr:`program_base`."""
-        return self.program_memory.allocate(nbytes, tag)
-
-    def free_program_region(self, allocation: Allocation, generation: int) -> None:
-        if generation == self.generation:
-            self.program_memory.free(allocation)
-
-    def register_buffer(self, address: int, buffer: Any) -> None:
-        self._buffers[address] = buffer
-
-    def buffer_at(self, address: int) -> Any:
-        """The live buffer whose allocation starts at ``address`` (how patched kernels find operands)."""
-        try:
-            return self._buffers[address]
-        except KeyError:
-            raise RuntimeError(
-                f"spyre:{self.index}: no live buffer at DRAM address {address:#x}; a program was patched "
-                "with a stale address (was the tensor freed or the device reset?)"
-            ) from None
-
-    def free(self, allocation: Allocation, generation: int) -> None:
-        if generation == self.generation:
-            self._buffers.pop(allocation.address, None)
-            self.memory.free(allocation)
-
-    def reset(self) -> None:
-        """Free all DRAM; buffers of the old generation become invalid and say so when used."""
-        self.generation += 1
-        self._buffers.clear()
-        self.memory.reset()
-        self.program_memory.reset()
-        self._reserve_null_stick()
-
-    def __repr__(self) -> str:
-        return f"SpyreDevice(spyre:{self.index}, {self.memory.allocated_bytes} B allocated)"
-
-
-_DEVICES: list[SpyreDevice] = []
-_CURRENT_INDEX = 0
-_CONFIG: SpyreConfig = SPYRE
-
-
-def _count_from_env() -> int:
-    raw = os.environ.get(DEVICES_ENV, "1")
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ValueError(f"{DEVICES_ENV}={raw!r} is not an integer; set it to the number of modeled cards") from None
-    if not 1 <= count <= 64:
-        raise ValueError(f"{DEVICES_ENV}={count} is out of range; use 1..64 modeled cards")
-    return count
-
-
-def _devices() -> list[SpyreDevice]:
-    if not _DEVICES:
-        _DEVICES.extend(SpyreDevice(i, _CONFIG) for i in range(_count_from_env()))
-    return _DEVICES
-
-
-def get_device(index: int | None = None) -> SpyreDevice:
-    """The :class:`SpyreDevice` for ``index`` (default: current device)."""
-    devices = _devices()
-    index = _CURRENT_INDEX if index is None else index
-    if not 0 <= index < len(devices):
-        raise RuntimeError(
-            f"spyre:{index} does not exist: {len(devices)} modeled device(s) (spyre:0..spyre:{len(devices) - 1}). "
-            f"Set {DEVICES_ENV} before first use to model more cards."
-        )
-    return devices[index]
-
-
-def configure(config: SpyreConfig | None = None) -> None:
-    """Use ``config`` for every card. Only before the first device tensor exists (it sizes DRAM)."""
-    global _CONFIG
-    if any(d.memory.num_allocations for d in _DEVICES):
-        raise RuntimeError("spyre_lab.runtime.configure() must run before any spyre tensor is allocated")
-    _CONFIG = SPYRE if config is None else config
-    _DEVICES.clear()
-
-
 def _device_index(device: Any = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device / Stream to a device index."""
-    if device is None:
-        return _CURRENT_INDEX
-    if isinstance(device, Stream):
-        return device.device_index
-    if isinstance(device, int):
-        index = device
-    else:
-        dev = torch.device(device)
-        if dev.type != "spyre":
-            raise ValueError(f"expected a spyre device, got {dev}")
-        index = _CURRENT_INDEX if dev.index is None else dev.index
-    get_device(index)
-    return index
+    return device.device_index if isinstance(device, Stream) else device_index(device)
 
 
 # --- the torch.cuda-like API -------------------------------------------------------------------
@@ -183,17 +55,8 @@ def _is_in_bad_fork() -> bool:
     return False
 
 
-def device_count() -> int:
-    return len(_devices())
-
-
-def current_device() -> int:
-    return _CURRENT_INDEX
-
-
 def set_device(device: Any) -> None:
-    global _CURRENT_INDEX
-    _CURRENT_INDEX = _device_index(device)
+    devices.set_device(_device_index(device))
 
 
 def get_device_name(device: Any = None) -> str:
@@ -247,10 +110,7 @@ def empty_cache(device: Any = None) -> None:
     """
     index = _device_index(device)
     synchronize(index)
-    get_device(index).reset()
-    from spyre_lab.runtime import ops
-
-    ops.clear_program_cache()
+    get_device(index).reset()          # the eager program cache is dropped by its reset hook
 
 
 def manual_seed(seed: int) -> None:
@@ -299,7 +159,7 @@ def modeled_time_us() -> float:
 
 
 def _lazy_init() -> None:
-    _devices()
+    device_count()
 
 
 def _is_compiled() -> bool:

@@ -37,6 +37,11 @@ def device_lane(lane: str, device_index: int) -> str:
     return lane if device_index == 0 else f"{lane}@spyre{device_index}"
 
 
+def pcie_lane(device_index: int) -> str:
+    """The PCIe lane of card ``device_index``."""
+    return device_lane(PCIE_LANE, device_index)
+
+
 class Timeline:
     """The modeled clock of the process: host time, when each unit is next free, and the trace.
 
@@ -153,7 +158,7 @@ def _next_stream_id(device_index: int, high_priority: bool) -> int:
 
 
 def _host_launch_us(device_index: int) -> float:
-    from spyre_lab.runtime.device_module import get_device
+    from spyre_lab.runtime.devices import get_device
 
     return get_device(device_index).config.host_launch_us
 
@@ -171,9 +176,9 @@ class Stream:
     """
 
     def __new__(cls, device: Any = None, priority: int = 0, *, stream_id: int | None = None) -> Stream:
-        from spyre_lab.runtime.device_module import _device_index
+        from spyre_lab.runtime.devices import device_index
 
-        index = _device_index(device)
+        index = device_index(device)
         if priority not in (0, -1):
             raise ValueError(f"Stream priority is binary on Spyre: 0 (low) or -1 (high), got {priority}")
         if stream_id is None:
@@ -268,9 +273,9 @@ def default_stream(device: Any = None) -> Stream:
 
 
 def current_stream(device: Any = None) -> Stream:
-    from spyre_lab.runtime.device_module import _device_index
+    from spyre_lab.runtime.devices import device_index
 
-    index = _device_index(device)
+    index = device_index(device)
     return _CURRENT.get(index) or default_stream(index)
 
 
@@ -297,9 +302,9 @@ def reset_time() -> None:
 
 def synchronize(device: Any = None) -> None:
     """Block the host (modeled) until every stream of the device has drained."""
-    from spyre_lab.runtime.device_module import _device_index
+    from spyre_lab.runtime.devices import device_index
 
-    index = _device_index(device)
+    index = device_index(device)
     latest = max((s.ready_us for (d, _), s in _STREAMS.items() if d == index), default=0.0)
     TIMELINE.host_wait_until(latest, f"synchronize spyre:{index}")
 
