@@ -1,9 +1,10 @@
 """``torch.spyre``: the device module, shaped like ``torch.cuda`` where that makes sense.
 
-Each modeled card ``spyre:i`` is a :class:`SpyreDevice`: its :class:`SpyreConfig`, its own DRAM
-allocator (:class:`~spyre_lab.device.memory.DeviceMemory`) and the map from DRAM address to the
-buffer living there (what a patched program resolves its operands through). The number of cards
-comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1), read once at first use.
+Each modeled card ``spyre:i`` is a :class:`~spyre_lab.runtime.devices.SpyreDevice`: its
+:class:`SpyreConfig`, its own DRAM allocator (:class:`~spyre_lab.device.memory.DeviceMemory`) and the
+map from DRAM address to the buffer living there (what a patched program resolves its operands
+through). The number of cards comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1),
+read once at first use.
 
 Memory numbers are real bookkeeping of the modeled DRAM (tensors only; loaded programs live in a
 separate program segment); times are modeled (see ``streams``). ``empty_cache()`` is a device reset

@@ -63,9 +63,10 @@ def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inpu
     except Exception as exc:                  # any compiler failure: the reference kernel is always right
         _skip(op, f"the compiler failed: {type(exc).__name__}: {exc}")
         return None
-    off_device = [launch.name for launch in program.launches if isinstance(launch, (HostFallback, UnplannedKernel))]
+    off_device = [launch.explain() for launch in program.launches
+                  if isinstance(launch, (HostFallback, UnplannedKernel))]
     if off_device:
-        _skip(op, f"not whole on the device: {', '.join(off_device)}")
+        _skip(op, f"not whole on the device: {'; '.join(off_device)}")
         return None
     if len(program.outputs) != len(out_metas) or not program.launches:
         _skip(op, f"{len(program.outputs)} outputs compiled for {len(out_metas)} expected")

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spyre_lab.runtime import eager_programs, last_trace
+from spyre_lab.runtime import eager_programs, last_trace, one_op_compile
 from spyre_lab.runtime.tensor import SpyreUsageError
 
 
@@ -65,6 +65,7 @@ def test_ops_the_compiler_does_not_take_use_a_labelled_roofline_kernel():
     y = torch.sign(x)                                          # the compiler has no sign: reference kernel
     (compute,) = last_trace().on("stream0")
     assert compute.name == "aten::sign" and compute.args["timing"] == "modeled (roofline, no compiled program)"
+    assert compute.args["not_compiled"] and compute.args["not_compiled"] == one_op_compile.not_compiled()["aten::sign"]
     cfg = torch.spyre.get_device(0).config
     assert compute.args["bytes"] == 2 * 64 * 64 * 2
     assert compute.dur_us == pytest.approx(compute.args["launch_us"] + max(
