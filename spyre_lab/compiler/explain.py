@@ -92,13 +92,16 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
     return Explanation("\n".join(lines))
 
 
-def explain(programs: Program | Sequence[Program], mode: str | None = None) -> Explanation:
+def explain(what: Program | Sequence[Program], mode: str | None = None) -> Explanation:
     """Explain one Program or several (the pieces of one model), plus the program cache's counts.
 
     ``spyre_lab.explain(model)`` finds the Programs compiled for a ``torch.compile``d model and lands here."""
     from spyre_lab.compiler import cache
 
-    programs = [programs] if isinstance(programs, Program) else list(programs)
+    programs = [what] if isinstance(what, Program) else list(what) if isinstance(what, Sequence) else []
+    if not programs or not all(isinstance(p, Program) for p in programs):
+        raise TypeError(f"compiler.explain takes a Program (or a list of them), got {type(what).__name__}; "
+                        "for a model compiled with torch.compile(backend='spyre') use spyre_lab.explain(model)")
     text = "\n\n".join(explain_program(p, mode) for p in programs)
     stats = cache.stats()
     return Explanation(f"{text}\n  program cache: {stats['hits']} hits, {stats['misses']} misses, "

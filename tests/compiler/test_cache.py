@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import spyre_lab.compiler  # noqa: F401
@@ -81,3 +82,10 @@ def test_updating_a_modules_weights_in_place_recompiles():
     from spyre_lab.compiler.executor import execute
 
     torch.testing.assert_close(execute(second, [x]).outputs[0], model(x).detach(), atol=1e-2, rtol=1e-2)
+
+
+def test_the_compilers_explain_points_a_compiled_model_to_spyre_lab_explain():
+    from spyre_lab.compiler import explain as explain_programs
+
+    with pytest.raises(TypeError, match=r"spyre_lab.explain\(model\)"):
+        explain_programs(torch.nn.Linear(2, 2))
