@@ -95,7 +95,7 @@ def spyre_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: A
     return CompiledGraph(gm, example_inputs, options, cfg)
 
 
-def compiled_graphs_for(obj: Any) -> list[CompiledGraph]:
+def compiled_graphs_for(obj: object) -> list[CompiledGraph]:
     """The CompiledGraphs Dynamo produced for a compiled module (matched by its parameters), newest last."""
     if isinstance(obj, CompiledGraph):
         return [obj]
@@ -113,7 +113,7 @@ def last_result() -> ExecutionResult | None:
     return _last_result
 
 
-def explain(obj: Program | CompiledGraph | torch.nn.Module | Any, mode: str | None = None) -> Explanation:
+def explain(obj: object, mode: str | None = None) -> Explanation:
     """Explain a Program, a CompiledGraph, or a module or function compiled with ``torch.compile(backend="spyre")``:
     graph -> kernels -> work division -> LX plan -> modeled times, plus the program cache's counts."""
     if isinstance(obj, Program):

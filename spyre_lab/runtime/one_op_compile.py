@@ -35,7 +35,7 @@ def _skip(op: torch._ops.OpOverload, reason: str) -> None:
 
 
 def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input_leaves: list[int],
-                    out_metas: list[torch.Tensor]) -> Any:
+                    out_metas: list[torch.Tensor]) -> Program | None:
     """The compiler's Program for this single op, or None (the reason kept in :func:`not_compiled`) when
     the op has no functional form, the compiler cannot take it, or would not run it whole on the device."""
     functional = functional_variant(op)
