@@ -54,7 +54,7 @@ from spyre_lab.device.roofline import roofline_us
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import SpyreDevice, get_device
 from spyre_lab.runtime.streams import CALLBACK_LANE, PCIE_LANE, TIMELINE, Stream, current_stream, device_lane
-from spyre_lab.runtime.tensor import buffer_of, device_nbytes
+from spyre_lab.runtime.tensor import DeviceBuffer, buffer_of, device_nbytes
 
 Dispatch = Literal["rebuild", "aot_patch"]
 ADDRESS_BYTES = 8
@@ -179,6 +179,10 @@ def dma_us(nbytes: int, device: SpyreDevice) -> float:
 
 
 # --- kernels and programs ---------------------------------------------------------------------
+Window = tuple[DeviceBuffer, tuple[int, ...], tuple[int, ...], int]
+"""An operand as a kernel sees it: the live buffer at its patched address, and its size, stride and offset."""
+
+
 class Operands:
     """What a kernel's prologue hands its body: operands found through their patched addresses.
 
@@ -186,7 +190,7 @@ class Operands:
     tensor and ``operands.write(slot, values)`` writes it back into the buffer's DRAM payload.
     """
 
-    def __init__(self, windows: Mapping[str, tuple[Any, tuple[int, ...], tuple[int, ...], int]]) -> None:
+    def __init__(self, windows: Mapping[str, Window]) -> None:
         self._windows = dict(windows)
 
     def __getitem__(self, slot: str) -> torch.Tensor:
@@ -436,7 +440,7 @@ def _host_kernel_steps(kernel: RuntimeKernel, slots: list[str], views: Mapping[s
     ]
 
 
-def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> tuple[Any, tuple, tuple, int]:
+def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
     """The operand window at a patched ``address``: the live buffer there, with the kernel's static
     size/stride/offset (compiled into the program; only base addresses are patched)."""
     buffer = device.buffer_at(address)
