@@ -1,4 +1,4 @@
-"""Compiled Programs on the card: bind a compiler ``Program`` to DRAM buffers and launch it as JobPlans.
+"""A compiler Program on the card: loaded once (:class:`LoadedProgram`), bound to DRAM buffers, launched.
 
 The compiler hands over a ``Program``: ordered launches (``KernelSpec``, ``HostFallback`` or
 ``UnplannedKernel``), each naming its DRAM operands by symbolic ``address_slots``, plus graph
@@ -13,9 +13,10 @@ does with it:
   ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.jobplan.WriteBack`),
 * returns the outputs as spyre tensors.
 
-Each device kernel's numerics are the compiler's own (``IRNode.compute`` through the executor's
-per-kernel routine, so they equal ``executor.execute``); its modeled time and per-core events come
-from ``KernelSpec.simulate``.
+:func:`load` makes the runtime's form of a Program once (per timing mode): a :class:`LoadedProgram`
+whose kernels are :class:`CompiledKernel` s. Each device kernel's numerics are the compiler's own
+(``IRNode.compute`` through the reference interpreter's per-kernel routine, so they equal
+``compiler.executor.execute``); its modeled time and per-core events come from ``KernelSpec.simulate``.
 """
 
 from __future__ import annotations
