@@ -61,8 +61,10 @@ def to_aten(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.
                            decomposition_table=decomposition_table())(*fakes)
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         raise LoweringError(
-            f"{e}: an output shape depends on data, which a static Spyre program cannot hold. Use "
-            "torch.compile(fn, backend='spyre'): Dynamo splits the graph there and runs that op eagerly on the host"
+            f"{e}: an output shape depends on data, which a static Spyre program cannot hold. Under torch.compile "
+            "leave torch._dynamo.config.capture_dynamic_output_shape_ops and capture_scalar_outputs off (the "
+            "default): Dynamo then splits the graph there and runs that op eagerly; with compile_graph, compile "
+            "the parts before and after it separately"
         ) from e
 
 

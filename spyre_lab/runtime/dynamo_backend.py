@@ -24,6 +24,7 @@ from spyre_lab.compiler.backend import compile_graph, options_from
 from spyre_lab.compiler.executor import ExecutionResult, execute
 from spyre_lab.compiler.explain import Explanation
 from spyre_lab.compiler.explain import explain as explain_programs
+from spyre_lab.compiler.lowering import LoweringError
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SPYRE, SpyreConfig
@@ -47,6 +48,7 @@ class CompiledGraph:
         self.last_result: ExecutionResult | None = None
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.out_leaves, self.out_spec = tree_flatten(out_node.args[0])
+        self.host_values = _host_value_graph(gm, self.out_leaves)   # SymInt outputs: sizes, not device data
         if all(isinstance(x, torch.Tensor) for x in example_inputs):
             self.program = compile_graph(gm, example_inputs, options, cfg)
         _REGISTRY.append(self)
@@ -79,8 +81,41 @@ class CompiledGraph:
             self.last_result = _last_result = result
             outputs = result.outputs
         produced = iter(outputs)
-        leaves = [next(produced) if isinstance(leaf, fx.Node) else leaf for leaf in self.out_leaves]
+        values = iter(self.host_values(*args) if self.host_values is not None else ())
+        leaves = [leaf if not isinstance(leaf, fx.Node) else next(produced) if _is_tensor(leaf) else next(values)
+                  for leaf in self.out_leaves]
         return tree_unflatten(leaves, self.out_spec)
+
+
+def _is_tensor(node: fx.Node) -> bool:
+    """Does the node produce a tensor? (Dynamo records each node's example value; without one, assume so.)"""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return value is None or isinstance(value, torch.Tensor)
+
+
+def _host_value_graph(gm: fx.GraphModule, out_leaves: list[Any]) -> fx.GraphModule | None:
+    """The part of Dynamo's graph that computes its non-tensor outputs (``n * 2`` for a dynamic int ``n``,
+    ``x.size(0) + 1``): host arithmetic on sizes, which a device program has no output for."""
+    wanted = [leaf for leaf in out_leaves if isinstance(leaf, fx.Node) and not _is_tensor(leaf)]
+    if not wanted:
+        return None
+    needed, stack = set(), list(wanted)
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    if any(_is_tensor(n) and n.op != "placeholder" for n in needed):
+        raise LoweringError(f"graph output {wanted[0].name} is a Python number computed from tensor data; spyre "
+                            "programs return tensors only: return the tensor and call .item() outside the "
+                            "compiled function")
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" or node in needed:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[n] for n in wanted))
+    return fx.GraphModule(gm, graph)
 
 
 _REGISTRY: list[CompiledGraph] = []
