@@ -143,6 +143,11 @@ def compiled_graphs_for(obj: object) -> list[CompiledGraph]:
     return _REGISTRY[-1:]
 
 
+def compiled_graphs() -> list[CompiledGraph]:
+    """Every CompiledGraph the backend made that is still kept (the newest 64), oldest first."""
+    return list(_REGISTRY)
+
+
 def last_result() -> ExecutionResult | None:
     """The ExecutionResult (outputs, trace, kernel times) of the last compiled-graph call on CPU tensors."""
     return _last_result
@@ -178,4 +183,5 @@ def register() -> None:
 
 register()
 
-__all__ = ["CompiledGraph", "compiled_graphs_for", "explain", "last_result", "register", "spyre_backend"]
+__all__ = ["CompiledGraph", "compiled_graphs", "compiled_graphs_for", "explain", "last_result", "register",
+           "spyre_backend"]
