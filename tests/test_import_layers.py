@@ -266,3 +266,15 @@ def test_each_rule_catches_its_violation(tmp_path: Path) -> None:
         "spyre_lab.compiler.explain", "spyre_lab.compiler.program"]
     allowed = {("cycle", "spyre_lab.compiler.program", "spyre_lab.compiler.explain")}
     assert violations(graph, "cycle", allowed) == []
+
+
+def test_no_test_skips_itself_when_our_own_code_fails_to_import() -> None:
+    """A broken import of spyre_lab must fail the suite, not quietly skip the tests that would show it."""
+    offenders = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "importorskip"
+                    and node.args and isinstance(node.args[0], ast.Constant)
+                    and str(node.args[0].value).startswith(PACKAGE)):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} importorskip({node.args[0].value!r})")
+    assert not offenders, "import it plainly instead:\n  " + "\n  ".join(offenders)
