@@ -5,5 +5,11 @@ This package is the only place plotly and ipywidgets are imported. Every view ha
 """
 
 from spyre_lab.viz.base import View, aggregation_note, sync_figure
+from spyre_lab.viz.dataflow import DataflowView
 
-__all__ = ["View", "aggregation_note", "sync_figure"]
+__all__ = [
+    "DataflowView",
+    "View",
+    "aggregation_note",
+    "sync_figure",
+]
