@@ -6,9 +6,11 @@ This package is the only place plotly and ipywidgets are imported. Every view ha
 
 from spyre_lab.viz.base import View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
+from spyre_lab.viz.roofline import Roofline
 
 __all__ = [
     "DataflowView",
+    "Roofline",
     "View",
     "aggregation_note",
     "sync_figure",
