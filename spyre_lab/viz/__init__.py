@@ -6,10 +6,12 @@ This package is the only place plotly and ipywidgets are imported. Every view ha
 
 from spyre_lab.viz.base import View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
+from spyre_lab.viz.fusion import FusionView
 from spyre_lab.viz.roofline import Roofline
 
 __all__ = [
     "DataflowView",
+    "FusionView",
     "Roofline",
     "View",
     "aggregation_note",

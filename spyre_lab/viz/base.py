@@ -74,6 +74,15 @@ def note_annotation(text: str) -> dict[str, Any]:
                 xanchor="left", showarrow=False, font=NOTE_FONT, name="note")
 
 
+def add_layout_items(fig: go.Figure, shapes: Iterable[dict] = (), annotations: Iterable[dict] = ()) -> None:
+    """Add many shapes and annotations in one assignment (``add_shape`` one by one is quadratic in plotly)."""
+    shapes, annotations = list(shapes), list(annotations)
+    if shapes:
+        fig.layout.shapes = [*fig.layout.shapes, *shapes]
+    if annotations:
+        fig.layout.annotations = [*fig.layout.annotations, *annotations]
+
+
 class View:
     """Base class: subclasses set ``caption`` (one line: what the learner is looking at) and implement ``build``."""
 
