@@ -8,12 +8,14 @@ from spyre_lab.viz.base import View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
 from spyre_lab.viz.fusion import FusionView
 from spyre_lab.viz.roofline import Roofline
+from spyre_lab.viz.work_division import WorkDivisionView
 
 __all__ = [
     "DataflowView",
     "FusionView",
     "Roofline",
     "View",
+    "WorkDivisionView",
     "aggregation_note",
     "sync_figure",
 ]
