@@ -75,3 +75,12 @@ def core_color(core: int, cores: int = 32) -> str:
     h = 0.85 * (core % max(cores, 1)) / max(cores - 1, 1)
     r, g, b = colorsys.hls_to_rgb(h, 0.55, 0.62)
     return f"#{round(r * 255):02X}{round(g * 255):02X}{round(b * 255):02X}"
+
+
+#: Sequential scale for "where in device memory" (address order), dark = low address (Viridis stops).
+ADDRESS_SCALE: tuple[str, ...] = ("#440154", "#482878", "#3E4A89", "#31688E", "#26828E", "#1F9E89", "#35B779",
+                                  "#6ECE58", "#B5DE2B", "#FDE725")
+#: Device positions that hold no host value (stick padding).
+PADDING_COLOR = "#D0D0D0"
+#: The one element a view follows across panels.
+FOLLOW_COLOR = "#E4002B"
