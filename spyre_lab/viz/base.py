@@ -27,9 +27,10 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from spyre_lab.device.trace import Trace
+from spyre_lab.viz.style import NEUTRAL
 
 FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
-NOTE_FONT = dict(size=11, color="#6b6b6b")
+NOTE_FONT = dict(size=11, color=NEUTRAL["muted"])
 
 
 def load_json_source(source: str | Path | dict[str, Any]) -> Trace | dict[str, Any]:

@@ -29,7 +29,7 @@ from plotly.subplots import make_subplots
 from spyre_lab.device.config import SPYRE, SpyreConfig, get_config
 from spyre_lab.device.trace import Trace, TraceEvent, lane_sort_key
 from spyre_lab.viz.base import View, add_layout_items, aggregation_note, dropdown, note_annotation, toggle
-from spyre_lab.viz.style import MODELED_TIME_AXIS, UNIT_COLORS, kernel_color, lane_unit
+from spyre_lab.viz.style import MODELED_TIME_AXIS, NEUTRAL, UNIT_COLORS, kernel_color, lane_unit
 
 DETAIL_LIMIT = 2500
 """Above this many events in the visible window, lanes are drawn as merged busy spans (the figure says so)."""
@@ -441,10 +441,10 @@ class DataflowView(View):
             top = cap * 1.05 if peak > 0.5 * cap else max(peak * 1.35, 1.0)
             fig.update_yaxes(range=[0, top], row=2, col=1)
             if peak > 0.5 * cap:
-                fig.add_hline(y=cap, line=dict(color="#999", dash="dot", width=1), row=2, col=1)
+                fig.add_hline(y=cap, line=dict(color=NEUTRAL["rule"], dash="dot", width=1), row=2, col=1)
             fig.add_annotation(text=f"peak {peak:,.3g} KiB of the {cap:,.0f} KiB LX", xref="x3 domain",
                                yref="y3 domain", x=1.0, y=1.0, xanchor="right", yanchor="top", showarrow=False,
-                               font=dict(size=10, color="#666"), name="lx")
+                               font=dict(size=10, color=NEUTRAL["muted"]), name="lx")
         elif self.mode == "analytic":
             notes.append("analytic timing: one span per unit and core, no tiles to step through")
         shapes, annotations, bar = self._cursor_parts()
@@ -463,7 +463,7 @@ class DataflowView(View):
         band = [ln for ln in names if _CORE.fullmatch(ln) and int(_CORE.fullmatch(ln).group(1)) == self.core]
         if band:
             fig.add_shape(type="rect", x0=0, x1=1, xref="x domain", y0=rows[band[0]] - 0.5, y1=rows[band[-1]] + 0.5,
-                          yref="y", fillcolor="rgba(255,215,0,0.18)", line_width=0, layer="below", name="band")
+                          yref="y", fillcolor=NEUTRAL["band"], line_width=0, layer="below", name="band")
         mode_word = "event timing: every tile op" if self.mode == "event" else "analytic timing: span per unit"
         kernel_word = "" if self.kernel == ALL else f" · kernel {self.kernel}"
         layout = dict(
@@ -507,14 +507,14 @@ class DataflowView(View):
         e = f["event"]
         t = e.start_us
         shapes = [dict(type="line", x0=t, x1=t, xref=x, y0=0, y1=1, yref=f"{y} domain", name="cursor",
-                       line=dict(color="#222", width=1.5)) for x, y in (("x", "y"), ("x3", "y3"))]
+                       line=dict(color=NEUTRAL["cursor"], width=1.5)) for x, y in (("x", "y"), ("x3", "y3"))]
         rows = self._rows(tl)
         annotations = []
         trig = f["trigger"]
         if trig is not None and trig.lane in rows and e.lane in rows:
             annotations.append(dict(x=t, y=rows[e.lane], ax=trig.end_us, ay=rows[trig.lane], xref="x", yref="y",
                                     axref="x", ayref="y", showarrow=True, arrowhead=3, arrowsize=1.2,
-                                    arrowcolor="#222", arrowwidth=1.5, text="", name="arrow"))
+                                    arrowcolor=NEUTRAL["cursor"], arrowwidth=1.5, text="", name="arrow"))
         text = (f"core {self.core} · step {f['step'] + 1}/{f['steps']}: <b>{html.escape(e.name)}</b> "
                 f"({_UNIT_LABEL.get(lane_unit(e.lane), '')}) fired at {t:.3f} µs")
         if trig is not None:

@@ -21,7 +21,7 @@ import plotly.graph_objects as go
 
 from spyre_lab.compiler.ir import MatMul
 from spyre_lab.viz.base import View, cached_subplots, dropdown, note_annotation, toggle
-from spyre_lab.viz.style import UNIT_COLORS, core_color, kernel_color
+from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, core_color
 
 _TERMS = (("compute_us", "compute (PT)", "pt"), ("hbm_us", "DRAM", "load"), ("psum_us", "partial sums (ring)", "ring"),
           ("tiebreak_us", "PT-pass tie-break", "engine"))
@@ -117,13 +117,13 @@ class WorkDivisionView(View):
                                                        "cost model terms (modeled µs)" if _is_matmul(spec, self)
                                                        else "busiest core: modeled busy time per unit (µs)"],
                                        template="plotly_white", height=self.figure_height,
-                                       margin=dict(l=60, r=20, t=80, b=50))
+                                       margin=dict(l=60, r=20, t=80, b=90))
         data: list[dict] = []
         notes = list(layout.get("annotations", []))
         self._space(spec, data, notes, axes[(1, 1)])
         self._utilization(spec, data, axes[(2, 1)])
         if _is_matmul(spec, self):
-            self._cost_terms(spec, data, axes[(2, 2)])
+            self._cost_terms(spec, data, notes, axes[(2, 2)])
         else:
             self._unit_busy(spec, data, axes[(2, 2)])
         d = spec.division
@@ -132,7 +132,7 @@ class WorkDivisionView(View):
                                  font=dict(size=10)),
                   "title": dict(text=f"Work division of {html.escape(self.kernel)}: {d.strategy} on "
                                      f"{_cores(self.cores)} — analytic timing (modeled)", x=0.01, xanchor="left",
-                                font=dict(size=15, color=kernel_color(self.kernel)))}
+                                font=dict(size=15))}
         x1, y1 = axes[(1, 1)]
         layout[_axis_key(x1)] = {**layout.get(_axis_key(x1), {}), "showgrid": False, "zeroline": False}
         layout[_axis_key(y1)] = {**layout.get(_axis_key(y1), {}), "autorange": "reversed", "showgrid": False,
@@ -182,10 +182,10 @@ class WorkDivisionView(View):
             data.append(dict(type="scatter", x=[off + x0, off + x1, off + x1, off + x0, off + x0],
                              y=[y0, y0, y1, y1, y0], fill="toself", mode="lines",
                              fillcolor=core_color(core, self.cores),
-                             line=dict(color="white", width=1), hoveron="fills", name=f"core {core}",
+                             line=dict(color=NEUTRAL["white"], width=1), hoveron="fills", name=f"core {core}",
                              text=f"core {core}: {where}", hoverinfo="text", showlegend=False,
                              xaxis=axes[0], yaxis=axes[1], meta={"core": core}))
-        for i in range(shown):
+        for i in range(shown if facet_count > 1 else 0):
             coords = _unravel(i, [d.splits[f] for f in facet_dims])
             label = " · ".join(f"{f} slice {c}" for f, c in zip(facet_dims, coords))
             notes.append(dict(text=label or f"{y_dim or ''} x {x_dim}", x=i * (width + gap) + width / 2,
@@ -198,7 +198,7 @@ class WorkDivisionView(View):
                          marker=dict(opacity=0), hoverinfo="skip", showlegend=False, xaxis=axes[0], yaxis=axes[1]))
         notes.append(dict(text=f"x: {x_dim} ({width})" + (f", y: {y_dim} ({height})" if y_dim else ""),
                           xref=f"{axes[0]} domain", yref=f"{axes[1]} domain", x=1.0, y=-0.08, xanchor="right",
-                          yanchor="top", showarrow=False, font=dict(size=10, color="#666")))
+                          yanchor="top", showarrow=False, font=dict(size=10, color=NEUTRAL["muted"])))
 
     def _utilization(self, spec: Any, data: list[dict], axes: tuple[str, str]) -> None:
         sim = spec.simulate("analytic")
@@ -206,11 +206,12 @@ class WorkDivisionView(View):
         util = [sim.core_utilization.get(c, 0.0) for c in cores]
         busy = set(spec.tile_kernel.active_cores)
         colors = [core_color(c, self.cores) if c in busy else UNIT_COLORS["idle"] for c in cores]
-        data.append(dict(type="bar", x=cores, y=util, marker=dict(color=colors, line=dict(color="#999", width=0.5)),
+        data.append(dict(type="bar", x=cores, y=util,
+                         marker=dict(color=colors, line=dict(color=NEUTRAL["rule"], width=0.5)),
                          name="utilization", showlegend=False, xaxis=axes[0], yaxis=axes[1],
                          hovertemplate="core %{x}: %{y:.1%} busy<extra></extra>", meta={"panel": "utilization"}))
 
-    def _cost_terms(self, spec: Any, data: list[dict], axes: tuple[str, str]) -> None:
+    def _cost_terms(self, spec: Any, data: list[dict], notes: list[dict], axes: tuple[str, str]) -> None:
         from spyre_lab.compiler.work_division import matmul_candidates, matmul_cost
 
         B, M, N, K = (spec.dims[k] for k in ("B", "M", "N", "K"))
@@ -222,6 +223,9 @@ class WorkDivisionView(View):
         rows = [(f"chosen {_label(chosen)}", matmul_cost(*chosen, B, M, N, K, cfg, dtype))]
         rows += [(_label(tuple(c[k] for k in ("B", "M", "N", "K"))), cost) for c, cost in cands
                  if tuple(c[k] for k in ("B", "M", "N", "K")) != chosen]
+        notes.append(dict(text=_wrap(spec.division.reason, 70), xref=f"{axes[0]} domain",
+                          yref=f"{axes[1]} domain", x=0.0, y=-0.22, xanchor="left", yanchor="top", align="left",
+                          showarrow=False, font=dict(size=10, color=NEUTRAL["muted"]), name="reason"))
         labels = [r[0] for r in rows]
         for attr, name, unit in _TERMS:
             data.append(dict(type="bar", x=labels, y=[getattr(c, attr) * c.b_factor for _, c in rows], name=name,
@@ -253,7 +257,15 @@ def _is_matmul(spec: Any, view: WorkDivisionView) -> bool:
 
 
 def _label(split: tuple[int, int, int, int]) -> str:
-    return "·".join(f"{d}{s}" for d, s in zip("BMNK", split) if s > 1) or "1 core"
+    """``M4·N8 (32)``: the split and the cores it uses (the planner skips candidates on fewer cores)."""
+    name = "·".join(f"{d}{s}" for d, s in zip("BMNK", split) if s > 1) or "1 core"
+    return f"{name} ({math.prod(split)})"
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "<br>".join(html.escape(line) for line in textwrap.wrap(text, width))
 
 
 def _unravel(index: int, sizes: list[int]) -> list[int]:
