@@ -95,3 +95,16 @@ def test_row_kernels_show_unit_busy_time():
     assert list(busy.y) == [sim.busy_us.get((core, u), 0.0) for u in ("load", "pt", "sfu", "store", "ring")]
     with pytest.raises(ValueError, match="no planned kernel"):
         WorkDivisionView(program, kernel="nope")
+
+
+def test_saved_program_draws_the_same_slices(tmp_path, view):
+    path = tmp_path / "p.json"
+    view.program.save_json(str(path))
+    saved = WorkDivisionView.from_json(path)
+    live = WorkDivisionView(view.program)
+    assert saved.kernel == live.kernel
+    a = sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in _slices(saved.figure))
+    b = sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in _slices(live.figure))
+    assert a == b and len(a) == live.spec().division.cores_used
+    assert saved.controls["cores"].disabled and saved.controls["strategy"].disabled
+    assert "saved" in saved.caption
