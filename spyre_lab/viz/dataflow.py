@@ -24,11 +24,10 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from spyre_lab.device.config import SPYRE, SpyreConfig, get_config
 from spyre_lab.device.trace import Trace, TraceEvent, lane_sort_key
-from spyre_lab.viz.base import View, add_layout_items, aggregation_note, dropdown, note_annotation, toggle
+from spyre_lab.viz.base import View, aggregation_note, cached_subplots, dropdown, note_annotation, toggle
 from spyre_lab.viz.style import MODELED_TIME_AXIS, NEUTRAL, UNIT_COLORS, kernel_color, lane_unit
 
 DETAIL_LIMIT = 2500
@@ -368,11 +367,9 @@ class DataflowView(View):
         tl = self.timeline()
         t0, t1 = self.window()
         rows = self._rows(tl)
-        fig = make_subplots(rows=2, cols=2, shared_xaxes=True, column_widths=[0.8, 0.2], row_heights=[0.75, 0.25],
-                            vertical_spacing=0.06, horizontal_spacing=0.04,
-                            specs=[[{}, {"rowspan": 2}], [{}, None]],
-                            subplot_titles=("", "in LX now (selected core)", "LX in use (selected core)"))
         notes: list[str] = []
+        data: list[dict] = []
+        extra_notes: list[dict] = []
         visible = sum(int(((tl.ends[ln] > t0) & (tl.starts[ln] < t1)).sum()) for ln in tl.lanes)
         detailed = visible <= DETAIL_LIMIT
         gap = 0.0 if detailed else _choose_gap(tl, t0, t1)
@@ -380,8 +377,6 @@ class DataflowView(View):
         width = max(1.5, min(14.0, 0.55 * (self.figure_height * 0.62) / max(len(rows), 1)))
         for unit in (*_UNITS, "host", "pcie", "engine"):
             lanes = [ln for ln in rows if ln != "kernels" and lane_unit(ln) == unit]
-            if not lanes:
-                continue
             xs, ys, texts = [], [], []
             for lane in lanes:
                 s, e, pos = _window(tl, lane, t0, t1)
@@ -398,26 +393,28 @@ class DataflowView(View):
                         texts += [txt, txt, ""]
             if not xs:
                 continue
-            trace = go.Scatter(x=np.concatenate(xs).astype(np.float32), y=np.concatenate(ys), mode="lines",
-                               line=dict(color=UNIT_COLORS.get(unit, UNIT_COLORS["engine"]), width=width),
-                               name=_UNIT_LABEL.get(unit, unit), legendgroup=unit, connectgaps=False)
+            trace = dict(type="scatter", x=np.concatenate(xs).astype(np.float32), y=np.concatenate(ys), mode="lines",
+                         line=dict(color=UNIT_COLORS.get(unit, UNIT_COLORS["engine"]), width=width),
+                         name=_UNIT_LABEL.get(unit, unit), legendgroup=unit, connectgaps=False, xaxis="x",
+                         yaxis="y")
             if detailed:
                 trace.update(hovertext=texts, hoverinfo="text")
             else:
                 trace.update(hoverinfo="skip")
-            fig.add_trace(trace, row=1, col=1)
+            data.append(trace)
         if not detailed:
             notes.append(aggregation_note(drawn, visible, "events", "busy spans") +
                          f" (gaps under {gap:.3g} µs closed; zoom into a kernel for tiles)")
         for k in tl.kernels:
             if k.end < t0 or k.start > t1:
                 continue
-            fig.add_trace(go.Scatter(x=[k.start, k.end], y=[rows["kernels"]] * 2, mode="lines",
-                                     line=dict(color=kernel_color(k.name), width=max(width, 8)), name=k.name,
-                                     showlegend=False, hovertext=f"{k.name} ({k.rule})" if k.rule else k.name,
-                                     hoverinfo="text", meta={"kernel": k.name}), row=1, col=1)
+            data.append(dict(type="scatter", x=[k.start, k.end], y=[rows["kernels"]] * 2, mode="lines",
+                             line=dict(color=kernel_color(k.name), width=max(width, 8)), name=k.name,
+                             showlegend=False, hovertext=f"{k.name} ({k.rule})" if k.rule else k.name,
+                             hoverinfo="text", meta={"kernel": k.name}, xaxis="x", yaxis="y"))
         launches = [dict(type="rect", x0=k.start, x1=k.start + k.launch_us, xref="x", y0=0, y1=1, yref="y domain",
-                         fillcolor=UNIT_COLORS["engine"], opacity=0.25, line_width=0, layer="below", name="launch")
+                         fillcolor=UNIT_COLORS["engine"], opacity=0.25, line=dict(width=0), layer="below",
+                         name="launch")
                     for k in tl.kernels if k.launch_us > 0 and k.end >= t0 and k.start <= t1]
         launch_us = max((k.launch_us for k in tl.kernels), default=0.0)
         if launch_us and self.kernel == ALL:
@@ -426,6 +423,7 @@ class DataflowView(View):
         elif launch_us:
             notes.append(f"zoomed to the tiles: the kernel's {launch_us:.1f} µs modeled launch precedes this window")
         # LX occupancy of the selected core
+        lx_axis: dict[str, Any] = {"title": {"text": "KiB"}}
         t, occ = self.lx_occupancy()
         if len(t):
             keep = (t >= t0 - 1e-9) & (t <= t1 + 1e-9)
@@ -433,23 +431,24 @@ class DataflowView(View):
             if len(t) > LX_POINTS:
                 t, occ, total = *_max_buckets(t, occ, LX_POINTS // 2), len(t)
                 notes.append(aggregation_note(len(t), total, "LX changes", "bucket maxima"))
-            fig.add_trace(go.Scatter(x=t.astype(np.float32), y=(occ / 1024).astype(np.float32), mode="lines",
-                                     line=dict(color=UNIT_COLORS["load"], shape="hv", width=1.5), fill="tozeroy",
-                                     name=f"LX core {self.core}", showlegend=False,
-                                     hovertemplate="%{y:.1f} KiB at %{x:.3f} µs<extra></extra>"), row=2, col=1)
+            data.append(dict(type="scatter", x=t.astype(np.float32), y=(occ / 1024).astype(np.float32), mode="lines",
+                             line=dict(color=UNIT_COLORS["load"], shape="hv", width=1.5), fill="tozeroy",
+                             name=f"LX core {self.core}", showlegend=False, xaxis="x3", yaxis="y3",
+                             hovertemplate="%{y:.1f} KiB at %{x:.3f} µs<extra></extra>"))
             peak, cap = float(occ.max(initial=0)) / 1024, self.cfg.lx_bytes / 1024
             top = cap * 1.05 if peak > 0.5 * cap else max(peak * 1.35, 1.0)
-            fig.update_yaxes(range=[0, top], row=2, col=1)
+            lx_axis["range"] = [0, top]
             if peak > 0.5 * cap:
-                fig.add_hline(y=cap, line=dict(color=NEUTRAL["rule"], dash="dot", width=1), row=2, col=1)
-            fig.add_annotation(text=f"peak {peak:,.3g} KiB of the {cap:,.0f} KiB LX", xref="x3 domain",
-                               yref="y3 domain", x=1.0, y=1.0, xanchor="right", yanchor="top", showarrow=False,
-                               font=dict(size=10, color=NEUTRAL["muted"]), name="lx")
+                launches.append(dict(type="line", x0=0, x1=1, xref="x3 domain", y0=cap, y1=cap, yref="y3",
+                                     line=dict(color=NEUTRAL["rule"], dash="dot", width=1), name="capacity"))
+            extra_notes.append(dict(text=f"peak {peak:,.3g} KiB of the {cap:,.0f} KiB LX", xref="x3 domain",
+                                    yref="y3 domain", x=1.0, y=1.0, xanchor="right", yanchor="top", showarrow=False,
+                                    font=dict(size=10, color=NEUTRAL["muted"]), name="lx"))
         elif self.mode == "analytic":
             notes.append("analytic timing: one span per unit and core, no tiles to step through")
         shapes, annotations, bar = self._cursor_parts()
-        fig.add_trace(go.Bar(**bar), row=1, col=2)
-        names = [lane for lane in rows]
+        data.append(dict(type="bar", xaxis="x2", yaxis="y2", **bar))
+        names = list(rows)
         tickvals, ticktext = [], []
         shown_cores = sorted({int(m.group(1)) for ln in names if (m := _CORE.fullmatch(ln))})
         every = max(1, math.ceil(len(shown_cores) / 16))        # at most ~16 core labels
@@ -460,32 +459,37 @@ class DataflowView(View):
                                               and int(m.group(1)) in labelled):
                 tickvals.append(rows[lane])
                 ticktext.append(lane if not m else f"core {m.group(1)}")
-        band = [ln for ln in names if _CORE.fullmatch(ln) and int(_CORE.fullmatch(ln).group(1)) == self.core]
+        band = [ln for ln in names if (m := _CORE.fullmatch(ln)) and int(m.group(1)) == self.core]
         if band:
-            fig.add_shape(type="rect", x0=0, x1=1, xref="x domain", y0=rows[band[0]] - 0.5, y1=rows[band[-1]] + 0.5,
-                          yref="y", fillcolor=NEUTRAL["band"], line_width=0, layer="below", name="band")
+            launches.append(dict(type="rect", x0=0, x1=1, xref="x domain", y0=rows[band[0]] - 0.5,
+                                 y1=rows[band[-1]] + 0.5, yref="y", fillcolor=NEUTRAL["band"], line=dict(width=0),
+                                 layer="below", name="band"))
         mode_word = "event timing: every tile op" if self.mode == "event" else "analytic timing: span per unit"
         kernel_word = "" if self.kernel == ALL else f" · kernel {self.kernel}"
-        layout = dict(
-            title=dict(text=f"Dataflow of {html.escape(self.name)}{html.escape(kernel_word)} — {mode_word} "
-                            f"(modeled µs)", x=0.01, xanchor="left", font=dict(size=15)),
-            template="plotly_white", height=self.figure_height,
-            margin=dict(l=80, r=20, t=110, b=60 + 22 * len(notes)),
-            legend=dict(orientation="h", yanchor="bottom", y=1.075, xanchor="right", x=1.0),
-            bargap=0.25, hovermode="closest",
-        )
-        fig.update_layout(**layout)
-        fig.update_yaxes(tickvals=tickvals, ticktext=ticktext, autorange="reversed", showgrid=False,
-                         zeroline=False, row=1, col=1, range=None)
-        fig.update_yaxes(title_text="KiB", row=2, col=1)
-        fig.update_xaxes(range=[t0, t1], row=1, col=1)
-        fig.update_xaxes(range=[t0, t1], title_text=MODELED_TIME_AXIS, row=2, col=1)
-        fig.update_xaxes(title_text="KiB", row=1, col=2)
-        fig.update_yaxes(autorange="reversed", row=1, col=2, tickfont=dict(size=10))
+        layout, _ = cached_subplots(rows=2, cols=2, shared_xaxes=True, column_widths=[0.8, 0.2],
+                                    row_heights=[0.75, 0.25], vertical_spacing=0.06, horizontal_spacing=0.04,
+                                    specs=[[{}, {"rowspan": 2}], [{}, None]],
+                                    subplot_titles=["", "in LX now (selected core)", "LX in use (selected core)"],
+                                    template="plotly_white", height=self.figure_height)
         bottom = [note_annotation(text) | dict(y=-0.09, yshift=-22 * i - 18, yanchor="top")
                   for i, text in enumerate(notes)]
-        add_layout_items(fig, [*launches[:1000], *shapes], [*bottom, *annotations])
-        return fig
+        layout = {**layout,
+                  "title": dict(text=f"Dataflow of {html.escape(self.name)}{html.escape(kernel_word)} — {mode_word} "
+                                     "(modeled µs)", x=0.01, xanchor="left", font=dict(size=15)),
+                  "margin": dict(l=80, r=20, t=110, b=60 + 22 * len(notes)),
+                  "legend": dict(orientation="h", yanchor="bottom", y=1.075, xanchor="right", x=1.0),
+                  "bargap": 0.25, "hovermode": "closest",
+                  "shapes": [*launches[:1000], *shapes],
+                  "annotations": [*layout.get("annotations", []), *extra_notes, *bottom, *annotations]}
+        axis = layout.get
+        layout["yaxis"] = {**axis("yaxis", {}), "tickvals": tickvals, "ticktext": ticktext, "autorange": "reversed",
+                           "showgrid": False, "zeroline": False}
+        layout["yaxis3"] = {**axis("yaxis3", {}), **lx_axis}
+        layout["xaxis"] = {**axis("xaxis", {}), "range": [t0, t1]}
+        layout["xaxis3"] = {**axis("xaxis3", {}), "range": [t0, t1], "title": {"text": MODELED_TIME_AXIS}}
+        layout["xaxis2"] = {**axis("xaxis2", {}), "title": {"text": "KiB"}}
+        layout["yaxis2"] = {**axis("yaxis2", {}), "autorange": "reversed", "tickfont": {"size": 10}}
+        return go.Figure(dict(data=data, layout=layout), _validate=False)
 
     def _rows(self, tl: _Timeline) -> dict[str, int]:
         """Row of each lane that has events in the window (the kernel strip first)."""

@@ -160,3 +160,11 @@ def test_triggers_stay_inside_their_kernel(program):
             f = view.firing(step)
             if f["trigger"] is not None:
                 assert k.start <= f["trigger"].start_us and f["trigger"].end_us <= f["event"].start_us + 1e-9
+
+
+def test_figures_pass_plotlys_validators(small, program):
+    import plotly.graph_objects as go
+
+    _, sim = small
+    for view in (DataflowView(sim), DataflowView(sim, mode="analytic"), DataflowView(program, kernel=ALL)):
+        go.Figure(view.figure.to_plotly_json())           # built without validation for speed
