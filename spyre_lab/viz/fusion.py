@@ -82,8 +82,8 @@ class FusionView(View):
                                  "(torch.compile is lazy), or pass FusionView(fn, example_inputs)")
             graph = max(graphs, key=lambda g: max(p.num_kernels for p in g.all_programs()))
             program = max(graph.all_programs(), key=lambda p: p.num_kernels)
-            self._fn = graph.gm
-            self._inputs = [torch.empty(s, dtype=d, device="meta") for s, d in program.input_shapes()]
+            inputs = _graph_inputs(graph, program)
+            self._fn, self._inputs = (graph.gm, inputs) if inputs is not None else (None, None)
             return program
         raise TypeError(f"FusionView takes a Program, a compiled model, fn + example_inputs or a saved program, "
                         f"got {type(source).__name__}")
@@ -303,6 +303,30 @@ def _table(recs: list[KernelRecord]) -> dict:
                     fill=dict(color=NEUTRAL["header"]), align="left", font=dict(size=11)),
         cells=dict(values=cells, fill=dict(color=fill), align="left", font=dict(size=10), height=20),
         columnwidth=[40, 90, 260, 70, 70, 80])
+
+
+def _graph_inputs(graph: Any, program: Any) -> list[Any] | None:
+    """The arguments Dynamo passes the graph, as meta tensors and ints (symbolic sizes at their example values).
+
+    None when they do not reproduce ``program``'s input shapes (then the view cannot recompile it).
+    """
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as hint_int
+
+    out: list[Any] = []
+    for node in graph.gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(val, torch.SymInt):
+            out.append(hint_int(val))
+        elif isinstance(val, torch.Tensor):
+            shape = tuple(hint_int(d) for d in val.shape)
+            out.append(torch.empty(shape, dtype=val.dtype, device="meta"))
+        else:
+            return None
+    tensors = sorted((tuple(t.shape), str(t.dtype)) for t in out if isinstance(t, torch.Tensor))
+    wanted = sorted((tuple(shape), str(dtype)) for shape, dtype in program.input_shapes())
+    return out if all(w in tensors for w in wanted) else None
 
 
 def _kept_function(program: Any) -> Any:
