@@ -123,8 +123,9 @@ class DataflowView(View):
             raise ValueError(f"DataflowView: no {self.mode!r} timing for this source; available: "
                              f"{sorted(self._builders)} (a saved trace holds only the mode it was recorded in)")
         tl = self.timeline()
-        if kernel is None:   # several kernels: open on the one with the most tile ops (the most to see)
-            kernel = max(tl.kernels, key=lambda k: _count(tl, k.start, k.end)).name if len(tl.kernels) > 1 else ALL
+        if kernel is None:   # several kernels with tiles to step through: open on the one with the most tile ops
+            busiest = max(tl.kernels, key=lambda k: _count(tl, k.start, k.end)) if tl.kernels else None
+            kernel = busiest.name if busiest is not None and tl.detailed and len(tl.kernels) > 1 else ALL
         self.kernel = kernel
         if kernel != ALL and kernel not in [k.name for k in tl.kernels]:
             raise ValueError(f"DataflowView: no kernel {kernel!r}; kernels are {[k.name for k in tl.kernels]}")
@@ -141,7 +142,9 @@ class DataflowView(View):
         from spyre_lab.device.sim import SimResult, simulate
 
         if isinstance(source, Trace):
-            mode = str(source.meta.get("mode", "event"))
+            # a runtime recording names no mode: tile-level events (with op indices) mean event timing
+            tiles = any("idx" in e.args for e in source.events if e.lane.startswith("core"))
+            mode = str(source.meta.get("mode") or ("event" if tiles else "analytic"))
             self._builders[mode] = lambda: source
             name = str(source.meta.get("kernel") or source.meta.get("program") or "trace")
             conf = cfg or _config_named(source.meta.get("config"))

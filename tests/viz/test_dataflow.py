@@ -168,3 +168,18 @@ def test_figures_pass_plotlys_validators(small, program):
     _, sim = small
     for view in (DataflowView(sim), DataflowView(sim, mode="analytic"), DataflowView(program, kernel=ALL)):
         go.Figure(view.figure.to_plotly_json())           # built without validation for speed
+
+
+def test_runtime_recording_with_host_and_pcie_lanes():
+    import spyre_lab
+
+    x = torch.randn(256, 512, dtype=torch.float16).to("spyre")
+    with spyre_lab.recording() as trace:
+        (torch.softmax(x, dim=-1) * 2).cpu()
+    view = DataflowView(trace)
+    assert view.mode == "analytic"                               # the runtime simulated its kernels analytically
+    names = {t.name for t in view.figure.data}
+    assert {"host", "pcie"} <= names
+    kernels = [e.name for e in trace.events if e.lane.startswith("stream")]
+    assert view.controls["kernel"].options[1:] == tuple(kernels)
+    assert "analytic timing" in view.figure.layout.title.text
