@@ -472,7 +472,7 @@ class DataflowView(View):
         layout, _ = cached_subplots(rows=2, cols=2, shared_xaxes=True, column_widths=[0.8, 0.2],
                                     row_heights=[0.75, 0.25], vertical_spacing=0.06, horizontal_spacing=0.04,
                                     specs=[[{}, {"rowspan": 2}], [{}, None]],
-                                    subplot_titles=["", "in LX now (selected core)", "LX in use (selected core)"],
+                                    subplot_titles=["", "", "LX in use (selected core)"],
                                     template="plotly_white", height=self.figure_height)
         bottom = [note_annotation(text) | dict(y=-0.09, yshift=-22 * i - 18, yanchor="top")
                   for i, text in enumerate(notes)]
@@ -490,7 +490,7 @@ class DataflowView(View):
         layout["yaxis3"] = {**axis("yaxis3", {}), **lx_axis}
         layout["xaxis"] = {**axis("xaxis", {}), "range": [t0, t1]}
         layout["xaxis3"] = {**axis("xaxis3", {}), "range": [t0, t1], "title": {"text": MODELED_TIME_AXIS}}
-        layout["xaxis2"] = {**axis("xaxis2", {}), "title": {"text": "KiB"}}
+        layout["xaxis2"] = {**axis("xaxis2", {}), "title": {"text": "KiB in LX now<br>(selected core)"}}
         layout["yaxis2"] = {**axis("yaxis2", {}), "autorange": "reversed", "tickfont": {"size": 10}}
         return go.Figure(dict(data=data, layout=layout), _validate=False)
 
