@@ -296,10 +296,12 @@ def _table(recs: list[KernelRecord]) -> dict:
         [f"{r.time_us:.2f}" if r.time_us is not None else "—" for r in recs] + [f"{total_t:.2f}"],
         [r.bottleneck for r in recs] + [""],
     ]
+    # no-break spaces: a table laid out before it is on screen (a notebook output) wraps spaced text to nothing
+    cells = [[str(v).replace(" ", "\u00a0") for v in col] for col in cells]
     fill = [[kernel_color(r.name) if not r.host else UNIT_COLORS["host"] for r in recs] + [NEUTRAL["white"]]]
     fill += [[NEUTRAL["white"]] * (len(recs) + 1)] * 5
     return dict(
-        type="table", header=dict(values=["kernel", "rule", "ops", "DRAM kB", "modeled µs", "bottleneck"],
+        type="table", header=dict(values=["kernel", "rule", "ops", "DRAM\u00a0kB", "modeled\u00a0µs", "bottleneck"],
                     fill=dict(color=NEUTRAL["header"]), align="left", font=dict(size=11)),
         cells=dict(values=cells, fill=dict(color=fill), align="left", font=dict(size=10), height=20),
         columnwidth=[40, 90, 260, 70, 70, 80])
