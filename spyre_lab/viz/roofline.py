@@ -93,7 +93,7 @@ class Roofline(View):
                                  name=f"PT peak {cfg.peak_flops / 1e12:.1f} TFLOP/s", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=grid, y=np.minimum(dram, sfu) / 1e12, mode="lines",
                                  line=dict(color=UNIT_COLORS["sfu"], width=2, dash="dash"),
-                                 name=f"SFU peak {sfu / 1e12:.2f} TFLOP/s", hoverinfo="skip"))
+                                 name=f"SFU peak {sfu / 1e12:.2f} TFLOP/s (estimate)", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=grid, y=dram / 1e12, mode="lines",
                                  line=dict(color=UNIT_COLORS["load"], width=1, dash="dot"),
                                  name=f"DRAM {cfg.dram_bandwidth / 1e9:.1f} GB/s", hoverinfo="skip"))
