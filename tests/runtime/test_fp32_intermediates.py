@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spyre_lab.runtime import ops
+from spyre_lab.runtime import eager_programs
 
 CASES = {
     "rms_norm": lambda x, y, w: F.rms_norm(x, [64], w),
@@ -28,9 +28,9 @@ def test_eager_equals_compiled_and_the_cpu_for_large_inputs(name):
     x, y = ((torch.randn(8, 64, generator=g) * 100).half() for _ in range(2))   # squares far beyond fp16's range
     w = torch.randn(64, generator=g).half()
     fn = CASES[name]
-    ops.clear_program_cache()
+    eager_programs.clear_program_cache()
     eager = fn(x.to("spyre"), y.to("spyre"), w.to("spyre")).cpu()
-    assert all(p.compiled is not None for p in ops._PROGRAMS.values() if "copy" not in p.name), \
+    assert all(p.compiled is not None for p in eager_programs._PROGRAMS.values() if "copy" not in p.name), \
         "every device op of the eager call ran its compiled one-op program"
     torch._dynamo.reset()
     compiled = torch.compile(fn, backend="spyre")(x.to("spyre"), y.to("spyre"), w.to("spyre")).cpu()

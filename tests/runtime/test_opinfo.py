@@ -25,7 +25,7 @@ import torch
 from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
-from spyre_lab.runtime.ops import DEVICE_OPS
+from spyre_lab.runtime.eager_programs import DEVICE_OPS
 from spyre_lab.runtime.streams import recording
 from spyre_lab.runtime.tensor import SpyreUsageError
 
@@ -44,7 +44,8 @@ CPU_ARGUMENTS = frozenset({"tensor_split"})
 
 EXPECTED_WARNING = re.compile(r"aten::(\w+) has no spyre kernel( \(called from [^)]*\))?; it runs as a CPU fallback|"
                               r"spyre stores torch\.\w+ "
-                              r"tensors as float16|spyre: no compiled one-op program for aten::\w+|An output with one "
+                              r"tensors as float16|spyre: no compiled one-op program for aten::\w+|spyre: the compiled "
+                              r"program for aten::\w+ disagrees|An output with one "
                               r"or more elements was resized since it had shape \[\]")
 """What spyre may print beyond the CPU's own warnings: a CPU fallback notice, the fp16-storage notice, a
 one-op compile gap, and torch's notice from the CPU ``mse_loss.out`` / ``smooth_l1_loss.out`` kernels,
