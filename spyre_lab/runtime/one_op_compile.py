@@ -20,8 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
-from spyre_lab.runtime.fallback import _rewrap_numbers
-from spyre_lab.runtime.op_schema import functional_variant, mutated_args, to_cpu_kwargs
+from spyre_lab.runtime.op_schema import functional_variant, mutated_args, rewrap_numbers, to_cpu_kwargs
 
 _NOT_COMPILED: dict[str, str] = {}
 
@@ -53,7 +52,7 @@ def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inpu
             values[leaf] = t
         args, kwargs = tree_unflatten(values, spec)
         kwargs = {k: v for k, v in kwargs.items() if k not in out_names}
-        args, kwargs = _rewrap_numbers(functional, args, kwargs)
+        args, kwargs = rewrap_numbers(functional, args, kwargs)
         return functional(*args, **to_cpu_kwargs(kwargs))
 
     examples = [torch.zeros_like(torch.empty_strided(leaves[i].shape, leaves[i].stride(), dtype=leaves[i].dtype))
