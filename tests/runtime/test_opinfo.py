@@ -51,10 +51,6 @@ EXPECTED_WARNING = re.compile(r"aten::(\w+) has no spyre kernel( \(called from [
 one-op compile gap, and torch's notice from the CPU ``mse_loss.out`` / ``smooth_l1_loss.out`` kernels,
 which the fallback runs because torch routes a PrivateUse1 loss through its out= form."""
 
-NEEDS_PINNED_HOST_MEMORY = frozenset({"to"})
-"""OpInfo ``to`` samples copy to the CPU with ``non_blocking=True``, which makes torch ask the PrivateUse1 hooks for
-a pinned-memory allocator; where the runtime does not provide one, torch's own error is accepted for them."""
-
 FP16_OPS = [op for op in op_db if torch.float16 in op.supported_dtypes("cpu")]
 
 
@@ -191,10 +187,6 @@ def _check(op, sample, label: str, tally: Tally, caught: list, variant=None) -> 
             tally.unclear_errors.append(f"{label}: {type(exc).__name__} without the op's name: {message[:140]}")
         return
     except Exception as exc:
-        if op.name in NEEDS_PINNED_HOST_MEMORY and "getPinnedMemoryAllocator" in str(exc):
-            tally.errors["pinned host memory"] += 1
-            tally.clear_errors.append(f"{label}: {str(exc).splitlines()[0][:140]}")
-            return
         tally.unclear_errors.append(f"{label}: {type(exc).__name__}: {str(exc).splitlines()[0][:140]}")
         return
     if variant is not None and reference is not None and not isinstance(reference[0], torch.Tensor):
