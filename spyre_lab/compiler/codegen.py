@@ -248,7 +248,8 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     dtype = buffers[kernel.inputs[0]].dtype if kernel.inputs else torch.float16
     lone_reduction = len(kernel.nodes) == 1 and isinstance(anchor, Reduction)
     division = divide_iteration_space(dims, inner, reds, dtype, cfg, options.work_division,
-                                      k_fast=options.k_fast_placement, allow_reduction_split=lone_reduction)
+                                      k_fast=options.k_fast_placement, allow_reduction_split=lone_reduction,
+                                      uneven=options.uneven_splits)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, dims, (inner,), eps, cfg.cores)
     copy_only = kernel.rule == "restickify" or all(n.op in ("copy", "clone", "restickify") for n in kernel.nodes)
@@ -291,7 +292,8 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
     a, b = mm.inputs[0], mm.inputs[1]
     sizes = {"B": mm.b, "M": mm.m, "N": mm.n, "K": mm.k}
     dtype = buffers[a].dtype
-    division = divide_matmul(mm.b, mm.m, mm.n, mm.k, dtype, cfg, options.work_division, options.k_fast_placement)
+    division = divide_matmul(mm.b, mm.m, mm.n, mm.k, dtype, cfg, options.work_division, options.k_fast_placement,
+                             uneven=options.uneven_splits)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
     operands = {a: _viewed(mm, 0, buffers, sizes) or Operand(

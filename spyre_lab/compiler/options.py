@@ -28,6 +28,9 @@ class CompileOptions:
     double_buffer: bool = True
     # place K-split partners next to each other on the ring (psum hops m*n -> 1)
     k_fast_placement: bool = True
+    # let a split leave its last slice short when no even split fits (a prime vocabulary of 769 sticks);
+    # off: torch-spyre's rule, splits divide their dim evenly (some shapes then get no tile plan)
+    uneven_splits: bool = True
     # timing mode used when a Program's kernels are simulated
     timing: TimingMode = "analytic"
     # max unique DRAM tensors one fused kernel may reference (the SuperDSC bundle limit)
