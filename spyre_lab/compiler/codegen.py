@@ -256,7 +256,9 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     k = RowKernel(kernel.name, [] if copy_only else list(kernel.nodes), dims, col, operands,
                   list(kernel.inputs), list(kernel.outputs), copy_only, frozenset(reds),
                   division.split_reduction_dim is not None,
-                  shares={b: share_group(operands[b].dims, division.splits) for b in kernel.inputs})
+                  shares={b: share_group(operands[b].dims, division.splits) for b in kernel.inputs},
+                  lx_pin_reductions=options.lx_pin_reductions, lx_in_place=options.lx_in_place,
+                  lx_clone_inputs=options.lx_clone_inputs)
     busy = [c for c, s in enumerate(slices) if s]
     extent = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()} if busy else dict(dims)
     tile = row_tile_shape(k, extent, cfg, options.double_buffer, _fits(cfg, options, kernel.name))

@@ -18,7 +18,7 @@ With ``uneven=False`` splits divide evenly, as in torch-spyre. With ``uneven=Tru
 whose chunks of ``ceil(u/s)`` units leave no slice empty: every slice but the last is a full chunk and
 the last one carries the remainder (``torch.chunk``'s rule, so slice starts stay an affine
 ``alpha * i + beta``). A vocabulary of 769 sticks - a prime, which no even split of 32 cores fits -
-then takes 31 slices of 25 sticks and one of 19. The price is imbalance: the busiest core carries
+then takes 31 slices, 30 of 25 sticks and the last of 19. The price is imbalance: the busiest core carries
 ``ceil(u/s) * s / u`` times the mean, which the matmul cost model charges on its compute term and the
 simulator sees directly (the short slice's core finishes early).
 
