@@ -85,6 +85,7 @@ class StepTiming:
     depth: int
     wall_s: float = 0.0
     extended_from: tuple[int, ...] = ()
+    log: object = field(default=None, repr=False, compare=False)   # the step's StepLog (retime.py), when recorded
 
     @staticmethod
     def extend(shallow: StepTiming, deep: StepTiming, layers: int) -> StepTiming:
@@ -97,10 +98,11 @@ class StepTiming:
         def grow(a: float, b: float) -> float:
             return b + (b - a) * k
 
+        log = (shallow.log, deep.log, layers) if shallow.log is not None and deep.log is not None else None
         return StepTiming(grow(shallow.step_us, deep.step_us), grow(shallow.host_us, deep.host_us),
                           grow(shallow.device_us, deep.device_us),
                           round(grow(shallow.launches, deep.launches)), layers,
-                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth))
+                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth), log)
 
     def to_dict(self) -> dict[str, float | int | list[int]]:
         return {"step_us": self.step_us, "host_us": self.host_us, "device_us": self.device_us,
@@ -123,7 +125,10 @@ def summarize(trace: object, depth: int, wall_s: float = 0.0) -> StepTiming:
             if e.lane in ("host", "host.callback") and not e.args.get("waiting")]
     device = [(e.start_us, e.start_us + e.dur_us) for e in events
               if e.lane.startswith("stream") and e.args.get("kind") == "Compute"]
-    return StepTiming(trace.duration_us if events else 0.0, _busy(host), _busy(device), len(device), depth, wall_s)
+    from spyre_lab.studies.retime import StepLog
+
+    return StepTiming(trace.duration_us if events else 0.0, _busy(host), _busy(device), len(device), depth, wall_s,
+                      log=StepLog.from_trace(trace, depth))
 
 
 def build_model(config: ModelConfig, platform: object, dtype: torch.dtype = torch.float16) -> torch.nn.Module:
