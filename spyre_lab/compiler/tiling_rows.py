@@ -53,6 +53,9 @@ class RowKernel:
     lx_in_place: bool = True            # pointwise intermediates stay in LX (exp/sub/add/rsqrt in their input's slot)
     lx_clone_inputs: bool = True        # an input several nodes read is loaded once per tile, not once per reader
 
+    def __post_init__(self) -> None:
+        self.operands = _gathered(self.nodes, self.operands)
+
     def spilled(self) -> frozenset[str]:
         """Intermediates of a fused chain that the LX planning steps switched off leave in DRAM: stored after
         the node that makes them, loaded again by each node that reads them."""
@@ -75,6 +78,27 @@ class RowKernel:
         if not self.inner_whole:
             return []
         return [b for b in self.inputs if not (self.operands[b].dims - set(self.col_dims))]
+
+
+def _gathered(nodes: list[IRNode], operands: dict[str, Operand]) -> dict[str, Operand]:
+    """The source of an ``index_select`` as the tiles read it: only the rows the output tile selects.
+
+    Lowering leaves the gathered dim of the source unaligned (any row may be picked), which as a plain
+    operand would make every tile load the whole source, a whole KV cache for a page gather. A gather
+    reads one source row per output row, so for its bytes the gathered dim follows the output's."""
+    out = dict(operands)
+    for n in nodes:
+        if n.op != "index_select" or not n.inputs or n.inputs[0] not in out or n.output not in out:
+            continue
+        src, dst = out[n.inputs[0]], out[n.output]
+        if src.strides or len(src.axes) != len(dst.axes):
+            continue
+        gathered = [a is None and b is not None for a, b in zip(src.axes, dst.axes)]
+        if sum(gathered) != 1:
+            continue
+        out[src.buffer] = Operand(src.buffer, tuple(m if g else s for s, m, g in zip(src.shape, dst.shape, gathered)),
+                                  tuple(b if g else a for a, b, g in zip(src.axes, dst.axes, gathered)), src.itemsize)
+    return out
 
 
 def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:

@@ -403,7 +403,17 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
 # --- modeled device time of a one-op kernel -----------------------------------------------------------
 def roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
                 cfg: SpyreConfig) -> tuple[float, dict[str, Any]]:
-    """Modeled time of one op as a device kernel: max(DRAM bytes, compute) plus the launch cost."""
+    """Modeled time of one op as a device kernel: max(DRAM bytes, compute) plus the launch cost.
+
+    A scatter (``index_copy``) reads its index and source and writes only the rows it indexes, a gather
+    (``index_select``) reads its index and only the rows it selects: the rest of the indexed tensor (a whole
+    KV cache) is never touched, so it is not counted."""
+    if name in _SCATTERS and len(inputs) == 3:
+        _target, index, source = inputs
+        inputs, outputs = [index, source], [source]
+    elif name in _GATHERS and len(inputs) == 2 and outputs:
+        _source, index = inputs
+        inputs = [index, outputs[0]]
     nbytes = sum(device_nbytes(t) for t in (*inputs, *outputs))
     memory_s = nbytes / cfg.dram_bandwidth
     if name in _MATMULS:
@@ -418,6 +428,10 @@ def roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tenso
     time_us = max(memory_s, compute_s) * 1e6 + launch_us
     bound = "memory" if memory_s >= compute_s else "compute"
     return time_us, {"bytes": nbytes, "flops": flops, "bound": bound, "launch_us": launch_us}
+
+
+_SCATTERS = frozenset({"index_copy"})
+_GATHERS = frozenset({"index_select"})
 
 
 def _matmul_flops(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
