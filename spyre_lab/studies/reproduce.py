@@ -138,26 +138,30 @@ def to_markdown(result: dict[str, Any]) -> str:
                 f"{sweep['configurations']} configurations: each parameter alone across its range, then all at "
                 "once in a seeded random sample.", "", "| parameter | values |", "|---|---|"]
         out += [f"| `{k}` | {', '.join(f'{x:g}' for x in v)} |" for k, v in sweep["ranges"].items()]
-        out += ["", "| claim | verdict |", "|---|---|"]
-        out += [f"| {k} | {v['verdict']} |" for k, v in sweep["verdicts"].items()]
+        out += ["", "| claim | measured on | verdict |", "|---|---|---|"]
+        out += [f"| {k} | {v['measured_on']} | {v['verdict']} |" for k, v in sweep["verdicts"].items()]
         out.append("")
     return "\n".join(out).rstrip() + "\n"
 
 
-def _cell(v: Any) -> str:
+def _cell(key: str, v: Any) -> str:
+    if v is None:
+        return ""
     if isinstance(v, float):
-        if abs(v) < 10 and v != int(v):
-            return f"{v:+.1%}" if -1 < v < 1 and v != 0 else f"{v:.3f}"
+        if key.endswith("util"):
+            return f"{v:.0%}"
+        if key in ("change", "share"):
+            return f"{v:+.1%}"
         return f"{v:,.2f}"
-    return "" if v is None else str(v)
+    return str(v)
 
 
 def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
     if not rows:
         return []
     keys = list(rows[0])
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(_cell(r.get(k)) for k in keys) + " |" for r in rows]
+    lines = ["| " + " | ".join(k.replace("_", " ") for k in keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)) for k in keys) + " |" for r in rows]
     return lines
 
 
@@ -192,7 +196,10 @@ def main(as_json: bool = False, markdown: bool = False, sweep: bool = False, ful
     import sys
 
     with contextlib.redirect_stdout(sys.stderr):
-        result = reproduce(sweep=sweep or markdown, depth="full" if full_depth else "probe")
+        if markdown and not full_depth:   # deterministic: reuse a result computed from this very source code
+            result = cached_reproduce(sweep=True, progress=True)
+        else:
+            result = reproduce(sweep=sweep, depth="full" if full_depth else "probe")
     if as_json:
         print(json.dumps(result, indent=1, default=str))
     elif markdown:
@@ -200,3 +207,35 @@ def main(as_json: bool = False, markdown: bool = False, sweep: bool = False, ful
     else:
         print(to_text(result))
     return 0
+
+
+def source_fingerprint() -> str:
+    """A hash of every source file of the package: a cached result is reused only while none has changed."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(SCHEMA.encode())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_reproduce(sweep: bool = True, cache_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """:func:`reproduce`, kept on disk (``$SPYRE_LAB_CACHE`` or ``~/.cache/spyre_lab``) under the package's
+    source fingerprint: any change to the code computes it again, so a cached result is never stale."""
+    import json
+    import os
+    from pathlib import Path
+
+    folder = Path(cache_dir or os.environ.get("SPYRE_LAB_CACHE") or Path.home() / ".cache" / "spyre_lab")
+    path = folder / f"reproduce-{'sweep-' if sweep else ''}{source_fingerprint()}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = json.loads(json.dumps(reproduce(sweep=sweep, progress=progress), default=str))
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return result

@@ -73,6 +73,15 @@ class StepLog:
                 items.append(HostItem("work", e.dur_us))
         return cls(items, depth)
 
+    def host_breakdown(self) -> dict[str, float]:
+        """Host thread time by what it was doing (µs): launches, graph rebuilds, other work (host fallbacks,
+        copies), as recorded."""
+        out = {"enqueue": 0.0, "rebuild": 0.0, "work": 0.0}
+        for item in self.items:
+            if item.kind in out:
+                out[item.kind] += item.dur_us
+        return out
+
     def retime(self, base: SpyreConfig, cfg: SpyreConfig) -> tuple[float, float, float]:
         """(step, host busy, device busy) in µs with ``cfg``'s costs in place of ``base``'s."""
         host = ready = 0.0
@@ -116,6 +125,16 @@ def _union(spans: list[tuple[float, float]]) -> float:
             total += end - max(start, cursor)
             cursor = end
     return total
+
+
+def host_breakdown_extended(log: object) -> dict[str, float]:
+    """``StepLog.host_breakdown`` of a log or of a (shallow, deep, layers) triple extended per layer."""
+    if isinstance(log, StepLog):
+        return log.host_breakdown()
+    shallow, deep, layers = log
+    a, b = shallow.host_breakdown(), deep.host_breakdown()
+    k = (layers - deep.depth) / (deep.depth - shallow.depth)
+    return {key: b[key] + (b[key] - a[key]) * k for key in b}
 
 
 def retime_extended(log: object, base: SpyreConfig, cfg: SpyreConfig) -> tuple[float, float, float]:
