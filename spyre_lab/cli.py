@@ -17,6 +17,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--markdown", action="store_true", help="print the Markdown of docs/reproduce.md")
     rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
     rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
+    rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
@@ -25,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "reproduce":
         from spyre_lab.studies.reproduce import main as reproduce_main
 
-        return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth)
+        return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth, args.portable)
     return 2
 
 

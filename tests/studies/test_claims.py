@@ -70,3 +70,13 @@ def test_engine_claims_from_a_waterfall_change_only_the_step_options():
                                                 "step.overlap"}
         assert claim.ratio == pytest.approx(100.0 / 60.0)
         assert sum(r["share"] for r in claim.rows) == pytest.approx(1.0)
+
+
+def test_portable_study_runs_the_same_engine_with_native_layers():
+    from spyre_lab.studies.portable import portable_overhead
+
+    result = portable_overhead(repeats=1, new_tokens=4, sizes={"tiny": (64, 1, 4, 2, 128)})
+    (size,) = result.sizes
+    assert size.same_tokens                                         # same weights, same greedy tokens
+    assert size.portable_tok_s > 0 and size.native_fwd_us > 0
+    assert result.forward_overhead == pytest.approx(size.forward_ratio - 1)
