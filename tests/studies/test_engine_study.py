@@ -7,7 +7,12 @@ import pytest
 from spyre_lab.device.config import SPYRE
 from spyre_lab.studies.granite8b import GRANITE_3_3_8B, StepConfig, StepTiming, build_model, time_steps
 from spyre_lab.studies.retime import retime_extended
-from tests.studies.conftest import SMALL, SMALL_BUCKETS
+
+SMALL = dataclasses.replace(GRANITE_3_3_8B, vocab_size=1031, hidden_size=256, intermediate_size=512,
+                            num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=4)
+"""Granite-shaped (GQA, tied embeddings, the multipliers, a prime vocabulary) but small, so tests stay quick."""
+
+SMALL_BUCKETS = [("prefill", 64), ("decode", 1)]
 
 
 def test_meta_model_allocates_no_weight_bytes():
