@@ -214,14 +214,19 @@ def main(as_json: bool = False, markdown: bool = False, sweep: bool = False, ful
     return 0
 
 
+FINGERPRINTED = ("device", "compiler", "runtime", "engine", "studies")
+"""The packages whose code the results depend on (the views, the demo and the CLI do not change a number)."""
+
+
 def source_fingerprint() -> str:
-    """A hash of every source file of the package: a cached result is reused only while none has changed."""
+    """A hash of the source the results depend on: a cached result is reused only while none of it has changed."""
     import hashlib
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
     digest = hashlib.sha256(SCHEMA.encode())
-    for path in sorted(root.rglob("*.py")):
+    files = [root / "__init__.py"] + [p for sub in FINGERPRINTED for p in (root / sub).rglob("*.py")]
+    for path in sorted(files):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
