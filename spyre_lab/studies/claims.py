@@ -75,7 +75,7 @@ def _step_options(step: StepConfig, cfg: SpyreConfig) -> dict[str, Any]:
 
 # --- matmul: naive vs planned work division ---------------------------------------------------------
 
-def _granite_matmuls(m: int) -> list[tuple[str, int, int, int]]:
+def granite_matmuls(m: int) -> list[tuple[str, int, int, int]]:
     """The matmuls of an 8B step with ``m`` rows: every layer's four, and the lm_head, which the engine runs on
     one row per sequence (the last token's), so only in the decode-shaped set."""
     c = GRANITE_3_3_8B
@@ -90,7 +90,7 @@ def matmul_claim(cfg: SpyreConfig = SPYRE) -> Claim:
     before, after = CompileOptions(work_division="naive"), CompileOptions(work_division="planned")
     rows, tb, ta, worst = [], 0.0, 0.0, ("", 0.0)
     for m in (PREFILL_TOKENS, 1):
-        for name, mm, k, n in _granite_matmuls(m):
+        for name, mm, k, n in granite_matmuls(m):
             nb = measure(matmul, [(mm, k), (k, n)], before, cfg)
             na = measure(matmul, [(mm, k), (k, n)], after, cfg)
             change = na.time_us / nb.time_us - 1

@@ -66,13 +66,13 @@ def _config(changes: dict[str, float]) -> SpyreConfig:
 
 def kernel_ratios(cfg: SpyreConfig) -> dict[str, float]:
     """The kernel claims' ratios (before / after) under ``cfg``, on a representative subset of their shapes."""
-    from spyre_lab.studies.claims import SOFTMAX_LADDER, SOFTMAX_SHAPE, _granite_matmuls
+    from spyre_lab.studies.claims import SOFTMAX_LADDER, SOFTMAX_SHAPE, granite_matmuls
     from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PREFILL_TOKENS
     from spyre_lab.studies.kernels import matmul, measure, softmax, swiglu_mlp
 
     naive, planned = CompileOptions(work_division="naive"), CompileOptions()
     before = after = 0.0
-    for name, m, k, n in _granite_matmuls(PREFILL_TOKENS):
+    for name, m, k, n in granite_matmuls(PREFILL_TOKENS):
         if name == "qkv_proj":
             before += measure(matmul, [(m, k), (k, n)], naive, cfg).time_us
             after += measure(matmul, [(m, k), (k, n)], planned, cfg).time_us

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from spyre_lab.compiler import CompileOptions, compile_graph
+from spyre_lab.compiler.executor import execute
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.isa import OpKind
-from spyre_lab.runtime.executor import execute
 
 OFF = dict(lx_pin_reductions=False, lx_in_place=False, lx_clone_inputs=False)
 

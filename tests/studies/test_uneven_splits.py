@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from spyre_lab.compiler import CompileOptions, compile_graph
+from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.work_division import chunk_counts, divide_matmul, imbalance, slice_ranges
 from spyre_lab.device.config import SPYRE
-from spyre_lab.runtime.executor import execute
 
 FP16 = torch.float16
 EPS = SPYRE.elems_per_stick(FP16)
