@@ -197,7 +197,8 @@ class EngineProbe:
             for _ in range(repeats):
                 start = time.perf_counter()
                 reset_time()
-                with recording() as trace:
+                batch = 1 if kind == "prefill" else size
+                with self.platform.device_timer(kind, size, batch), recording() as trace:   # the engine's step
                     self.runner.execute(self._input(kind, size))
                     self.platform.synchronize()
                 timing = summarize(trace, self.config.num_hidden_layers, time.perf_counter() - start)
