@@ -25,7 +25,7 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.runtime.devices import device_index, get_device, on_reset
 from spyre_lab.runtime.fallback import run_on_host
-from spyre_lab.runtime.jobplan import FunctionKernel, Operands, launch
+from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
 from spyre_lab.runtime.op_schema import packet_name, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
@@ -159,7 +159,7 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
                    call_shape: tuple) -> EagerProgram:
     try:
-        key = _signature(op, leaves, call_shape)
+        key = (_signature(op, leaves, call_shape), is_timing_only())  # unchecked programs never serve numerics
         hash(key)
     except TypeError:
         key = None
@@ -291,13 +291,27 @@ on_reset(clear_program_cache)
 def op_roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
                    cfg: SpyreConfig) -> tuple[float, dict[str, Any]]:
     """Modeled time of one op as a device kernel: its operands' bytes in the device format, its work
-    (2 FLOPs per multiply-add on the PE arrays, else element passes on the SFUs), on the roofline."""
+    (2 FLOPs per multiply-add on the PE arrays, else element passes on the SFUs), on the roofline.
+
+    A scatter (``index_copy``) reads its index and source and writes only the rows it indexes, a gather
+    (``index_select``) reads its index and only the rows it selects: the rest of the indexed tensor (a whole
+    KV cache) is never touched, so it is not counted."""
+    if name in _SCATTERS and len(inputs) == 3:
+        _target, index, source = inputs
+        inputs, outputs = [index, source], [source]
+    elif name in _GATHERS and len(inputs) == 2 and outputs:
+        _source, index = inputs
+        inputs = [index, outputs[0]]
     nbytes = sum(device_nbytes(t) for t in (*inputs, *outputs))
     if name in _MATMULS:
         return roofline_us(nbytes, _matmul_flops(name, inputs, outputs), "pt", cfg)
     elems = max([t.numel() for t in (*inputs, *outputs)] or [0])
     passes = cfg.transcendental_factor if name in _TRANSCENDENTAL else 1
     return roofline_us(nbytes, elems * passes, "sfu", cfg)
+
+
+_SCATTERS = frozenset({"index_copy"})
+_GATHERS = frozenset({"index_select"})
 
 
 def _matmul_flops(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
