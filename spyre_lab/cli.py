@@ -12,11 +12,19 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the default model on the modeled device and print a report")
     demo.add_argument("--out", default="out", help="folder for trace.json and the report (default: out)")
+    workshop = sub.add_parser("workshop", help="workshop material: `workshop build OUT` writes student notebooks")
+    from spyre_lab.workshop import add_arguments as _workshop_arguments
+
+    _workshop_arguments(workshop)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
 
         return run_demo(args.out)
+    if args.command == "workshop":
+        from spyre_lab.workshop import main as workshop_main
+
+        return workshop_main(args)
     return 2
 
 
