@@ -47,8 +47,13 @@ def execute(path: Path, timeout: int = 300):
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
                             store_widget_state=False, resources={"metadata": {"path": str(path.parent)}})
     client.execute()
-    for cell in nb.cells:
+    from nbconvert.preprocessors import CoalesceStreamsPreprocessor
+
+    merge = CoalesceStreamsPreprocessor()
+    for index, cell in enumerate(nb.cells):
         cell.metadata.pop("execution", None)
+        if cell.cell_type == "code":
+            merge.preprocess_cell(cell, {}, index)  # one stdout block per cell, however the kernel flushed it
     nb.metadata.pop("widgets", None)
     return nb
 
