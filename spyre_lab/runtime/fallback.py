@@ -62,9 +62,10 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
         TIMELINE.host_work(f"{name} on CPU", _host_cost_us(moved_in + out_bytes, out_leaves), kind="HostCompute",
                            fallback=True, timing="modeled (host estimate)")
         host_to_leaf = {id(host[i]): i for i in written}
-        results = []
+        results, returned = [], set()
         for value in out_leaves:
             if isinstance(value, torch.Tensor) and id(value) in host_to_leaf:
+                returned.add(host_to_leaf[id(value)])
                 target = leaves[host_to_leaf[id(value)]]
                 if tuple(target.shape) != tuple(value.shape):
                     resize(target, tuple(value.shape), None)
@@ -77,7 +78,7 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
                 results.append(out)
             else:
                 results.append(value)
-        for i in written - set(host_to_leaf.values()):
+        for i in written - returned:            # written but not returned (e.g. _cummax_helper -> ())
             write_into(leaves[i], host[i])
             _h2d(stream, leaves[i], name)
     return tree_unflatten(results, out_spec)
