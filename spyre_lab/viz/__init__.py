@@ -3,3 +3,17 @@
 This package is the only place plotly and ipywidgets are imported. Every view has a static ``.figure``
 (a plotly Figure, for HTML export) and a ``.widget`` (controls above a FigureWidget) shown by Jupyter.
 """
+
+from spyre_lab.viz.base import View, aggregation_note, sync_figure
+from spyre_lab.viz.dataflow import DataflowView
+from spyre_lab.viz.fusion import FusionView
+from spyre_lab.viz.roofline import Roofline
+
+__all__ = [
+    "DataflowView",
+    "FusionView",
+    "Roofline",
+    "View",
+    "aggregation_note",
+    "sync_figure",
+]
