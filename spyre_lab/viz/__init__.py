@@ -7,13 +7,17 @@ This package is the only place plotly and ipywidgets are imported. Every view ha
 from spyre_lab.viz.base import View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
 from spyre_lab.viz.fusion import FusionView
+from spyre_lab.viz.layout import LayoutView
 from spyre_lab.viz.roofline import Roofline
+from spyre_lab.viz.work_division import WorkDivisionView
 
 __all__ = [
     "DataflowView",
     "FusionView",
+    "LayoutView",
     "Roofline",
     "View",
+    "WorkDivisionView",
     "aggregation_note",
     "sync_figure",
 ]
