@@ -44,7 +44,7 @@ bench: $(STAMP)
 
 # JupyterLab with the file browser on tutorials/ (the workshop starts at 01_tour.ipynb).
 lab: $(STAMP)
-	$(BIN)/python -m jupyter lab --ServerApp.default_url=/lab/tree/tutorials
+	$(BIN)/python -m jupyterlab --LabApp.default_url=/lab/tree/tutorials
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache
