@@ -18,6 +18,10 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
     rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
     rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
+    workshop = sub.add_parser("workshop", help="workshop material: `workshop build OUT` writes student notebooks")
+    from spyre_lab.workshop import add_arguments as _workshop_arguments
+
+    _workshop_arguments(workshop)
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
@@ -27,6 +31,10 @@ def main(argv: list[str] | None = None) -> int:
         from spyre_lab.studies.reproduce import main as reproduce_main
 
         return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth, args.portable)
+    if args.command == "workshop":
+        from spyre_lab.workshop import main as workshop_main
+
+        return workshop_main(args)
     return 2
 
 
