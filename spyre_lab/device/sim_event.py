@@ -257,7 +257,7 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
                     dram_bytes=graph.dram_bytes,
                     flops=graph.flops, macs=graph.macs, matmul_cores=graph.matmul_cores)
     if want_events:
-        run.events = _events(programs, unit, start, end, recv_xfer_start)
+        run.events = _events(programs, unit, start, end, recv_xfer_start, deps_of, dependents, 1e6 / cfg.clock_hz)
     return run
 
 
@@ -282,14 +282,24 @@ def _compute_union(ncores: int, unit: list[int], core_of: list[int], start: list
 
 
 def _events(programs: list, unit: list[int], start: list[float], end: list[float],
-            recv_xfer_start: dict[int, float]) -> list[tuple[int, int, str, float, float, dict]]:
+            recv_xfer_start: dict[int, float], deps_of: list[tuple[int, ...]], dependents: list[list[int]],
+            us_per_cycle: float) -> list[tuple[int, int, str, float, float, dict]]:
+    """One event per op. Args say what a picture of the firing needs: ``idx`` (the op's index on its core),
+    ``trigger`` (index of the dep that finished last: the arrival that made the op ready) and, for an op that
+    claims LX, ``lx_held_us`` (from the event's start until the buffer is released by its last user)."""
     out = []
     g = 0
     for c, program in enumerate(programs):
-        for op in program.ops:
+        base = g
+        for i, op in enumerate(program.ops):
             u = unit[g]
             s = recv_xfer_start.get(g, start[g]) if u == RECV else start[g]
-            args: dict = {"op": _KIND_NAME[op.kind]}
+            args: dict = {"op": _KIND_NAME[op.kind], "idx": i}
+            if deps_of[g]:
+                args["trigger"] = max(deps_of[g], key=end.__getitem__) - base
+            if op.out is not None:
+                users = dependents[g]
+                args["lx_held_us"] = ((max(end[d] for d in users) if users else end[g]) - s) * us_per_cycle
             if op.kind is OpKind.MATMUL:
                 args.update(m=op.m, n=op.n, k=op.k)
             elif op.elements:

@@ -1,0 +1,195 @@
+"""View: the plumbing every spyre_lab view shares (static figure, widget, captions, aggregation notes, JSON input).
+
+A view holds a little state (the values of its controls) and one method, :meth:`View.build`, that draws
+the current state as a plotly ``Figure``. Everything else follows from that:
+
+* ``view.figure`` is the static figure of the current state (HTML export, ``fig.show()``, reports);
+* ``view.widget`` is one row of ipywidgets controls above a caption and a ``go.FigureWidget``; a control
+  change sets the state and redraws (views may override :meth:`View.on_change` for cheaper partial updates);
+* displaying the view in Jupyter shows the widget;
+* ``View.from_json(path)`` builds the view from a saved trace (``Trace.to_chrome_trace``) or program
+  (``Program.save_json``) file, so a learner can look at a run they did not make.
+
+Big inputs aggregate above a documented size and say so on the figure (:func:`aggregation_note`), never
+silently. Colors come from :mod:`spyre_lab.viz.style` only.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+
+from spyre_lab.device.trace import Trace
+
+FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
+NOTE_FONT = dict(size=11, color="#6b6b6b")
+
+
+def load_json_source(source: str | Path | dict[str, Any]) -> Trace | dict[str, Any]:
+    """A saved trace file -> :class:`Trace`; a saved program file -> its JSON dict (``Program.to_json``)."""
+    if isinstance(source, (str, Path)):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"no such file: {path}; save one with trace.to_chrome_trace(path) or "
+                                    "program.save_json(path)")
+        doc = json.loads(path.read_text())
+    elif isinstance(source, dict):
+        doc = source
+    else:
+        raise TypeError(f"from_json takes a path or a dict, got {type(source).__name__}")
+    if "traceEvents" in doc:
+        return Trace.from_chrome_trace(doc)
+    if "launches" in doc:
+        return doc
+    raise ValueError("this JSON is neither a trace (no 'traceEvents'; write one with Trace.to_chrome_trace) nor a "
+                     "program (no 'launches'; write one with Program.save_json)")
+
+
+def aggregation_note(shown: int, total: int, what: str, how: str) -> str:
+    """The visible line a view prints when it draws less than everything: never aggregate silently."""
+    return f"aggregated: {shown:,} {how} drawn for {total:,} {what}"
+
+
+def base_layout(title: str, note: str = "", height: int = 420) -> dict[str, Any]:
+    """The layout every view starts from: title, a note line under it, a light template, fixed margins."""
+    layout: dict[str, Any] = dict(
+        title=dict(text=title, x=0.01, xanchor="left", font=dict(size=15)),
+        template="plotly_white", font=FONT, height=height, margin=dict(l=70, r=20, t=70, b=50),
+        showlegend=True, legend=dict(orientation="h", yanchor="bottom", y=1.0, xanchor="right", x=1.0),
+    )
+    if note:
+        layout["annotations"] = [note_annotation(note)]
+    return layout
+
+
+def note_annotation(text: str) -> dict[str, Any]:
+    """An annotation just under the title (aggregation notes, mode notes)."""
+    return dict(text=html.escape(text), xref="paper", yref="paper", x=0.0, y=1.0, yanchor="bottom",
+                xanchor="left", showarrow=False, font=NOTE_FONT, name="note")
+
+
+class View:
+    """Base class: subclasses set ``caption`` (one line: what the learner is looking at) and implement ``build``."""
+
+    caption: str = ""
+    figure_height: int = 420
+
+    def __init__(self) -> None:
+        self._fig_widget: go.FigureWidget | None = None
+        self._caption_widget: W.HTML | None = None
+        self._box: W.VBox | None = None
+        self._controls: dict[str, W.Widget] = {}
+
+    # --- what subclasses provide --------------------------------------------------------------
+    def build(self) -> go.Figure:
+        """The figure of the current state."""
+        raise NotImplementedError
+
+    def make_controls(self) -> list[W.Widget]:
+        """The controls (one row above the figure); bind each with :meth:`bind`."""
+        return []
+
+    def on_change(self, name: str) -> None:
+        """A control named ``name`` changed the state: redraw (override for a cheaper partial update)."""
+        self.refresh()
+
+    # --- what every view gets -----------------------------------------------------------------
+    @property
+    def figure(self) -> go.Figure:
+        """A static plotly Figure of the current state (for HTML export and reports)."""
+        return self.build()
+
+    @property
+    def controls(self) -> dict[str, W.Widget]:
+        """The widget's controls by name (built with the widget), to drive the view from code or tests."""
+        self.widget  # noqa: B018  (builds the controls)
+        return self._controls
+
+    @property
+    def fig_widget(self) -> go.FigureWidget:
+        """The live FigureWidget inside :attr:`widget`."""
+        self.widget  # noqa: B018
+        assert self._fig_widget is not None
+        return self._fig_widget
+
+    @property
+    def widget(self) -> W.VBox:
+        """Controls in one row, a one-line caption, then the figure."""
+        if self._box is None:
+            controls = self.make_controls()
+            self._fig_widget = go.FigureWidget(self.build())
+            self._caption_widget = W.HTML(self._caption_html())
+            rows: list[W.Widget] = []
+            if controls:
+                rows.append(W.HBox(controls, layout=W.Layout(flex_flow="row wrap", align_items="center")))
+            rows += [self._caption_widget, self._fig_widget]
+            self._box = W.VBox(rows)
+        return self._box
+
+    def bind(self, name: str, control: W.Widget, attr: str | None = None,
+             convert: Callable[[Any], Any] | None = None) -> W.Widget:
+        """Register ``control`` under ``name``; its value sets ``self.<attr>`` and calls :meth:`on_change`."""
+        attr = attr or name
+        self._controls[name] = control
+
+        def changed(change: dict[str, Any]) -> None:
+            value = change["new"]
+            setattr(self, attr, convert(value) if convert else value)
+            self.on_change(name)
+
+        control.observe(changed, names="value")
+        return control
+
+    def refresh(self) -> None:
+        """Redraw the live widget from :meth:`build` (no-op before the widget exists)."""
+        if self._fig_widget is None:
+            return
+        sync_figure(self._fig_widget, self.build())
+        if self._caption_widget is not None:
+            self._caption_widget.value = self._caption_html()
+
+    def _caption_html(self) -> str:
+        return f"<span style='font-size:13px;color:#333'>{html.escape(self.caption)}</span>"
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.widget._repr_mimebundle_(**kwargs)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}: {self.caption}"
+
+    @classmethod
+    def from_json(cls, source: str | Path | dict[str, Any], **kwargs: Any) -> View:
+        """The view of a saved trace (``Trace.to_chrome_trace``) or program (``Program.save_json``) file."""
+        return cls(load_json_source(source), **kwargs)  # type: ignore[call-arg]
+
+
+def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
+    """Make a live FigureWidget show ``fig``: traces updated in place when the structure matches, else replaced."""
+    with target.batch_update():
+        same = len(target.data) == len(fig.data) and all(a.type == b.type for a, b in zip(target.data, fig.data))
+        if same:
+            for old, new in zip(target.data, fig.data):
+                old.update(new.to_plotly_json(), overwrite=True)
+        else:
+            target.data = ()
+            if fig.data:
+                target.add_traces(list(fig.data))
+        target.layout = fig.layout
+
+
+def dropdown(options: Iterable[Any], value: Any, description: str, width: str = "auto") -> W.Dropdown:
+    """A compact dropdown with its description inline."""
+    return W.Dropdown(options=list(options), value=value, description=description,
+                      style={"description_width": "initial"}, layout=W.Layout(width=width))
+
+
+def toggle(options: Iterable[str], value: str, description: str = "") -> W.ToggleButtons:
+    """Compact toggle buttons (mode switches such as event / analytic)."""
+    return W.ToggleButtons(options=list(options), value=value, description=description,
+                           style={"description_width": "initial", "button_width": "auto"})
