@@ -113,7 +113,8 @@ class KVCacheView(View):
             texts.append(f"×{refs}" if refs > 1 else str(block_id))
             who = f"held by request {', '.join(owners)}" if owners else state
             hovers.append(f"block {block_id}: {state}, ref count {refs}, {who}")
-        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=texts, textfont=dict(size=10 if width < 12 else 8, color="#222"),
+        font = dict(size=10 if width < 12 else 8, color="#222")
+        fig.add_scatter(x=xs, y=ys, mode="markers+text", text=texts, textfont=font,
                         marker=dict(symbol="square", size=max(9, min(52, 400 // width)), color=colors,
                                     line=dict(color="#888", width=0.5)),
                         hovertext=hovers, hoverinfo="text", showlegend=False, name="blocks", row=1, col=1)

@@ -276,7 +276,8 @@ class DecodeTimeline(View):
                     fig.update_yaxes(range=[0, top * 1.05], row=r, col=c)
         for label, color in (("host: enqueue / launch", style.UNIT_COLORS["host"]),
                              ("host: rebuild graph", style.REBUILD_COLOR),
-                             ("host: waits for the card", style.UNIT_COLORS["idle"]), ("PCIe", style.UNIT_COLORS["pcie"])):
+                             ("host: waits for the card", style.UNIT_COLORS["idle"]),
+                             ("PCIe", style.UNIT_COLORS["pcie"])):
             fig.add_bar(x=[None], y=[None], name=label, marker_color=color, legendgroup=f"lane-{label}",
                         row=4, col=1)
         mode = " vs ".join(f"{r.label}" for r in self.runs)

@@ -239,15 +239,16 @@ class WhatIf(View):
     def caption(self) -> str:  # type: ignore[override]
         now, base = self.current, self.baseline
         return (f"What if — {self.name}: {now.setting.describe()}. Modeled TTFT {now.ttft_ms:.3f} ms "
-                f"({_delta(now.ttft_ms, base.ttft_ms)}), TPOT {now.tpot_ms:.3f} ms ({_delta(now.tpot_ms, base.tpot_ms)})"
+                f"({_delta(now.ttft_ms, base.ttft_ms)}), TPOT {now.tpot_ms:.3f} ms "
+                f"({_delta(now.tpot_ms, base.tpot_ms)})"
                 f" vs baseline; estimates: {self.layers} x one layer's launch.")
 
     # ---- controls --------------------------------------------------------------------------------------
     def make_controls(self) -> list[W.Widget]:
         controls: list[W.Widget] = []
         for rule in FUSION_RULES:
-            button = W.ToggleButton(value=getattr(self, f"fuse_{rule}"), description=rule, tooltip=f"fusion rule {rule}",
-                                    layout=W.Layout(width="auto"))
+            button = W.ToggleButton(value=getattr(self, f"fuse_{rule}"), description=rule,
+                                    tooltip=f"fusion rule {rule}", layout=W.Layout(width="auto"))
             controls.append(self.bind(f"fuse_{rule}", button))
         controls.append(self.bind("work_division", toggle(["planned", "naive"], self.work_division, "division")))
         controls.append(self.bind("dispatch", toggle(["aot_patch", "rebuild"], self.dispatch, "dispatch")))
