@@ -9,6 +9,7 @@ never appear here. The runtime only has to bind graph inputs, outputs and one po
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -175,6 +176,11 @@ class Program:
                                          launch.address_slots), "lx_resident": list(kernel.lx_resident)}
             if hasattr(launch, "to_json"):
                 entry["superdsc"] = launch.to_json()
+            if hasattr(launch, "simulate"):            # what a view of a saved program needs (roofline, tables)
+                sim = launch.simulate(self.options.timing)
+                entry["modeled"] = {k: getattr(sim, k) for k in ("mode", "time_us", "launch_us", "flops", "dram_bytes",
+                                                                 "bytes_loaded", "bytes_stored", "ring_bytes",
+                                                                 "bottleneck")}
             launches.append(entry)
         return {
             "name": self.name,
@@ -187,6 +193,7 @@ class Program:
             "launches": launches,
             "options": {"fusion": sorted(self.options.fusion), "work_division": self.options.work_division,
                         "lx_allocator": self.options.lx_allocator, "timing": self.options.timing},
+            "device": dataclasses.asdict(self.cfg),
         }
 
     def save_json(self, path: str) -> None:

@@ -5,8 +5,19 @@ This package is the only place plotly and ipywidgets are imported. Every view ha
 """
 
 from spyre_lab.viz.base import View, aggregation_note, sync_figure
+from spyre_lab.viz.dataflow import DataflowView
 from spyre_lab.viz.kv_cache import KVCacheView
+from spyre_lab.viz.roofline import Roofline
 from spyre_lab.viz.timeline import DecodeTimeline
 from spyre_lab.viz.whatif import WhatIf
 
-__all__ = ["DecodeTimeline", "KVCacheView", "View", "WhatIf", "aggregation_note", "sync_figure"]
+__all__ = [
+    "DataflowView",
+    "DecodeTimeline",
+    "KVCacheView",
+    "Roofline",
+    "View",
+    "WhatIf",
+    "aggregation_note",
+    "sync_figure",
+]
