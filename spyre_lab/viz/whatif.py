@@ -35,6 +35,7 @@ from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.trace import Trace
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, toggle
+from spyre_lab.viz.roofline import Roofline
 from spyre_lab.viz.timeline import step_lanes
 
 LX_KIB_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
@@ -65,23 +66,6 @@ class Setting:
 
 
 @dataclass
-class KernelPoint:
-    name: str
-    time_us: float
-    flops: int
-    dram_bytes: float
-    bottleneck: str
-
-    @property
-    def intensity(self) -> float:
-        return self.flops / max(self.dram_bytes, 1.0)
-
-    @property
-    def flops_per_s(self) -> float:
-        return self.flops / (self.time_us * 1e-6) if self.time_us > 0 else 0.0
-
-
-@dataclass
 class Outcome:
     """What one setting gives: per pass (prefill / decode) the Program, its launch trace and its kernels."""
 
@@ -89,7 +73,6 @@ class Outcome:
     cfg: SpyreConfig
     programs: dict[str, Program]
     traces: dict[str, Trace]
-    kernels: dict[str, list[KernelPoint]]
     layers: int
 
     def span_us(self, phase: str) -> float:
@@ -102,18 +85,6 @@ class Outcome:
     @property
     def tpot_ms(self) -> float:
         return self.layers * self.span_us("decode") / 1e3 if "decode" in self.traces else float("nan")
-
-
-def kernel_points(program: Program) -> list[KernelPoint]:
-    """Each device kernel's modeled time, FLOPs and DRAM bytes (loads served + stores)."""
-    points = []
-    for launch in program.device_launches:
-        if not hasattr(launch, "simulate"):
-            continue
-        sim = launch.simulate(program.options.timing)
-        points.append(KernelPoint(launch.name, sim.time_us, int(sim.flops), float(sim.dram_bytes + sim.bytes_stored),
-                                  str(sim.bottleneck)))
-    return points
 
 
 def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str) -> Trace:
@@ -215,13 +186,12 @@ class WhatIf(View):
             return hit
         cfg = setting.config(self.base_cfg)
         options = setting.options(self.base_options)
-        programs, traces, kernels = {}, {}, {}
+        programs, traces = {}, {}
         for phase, inputs in self._inputs.items():
             program = compile_graph(self.model, inputs, options, cfg)
             programs[phase] = program
             traces[phase] = launch_trace(program, self._on_device(phase), setting.dispatch)
-            kernels[phase] = kernel_points(program)
-        outcome = Outcome(setting, cfg, programs, traces, kernels, self.layers)
+        outcome = Outcome(setting, cfg, programs, traces, self.layers)
         self._cache[setting] = outcome
         return outcome
 
@@ -306,31 +276,24 @@ class WhatIf(View):
         fig.update_xaxes(range=[0, span * 1.02], title_text=style.MODELED_TIME_AXIS, row=1, col=1)
 
     def _roofline(self, fig: go.Figure, now: Outcome, base: Outcome, phase: str) -> None:
-        points = now.kernels[phase] + base.kernels[phase]
-        lo = min((p.intensity for p in points if p.intensity > 0), default=0.1) / 3
-        hi = max((p.intensity for p in points), default=100.0) * 3
-        hi = max(hi, now.cfg.ridge_flop_per_byte * 3, base.cfg.ridge_flop_per_byte * 3)
-        for label, outcome, dash, color in (("baseline", base, "dash", style.BASELINE_COLOR),
-                                            ("now", now, "solid", style.CHANGED_COLOR)):
-            peak, bw = outcome.cfg.peak_flops, outcome.cfg.dram_bandwidth
-            xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]
-            fig.add_scatter(x=xs, y=[min(peak, bw * x) for x in xs], mode="lines", name=f"{label} ceilings",
-                            line=dict(color=color, dash=dash, width=1.5), hoverinfo="skip", row=2, col=1)
-        for label, outcome in (("baseline", base), ("now", now)):
-            ks = [p for p in outcome.kernels[phase] if p.flops > 0]
-            if not ks:
-                continue
-            fig.add_scatter(
-                x=[p.intensity for p in ks], y=[p.flops_per_s for p in ks], mode="markers",
-                name=f"{label} kernels",
-                marker=dict(size=9 if label == "now" else 8, symbol="circle" if label == "now" else "circle-open",
-                            color=[style.kernel_color(p.name) for p in ks] if label == "now" else style.BASELINE_COLOR,
-                            line=dict(width=1, color="#333" if label == "now" else style.BASELINE_COLOR)),
-                customdata=[[p.name, p.time_us, p.bottleneck] for p in ks],
-                hovertemplate="%{customdata[0]}<br>%{x:.2f} FLOP/B, %{y:.3s}FLOP/s<br>%{customdata[1]:.2f} µs, "
-                              "%{customdata[2]}<extra>" + label + "</extra>", row=2, col=1)
-        fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / DRAM byte)", row=2, col=1)
-        fig.update_yaxes(type="log", title_text="FLOP/s (modeled)", row=2, col=1)
+        """The current program's Roofline (ceilings and kernels), with the baseline's kernels and ceilings in grey."""
+        drawn = Roofline(now.programs[phase]).build()
+        for trace in drawn.data:
+            trace.showlegend = trace.mode == "lines"   # ceilings in the legend; kernels say their name on hover
+            fig.add_trace(trace, row=2, col=1)
+        baseline = Roofline(base.programs[phase])
+        points = [(r, p) for r in baseline.records() if (p := baseline.point(r)) is not None]
+        if base.cfg != now.cfg:
+            xs = list(drawn.data[0].x)
+            fig.add_scatter(x=xs, y=[min(base.cfg.dram_bandwidth * x, base.cfg.peak_flops) / 1e12 for x in xs],
+                            mode="lines", name="baseline ceilings", line=dict(color=style.BASELINE_COLOR, dash="dash"),
+                            hoverinfo="skip", row=2, col=1)
+        fig.add_scatter(x=[p[0] for _, p in points], y=[p[1] / 1e12 for _, p in points], mode="markers",
+                        name="baseline kernels", marker=dict(symbol="circle-open", size=9, color=style.BASELINE_COLOR),
+                        hovertext=[f"baseline {r.name}: {r.time_us:.2f} µs" for r, _ in points], hoverinfo="text",
+                        row=2, col=1)
+        fig.update_xaxes(type="log", title_text="FLOP per DRAM byte", row=2, col=1)
+        fig.update_yaxes(type="log", title_text="modeled TFLOP/s", row=2, col=1)
 
     def _bars(self, fig: go.Figure, now: Outcome, base: Outcome) -> None:
         names = ["TTFT", "TPOT"] if "decode" in self._inputs else ["TTFT"]

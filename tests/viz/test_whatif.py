@@ -5,7 +5,8 @@ import torch
 
 from spyre_lab.compiler.options import FUSION_RULES
 from spyre_lab.viz import style
-from spyre_lab.viz.whatif import WhatIf, kernel_points
+from spyre_lab.viz.records import kernel_records
+from spyre_lab.viz.whatif import WhatIf
 
 torch.set_num_threads(1)
 
@@ -71,11 +72,13 @@ def test_hardware_switches_reach_the_compiler_and_the_roofline(view):
     assert program.cfg.cores == 4 and program.cfg.dram_bandwidth == pytest.approx(25.6e9)
     assert max(len(launch.tile_kernel.active_cores) for launch in program.device_launches) <= 4
     fig = view.figure
-    ceiling = next(t for t in fig.data if t.name == "now ceilings")
-    assert ceiling.y[0] == pytest.approx(25.6e9 * ceiling.x[0])
-    assert max(ceiling.y) == pytest.approx(program.cfg.peak_flops)
-    busy = sum(p.time_us for p in kernel_points(program))
-    assert busy > sum(p.time_us for p in view.baseline.kernels["prefill"])
+    dram = next(t for t in fig.data if (t.name or "").startswith("DRAM"))
+    assert dram.name == "DRAM 25.6 GB/s" and dram.y[0] == pytest.approx(25.6e9 * dram.x[0] / 1e12)
+    pt = next(t for t in fig.data if (t.name or "").startswith("PT peak"))
+    assert max(pt.y) == pytest.approx(program.cfg.peak_flops / 1e12)
+    assert any(t.name == "baseline ceilings" for t in fig.data)
+    busy = lambda p: sum(r.time_us for r in kernel_records(p) if not r.host)
+    assert busy(program) > busy(view.baseline.programs["prefill"])
 
 
 def test_controls_update_the_live_figure(view):
