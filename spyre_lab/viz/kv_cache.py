@@ -151,7 +151,8 @@ class KVCacheView(View):
         fig.add_scatter(x=[None], y=[None], mode="markers", name="prefix cache hit",
                         marker=dict(symbol="square-open", size=12, color=style.KV_STATE_COLORS["cached"],
                                     line=dict(width=3)), row=1, col=2)
-        fig.update_xaxes(title_text="logical block", dtick=1, row=1, col=2)
+        widest = max((len(table) for _, table in items), default=1)
+        fig.update_xaxes(title_text="logical block", dtick=1, range=[-0.6, max(widest, 10) - 0.4], row=1, col=2)
         order = [f"request {r}" for r, _ in items]
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), row=1, col=2)
         if not items:
