@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> int:
                                            "of a run")
     report.add_argument("--out", default="out", help="folder of the run and of report.html (default: out)")
     report.add_argument("--no-run", action="store_true",
-                        help="use only the files already in --out; by default a small job runs first when none is there")
+                        help="use only the files already in --out (by default a small job runs first if none is)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
