@@ -203,6 +203,7 @@ class DecodeTimeline(View):
         if len(self.runs) > 3:
             raise ValueError(f"DecodeTimeline shows up to 3 runs side by side, got {len(self.runs)}")
         self.include_warmup = include_warmup
+        self._step_slots: dict[int, list[int]] = {}
         served = [r for run in self.runs for r in (run.rows if include_warmup else run.served)]
         if not served:
             raise ValueError("the run has no served steps yet; call llm.generate(...) first")
@@ -235,11 +236,9 @@ class DecodeTimeline(View):
                                    continuous_update=False, layout=W.Layout(width="420px"))
         return [self.bind("step", slider)]
 
-    def on_change(self, name: str) -> None:
-        self.refresh()
-
     # ---- the figure ----------------------------------------------------------------------------------
     def build(self) -> go.Figure:
+        self._step_slots = {}
         n = len(self.runs)
         titles = []
         for row_title in ("tokens fed per step (real, by request; padding)", "device time per step (modeled ms)",
@@ -352,10 +351,27 @@ class DecodeTimeline(View):
                         showlegend=col == 1, hovertemplate=f"step %{{x}}: {phase} %{{y:.2f}} ms (measured)"
                                                            "<extra></extra>", row=3, col=col)
 
-    def _step_row(self, fig: go.Figure, run: Run, col: int) -> float:
+    def _step_bars(self, run: Run) -> tuple[list[dict[str, Any]], list[str], float] | None:
+        """The step row of one run as plain bar specs (lane order top to bottom, span), or None without events."""
         detail = run.details.get(self.step)
-        row = next((r for r in run.rows if r["step"] == self.step), None)
         if detail is None or detail.device_trace is None or not len(detail.device_trace):
+            return None
+        lanes, order = step_lanes(detail.device_trace)
+        bars = []
+        for name in order:
+            events = lanes[name]
+            bars.append(dict(
+                x=[e.dur_us for e, _ in events], y=[name] * len(events), base=[e.start_us for e, _ in events],
+                marker=dict(color=[c for _, c in events], line=dict(width=0)), name=name,
+                customdata=[[e.name, e.args.get("kind", ""), e.args.get("rule", "")] for e, _ in events],
+                hovertemplate="%{customdata[0]}<br>%{base:.2f} µs + %{x:.2f} µs (modeled)<br>"
+                              "%{customdata[1]} %{customdata[2]}<extra>" + name + "</extra>"))
+        return bars, order, detail.device_trace.duration_us
+
+    def _step_row(self, fig: go.Figure, run: Run, col: int) -> float:
+        drawn = self._step_bars(run)
+        if drawn is None:
+            row = next((r for r in run.rows if r["step"] == self.step), None)
             reason = "no device model on this platform" if row and row.get("device_ms_modeled") is None else \
                 "no modeled events recorded for this step"
             fig.add_bar(x=[0], y=["device"], base=[0], orientation="h", showlegend=False, marker_color="white",
@@ -364,19 +380,43 @@ class DecodeTimeline(View):
                                xref=f"{_axis('x', 4, col, len(self.runs))} domain", x=0.5,
                                yref=f"{_axis('y', 4, col, len(self.runs))} domain", y=0.5)
             return 0.0
-        lanes, order = step_lanes(detail.device_trace)
-        for name in order:
-            events = lanes[name]
-            fig.add_bar(
-                x=[e.dur_us for e, _ in events], y=[name] * len(events), base=[e.start_us for e, _ in events],
-                orientation="h", marker=dict(color=[c for _, c in events], line=dict(width=0)), name=name,
-                showlegend=False, customdata=[[e.name, e.args.get("kind", ""), e.args.get("rule", "")]
-                                              for e, _ in events],
-                hovertemplate="%{customdata[0]}<br>%{base:.2f} µs + %{x:.2f} µs (modeled)<br>"
-                              "%{customdata[1]} %{customdata[2]}<extra>" + name + "</extra>",
-                row=4, col=col)
+        bars, order, span = drawn
+        self._step_slots.setdefault(col, [])
+        for bar in bars:
+            self._step_slots[col].append(len(fig.data))
+            fig.add_bar(**bar, orientation="h", showlegend=False, row=4, col=col)
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), row=4, col=col)
-        return detail.device_trace.duration_us
+        return span
+
+    def on_change(self, name: str) -> None:
+        """A new step: update the step rows and cursors of the live figure in place (a full redraw when the
+        lanes differ, e.g. a run without events at this step)."""
+        target = self._fig_widget
+        if name != "step" or target is None or not self._step_slots:
+            return self.refresh()
+        drawn = [self._step_bars(run) for run in self.runs]
+        slots = [self._step_slots.get(c, []) for c in range(1, len(self.runs) + 1)]
+        same = all(d is not None and [b["name"] for b in d[0]] == [target.data[i].name for i in s]
+                   for d, s in zip(drawn, slots))
+        if not same:
+            return self.refresh()
+        n = len(self.runs)
+        span = max(d[2] for d in drawn)  # type: ignore[index]
+        with target.batch_update():
+            for c, (d, s) in enumerate(zip(drawn, slots), start=1):
+                bars, order, _ = d  # type: ignore[misc]
+                for index, bar in zip(s, bars):
+                    target.data[index].update(bar)
+                axis = _axis("y", 4, c, n).replace("y", "yaxis")
+                target.layout[axis].categoryarray = list(reversed(order))
+                target.layout[_axis("x", 4, c, n).replace("x", "xaxis")].range = [0, span * 1.02]
+                title = f"step {self.step} (modeled µs): {self._step_summary(self.runs[c - 1])}"
+                target.layout.annotations[3 * n + c - 1].text = f"{self.runs[c - 1].label}: {title}" if n > 1 else title
+            for shape in target.layout.shapes:
+                shape.x0 = shape.x1 = self.step
+        if self._caption_widget is not None:
+            self._caption_widget.value = self._caption_html()
+        return None
 
     def _step_summary(self, run: Run) -> str:
         row = next((r for r in run.rows if r["step"] == self.step), None)
