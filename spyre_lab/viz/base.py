@@ -16,6 +16,7 @@ silently. Colors come from :mod:`spyre_lab.viz.style` only.
 
 from __future__ import annotations
 
+import functools
 import html
 import json
 from collections.abc import Callable, Iterable
@@ -72,6 +73,46 @@ def note_annotation(text: str) -> dict[str, Any]:
     """An annotation just under the title (aggregation notes, mode notes)."""
     return dict(text=html.escape(text), xref="paper", yref="paper", x=0.0, y=1.0, yanchor="bottom",
                 xanchor="left", showarrow=False, font=NOTE_FONT, name="note")
+
+
+def add_layout_items(fig: go.Figure, shapes: Iterable[dict] = (), annotations: Iterable[dict] = ()) -> None:
+    """Add many shapes and annotations in one assignment (``add_shape`` one by one is quadratic in plotly)."""
+    shapes, annotations = list(shapes), list(annotations)
+    if shapes:
+        fig.layout.shapes = [*fig.layout.shapes, *shapes]
+    if annotations:
+        fig.layout.annotations = [*fig.layout.annotations, *annotations]
+
+
+@functools.lru_cache(maxsize=32)
+def _subplots_json(key: str) -> str:
+    from plotly.subplots import make_subplots
+    from plotly.utils import PlotlyJSONEncoder
+
+    kwargs = json.loads(key)
+    layout = {k: kwargs.pop(k) for k in ("template", "height", "margin") if k in kwargs}
+    fig = make_subplots(**kwargs)
+    fig.update_layout(**layout)
+    axes = {}
+    for r, row in enumerate(fig._grid_ref):
+        for c, cell in enumerate(row):
+            if cell:
+                keys = cell[0].layout_keys
+                axes[f"{r + 1},{c + 1}"] = [k.replace("axis", "") for k in keys] if len(keys) == 2 else []
+    return json.dumps({"layout": fig.to_plotly_json()["layout"], "axes": axes}, cls=PlotlyJSONEncoder)
+
+
+def cached_subplots(**kwargs: Any) -> tuple[dict[str, Any], dict[tuple[int, int], tuple[str, str]]]:
+    """A ``make_subplots`` layout as plain data, built once per argument set (views redraw often).
+
+    Returns the layout dict (``template``, ``height`` and ``margin`` applied) and, per (row, col), the
+    trace axis references (``("x2", "y2")``). Views add plain-dict traces and build the figure with
+    ``go.Figure(..., _validate=False)``: validating thousands of values on every control change is what
+    makes plotly slow, and tests check the result against plotly's validators once.
+    """
+    doc = json.loads(_subplots_json(json.dumps(kwargs, sort_keys=True)))
+    axes = {tuple(int(v) for v in k.split(",")): tuple(v) for k, v in doc["axes"].items() if v}
+    return doc["layout"], axes  # type: ignore[return-value]
 
 
 class View:

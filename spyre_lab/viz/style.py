@@ -108,3 +108,25 @@ def request_color(request_id: str | int) -> str:
         return REQUEST_PALETTE[int(text) % len(REQUEST_PALETTE)]
     digest = hashlib.blake2s(text.encode(), digest_size=2).digest()
     return REQUEST_PALETTE[int.from_bytes(digest, "big") % len(REQUEST_PALETTE)]
+
+
+def core_color(core: int, cores: int = 32) -> str:
+    """A core's color in views that color work by core: hues in core order, so ring neighbours look related.
+
+    The hue runs over 85% of the wheel (core 0 red, the last core violet) rather than all of it, so the
+    first and last cores never look alike.
+    """
+    import colorsys
+
+    h = 0.85 * (core % max(cores, 1)) / max(cores - 1, 1)
+    r, g, b = colorsys.hls_to_rgb(h, 0.55, 0.62)
+    return f"#{round(r * 255):02X}{round(g * 255):02X}{round(b * 255):02X}"
+
+
+#: Sequential scale for "where in device memory" (address order), dark = low address (Viridis stops).
+ADDRESS_SCALE: tuple[str, ...] = ("#440154", "#482878", "#3E4A89", "#31688E", "#26828E", "#1F9E89", "#35B779",
+                                  "#6ECE58", "#B5DE2B", "#FDE725")
+#: Device positions that hold no host value (stick padding).
+PADDING_COLOR = "#D0D0D0"
+#: The one element a view follows across panels.
+FOLLOW_COLOR = "#E4002B"

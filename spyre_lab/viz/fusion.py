@@ -1,0 +1,301 @@
+"""FusionView: the LoopIR graph before and after fusion, and what each kernel costs; one checkbox per rule.
+
+Top: the LoopIR graph as lowering left it (one node per op, every edge a trip through DRAM if nothing
+were fused), each node already colored by the kernel it lands in. Middle: the same nodes grouped into
+kernels in launch order, a box per kernel named with the fusion rule that formed it; edges inside a box
+stay in LX, edges between boxes go through DRAM. Bottom: the kernel table (DRAM bytes served, modeled
+time, bottleneck). Unticking a rule recompiles the graph with ``CompileOptions.without(rule)`` (the
+program cache keeps every variant) and redraws all three.
+"""
+
+from __future__ import annotations
+
+import functools
+import html
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+from plotly.utils import PlotlyJSONEncoder
+
+from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
+from spyre_lab.viz.base import View, note_annotation
+from spyre_lab.viz.records import KernelRecord, kernel_records
+from spyre_lab.viz.style import UNIT_COLORS, kernel_color
+
+_EDGE_LX = "#555555"
+_EDGE_DRAM = "#B0B0B0"
+
+
+class FusionView(View):
+    """LoopIR before and after fusion plus the kernel table, with a checkbox per fusion rule.
+
+    ``source``: a compiled ``Program``, a module compiled with ``torch.compile(backend="spyre")`` (called
+    once), a function or ``nn.Module`` with ``example_inputs``, or a saved program JSON (kernels and table
+    only: the LoopIR graph is not saved). Recompiling needs the function: given with ``fn=`` or found with
+    the program (compiled graphs and programs from ``compile_graph`` keep it).
+    """
+
+    figure_height = 900
+
+    def __init__(self, source: Any, example_inputs: Sequence[Any] | None = None, fn: Callable | None = None,
+                 mode: str | None = None) -> None:
+        super().__init__()
+        self.saved: dict[str, Any] | None = None
+        self._fn, self._inputs = fn, example_inputs
+        program = self._adopt(source, example_inputs)
+        self.base_options: CompileOptions | None = None if program is None else program.options
+        self.rules = set(self.base_options.fusion) if self.base_options else set(FUSION_RULES)
+        self.mode = mode or (self.base_options.timing if self.base_options else "analytic")
+        self._programs: dict[frozenset[str], Any] = {}
+        if program is not None:
+            self._programs[frozenset(program.options.fusion)] = program
+
+    def _adopt(self, source: Any, example_inputs: Sequence[Any] | None) -> Any:
+        from spyre_lab.compiler.backend import compile_graph, compiled_graphs_for
+        from spyre_lab.compiler.program import Program
+
+        if isinstance(source, dict):
+            if "launches" not in source:
+                raise ValueError("FusionView.from_json needs a saved program (Program.save_json)")
+            self.saved = source
+            return None
+        if isinstance(source, Program):
+            if self._fn is None:
+                self._fn = _kept_function(source)
+            if self._inputs is None:
+                self._inputs = [torch.empty(s, dtype=d, device="meta") for s, d in source.input_shapes()]
+            return source
+        if example_inputs is not None and callable(source):
+            self._fn = source
+            return compile_graph(source, list(example_inputs))
+        if callable(source):
+            graphs = [g for g in compiled_graphs_for(source) if g.all_programs()]
+            if not graphs:
+                raise ValueError(f"nothing compiled for {type(source).__name__} yet: call the compiled model once "
+                                 "(torch.compile is lazy), or pass FusionView(fn, example_inputs)")
+            graph = max(graphs, key=lambda g: max(p.num_kernels for p in g.all_programs()))
+            program = max(graph.all_programs(), key=lambda p: p.num_kernels)
+            self._fn = graph.gm
+            self._inputs = [torch.empty(s, dtype=d, device="meta") for s, d in program.input_shapes()]
+            return program
+        raise TypeError(f"FusionView takes a Program, a compiled model, fn + example_inputs or a saved program, "
+                        f"got {type(source).__name__}")
+
+    # --- state -------------------------------------------------------------------------------------
+    @property
+    def can_recompile(self) -> bool:
+        return self.saved is None and self._fn is not None and self._inputs is not None
+
+    @property
+    def program(self) -> Any:
+        """The Program for the ticked rules (compiled on first use, then from the program cache)."""
+        if self.saved is not None:
+            return self.saved
+        key = frozenset(self.rules)
+        if key not in self._programs:
+            from spyre_lab.compiler.backend import compile_graph
+
+            if not self.can_recompile:
+                raise RuntimeError("FusionView cannot recompile this program: pass fn= and example_inputs=")
+            assert self.base_options is not None
+            self._programs[key] = compile_graph(self._fn, list(self._inputs),
+                                                self.base_options.replace(fusion=key))
+        return self._programs[key]
+
+    def records(self) -> list[KernelRecord]:
+        return kernel_records(self.program, None if self.saved else self.mode)
+
+    @property
+    def caption(self) -> str:  # type: ignore[override]
+        recs = self.records()
+        dev = sum(r.time_us or 0.0 for r in recs if not r.host)
+        rules = ", ".join(sorted(self.rules)) or "none"
+        return (f"{len(recs)} kernels for {self._nodes_count()} LoopIR nodes with fusion rules [{rules}]: "
+                f"{dev:.1f} µs modeled ({self.mode}); color = the kernel each node lands in.")
+
+    def _nodes_count(self) -> int:
+        if self.saved is not None:
+            return sum(len(e.get("ops", ())) for e in self.saved["launches"])
+        return sum(len(k.nodes) for k in self.program.kernels)
+
+    def make_controls(self) -> list[W.Widget]:
+        boxes = []
+        for rule in FUSION_RULES:
+            box = W.Checkbox(value=rule in self.rules, description=rule, indent=False,
+                             layout=W.Layout(width="auto", margin="0 12px 0 0"), disabled=not self.can_recompile)
+            self._controls[rule] = box
+            box.observe(lambda change, rule=rule: self._toggle(rule, change["new"]), names="value")
+            boxes.append(box)
+        return boxes
+
+    def _toggle(self, rule: str, on: bool) -> None:
+        (self.rules.add if on else self.rules.discard)(rule)
+        self.refresh()
+
+    # --- drawing -----------------------------------------------------------------------------------
+    def build(self) -> go.Figure:
+        recs = self.records()
+        layout, table_domain = _skeleton(self.figure_height)
+        data: list[dict] = []
+        shapes: list[dict] = []
+        notes = list(layout["annotations"])
+        if self.saved is None:
+            self._draw_graphs(data, shapes, notes)
+        else:
+            notes.append(note_annotation("saved program: the LoopIR graph is not saved, so only the kernels are "
+                                         "drawn; pass the Program to see its nodes") | dict(y=0.97))
+            self._draw_saved_kernels(data, notes, recs)
+        data.append(_table(recs) | {"domain": table_domain})
+        total = sum(r.time_us or 0.0 for r in recs if not r.host)
+        rules = "all rules" if set(self.rules) == set(FUSION_RULES) else (
+            f"without {', '.join(sorted(set(FUSION_RULES) - self.rules))}" if self.rules else "no fusion")
+        name = self.saved["name"] if self.saved else self.program.name
+        layout = {**layout, "shapes": shapes, "annotations": notes,
+                  "title": dict(text=f"Fusion of {html.escape(str(name))} ({rules}): {len(recs)} kernels, "
+                                     f"{total:.1f} µs modeled — {self.mode} timing", x=0.01, xanchor="left",
+                                font=dict(size=15))}
+        return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+    def _draw_graphs(self, data: list[dict], shapes: list[dict], notes: list[dict]) -> None:
+        program = self.program
+        kernel_of: dict[str, str] = {}
+        rule_of: dict[str, str] = {}
+        nodes = []
+        for launch, k in zip(program.launches, program.kernels):
+            for n in k.nodes:
+                kernel_of[n.name] = launch.name
+                rule_of[n.name] = k.rule
+                nodes.append(n)
+        producer = {n.output: n for n in nodes}
+        edges = [(producer[b].name, n.name) for n in nodes for b in dict.fromkeys(n.inputs) if b in producer]
+        # before: layered by longest path from the graph inputs
+        depth: dict[str, int] = {}
+        for n in nodes:                              # kernels come in dependency order
+            depth[n.name] = 1 + max((depth[producer[b].name] for b in n.inputs if b in producer), default=-1)
+        layer_count: dict[int, int] = {}
+        before: dict[str, tuple[float, float]] = {}
+        for n in nodes:
+            d = depth[n.name]
+            before[n.name] = (d, layer_count.get(d, 0))
+            layer_count[d] = layer_count.get(d, 0) + 1
+        # after: kernels left to right, their nodes stacked
+        after: dict[str, tuple[float, float]] = {}
+        for i, k in enumerate(program.kernels):
+            for j, n in enumerate(k.nodes):
+                after[n.name] = (i, j)
+        names = {n.name: n for n in nodes}
+        for axes, pos in ((("x", "y"), before), (("x2", "y2"), after)):
+            row_after = axes[0] == "x2"
+            lx_x: list[Any] = []
+            lx_y: list[Any] = []
+            dram_x: list[Any] = []
+            dram_y: list[Any] = []
+            for a, b in edges:
+                same = kernel_of[a] == kernel_of[b]
+                xs, ys = (lx_x, lx_y) if same and row_after else (dram_x, dram_y)
+                xs += [pos[a][0], pos[b][0], None]
+                ys += [pos[a][1], pos[b][1], None]
+            data.append(dict(type="scatter", x=dram_x, y=dram_y, mode="lines", hoverinfo="skip", name="through DRAM",
+                             xaxis=axes[0], yaxis=axes[1],
+                             line=dict(color=_EDGE_DRAM, width=1, dash="dot" if row_after else "solid")))
+            if lx_x:
+                data.append(dict(type="scatter", x=lx_x, y=lx_y, mode="lines", hoverinfo="skip", name="stays in LX",
+                                 xaxis=axes[0], yaxis=axes[1], line=dict(color=_EDGE_LX, width=2)))
+            order = list(names)
+            data.append(dict(
+                type="scatter", x=[pos[n][0] for n in order], y=[pos[n][1] for n in order], mode="markers+text",
+                xaxis=axes[0], yaxis=axes[1],
+                text=[names[n].op for n in order], textposition="middle right", textfont=dict(size=9),
+                marker=dict(size=12, color=[kernel_color(kernel_of[n]) for n in order],
+                            symbol=["square" if names[n].kind == "MatMul" else "circle" for n in order],
+                            line=dict(color="#333", width=0.5)),
+                hovertext=[f"<b>{html.escape(names[n].op)}</b> {html.escape(names[n].kind)} "
+                           f"{dict(names[n].dims)}<br>kernel {html.escape(kernel_of[n])} ({rule_of[n]})"
+                           for n in order], hoverinfo="text", name="kernels" if row_after else "nodes",
+                meta={"row": "after" if row_after else "before"}))
+        for i, (launch, k) in enumerate(zip(program.launches, program.kernels)):
+            color = kernel_color(launch.name)
+            shapes.append(dict(type="rect", x0=i - 0.35, x1=i + 0.45, y0=-0.5, y1=len(k.nodes) - 0.5, xref="x2",
+                               yref="y2", line=dict(color=color, width=1.5), fillcolor=color, opacity=0.15,
+                               layer="below", name=f"kernel {launch.name}"))
+            notes.append(dict(x=i + 0.05, y=-0.6, xref="x2", yref="y2", text=_short_rule(k.rule), showarrow=False,
+                              textangle=-60, xanchor="left", yanchor="bottom", font=dict(size=9, color="#333"),
+                              name="rule"))
+
+    def _draw_saved_kernels(self, data: list[dict], notes: list[dict], recs: list[KernelRecord]) -> None:
+        xs, ys, text, colors, hover = [], [], [], [], []
+        for r in recs:
+            for j, op in enumerate(r.ops):
+                xs.append(r.index)
+                ys.append(j)
+                text.append(op)
+                colors.append(UNIT_COLORS["host"] if r.host else kernel_color(r.name))
+                hover.append(f"{html.escape(r.name)} ({r.rule})")
+            notes.append(dict(x=r.index + 0.05, y=-0.6, xref="x2", yref="y2", text=_short_rule(r.rule),
+                              showarrow=False, textangle=-60, xanchor="left", yanchor="bottom", font=dict(size=9),
+                              name="rule"))
+        data.append(dict(type="scatter", x=xs, y=ys, mode="markers+text", text=text, textposition="middle right",
+                         xaxis="x2", yaxis="y2", textfont=dict(size=9), marker=dict(size=12, color=colors),
+                         hovertext=hover, hoverinfo="text", meta={"row": "after"}))
+
+
+@functools.lru_cache(maxsize=4)
+def _skeleton_cached(height: int) -> str:
+    fig = make_subplots(rows=3, cols=1, row_heights=[0.34, 0.34, 0.32], vertical_spacing=0.07,
+                        specs=[[{"type": "xy"}], [{"type": "xy"}], [{"type": "table"}]],
+                        subplot_titles=("LoopIR before fusion: one node per op (color: the kernel it lands in)",
+                                        "after fusion: kernels in launch order (box = kernel, label = rule)",
+                                        "kernels (modeled)"))
+    fig.add_trace(go.Table(), row=3, col=1)
+    fig.update_layout(template="plotly_white", height=height, showlegend=False, margin=dict(l=20, r=20, t=70, b=20),
+                      hovermode="closest")
+    for row in (1, 2):
+        fig.update_xaxes(visible=False, row=row, col=1)
+        fig.update_yaxes(visible=False, autorange="reversed", row=row, col=1)
+    return json.dumps(fig.to_plotly_json(), cls=PlotlyJSONEncoder)
+
+
+def _skeleton(height: int) -> tuple[dict, dict]:
+    """The three-row layout (graph, graph, table), built once with make_subplots and then reused as plain data."""
+    doc = json.loads(_skeleton_cached(height))
+    return doc["layout"], doc["data"][0]["domain"]
+
+
+def _short_rule(rule: str) -> str:
+    return {"reduction_fusion": "reduction", "matmul_epilogue": "epilogue", "pointwise_chain": "pointwise"}.get(
+        rule, rule)
+
+
+def _table(recs: list[KernelRecord]) -> dict:
+    total_t = sum(r.time_us or 0.0 for r in recs if not r.host)
+    cells = [
+        [f"k{r.index}" for r in recs] + ["total"],
+        [r.rule for r in recs] + [""],
+        [" → ".join(r.ops)[:60] for r in recs] + [""],
+        [f"{r.dram_bytes / 1e3:,.1f}" if not r.host else "host" for r in recs]
+        + [f"{sum(r.dram_bytes for r in recs) / 1e3:,.1f}"],
+        [f"{r.time_us:.2f}" if r.time_us is not None else "—" for r in recs] + [f"{total_t:.2f}"],
+        [r.bottleneck for r in recs] + [""],
+    ]
+    fill = [[kernel_color(r.name) if not r.host else UNIT_COLORS["host"] for r in recs] + ["white"]]
+    fill += [["white"] * (len(recs) + 1)] * 5
+    return dict(
+        type="table", header=dict(values=["kernel", "rule", "ops", "DRAM kB", "modeled µs", "bottleneck"],
+                    fill=dict(color="#f0f0f0"), align="left", font=dict(size=11)),
+        cells=dict(values=cells, fill=dict(color=fill), align="left", font=dict(size=10), height=20),
+        columnwidth=[40, 90, 260, 70, 70, 80])
+
+
+def _kept_function(program: Any) -> Any:
+    """The function a Program was compiled from, if the program cache still holds it (None otherwise)."""
+    from spyre_lab.compiler import cache
+
+    entry = getattr(cache, "_programs", {}).get(program.cache_key)
+    if entry is None or entry[0] is not program:
+        return None
+    return entry[1]

@@ -1,0 +1,107 @@
+"""FusionView: LoopIR nodes colored by their kernel, a box and a rule per kernel, the table, and rule checkboxes."""
+
+import functools
+
+import pytest
+import torch
+
+from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.examples import granite_layer, layer_inputs
+from spyre_lab.compiler.options import FUSION_RULES
+from spyre_lab.viz import FusionView
+from spyre_lab.viz.fusion import _short_rule
+from spyre_lab.viz.style import kernel_color
+
+
+@pytest.fixture(scope="module")
+def layer():
+    fn = functools.partial(granite_layer, heads=4, kv_heads=2)
+    inputs = layer_inputs(64, 4, 2, 128, 16)
+    return fn, inputs, compile_graph(fn, inputs)
+
+
+def _nodes(fig, row):
+    return next(t for t in fig.data if t.meta and t.meta.get("row") == row)
+
+
+def test_nodes_colored_by_their_kernel_and_boxes_named_by_rule(layer):
+    _, _, program = layer
+    fig = FusionView(program).figure
+    landed = [kernel_color(launch.name) for launch, k in zip(program.launches, program.kernels) for _ in k.nodes]
+    for row in ("before", "after"):
+        nodes = _nodes(fig, row)
+        assert len(nodes.x) == program.unfused_kernels
+        assert list(nodes.marker.color) == landed
+    boxes = [s for s in fig.layout.shapes if s.name and s.name.startswith("kernel ")]
+    assert [s.fillcolor for s in boxes] == [kernel_color(launch.name) for launch in program.launches]
+    rules = [a.text for a in fig.layout.annotations if a.name == "rule"]
+    assert rules == [_short_rule(k.rule) for k in program.kernels]
+    assert "mlp" in rules or "softmax" in rules
+
+
+def test_table_holds_the_modeled_numbers(layer):
+    _, _, program = layer
+    fig = FusionView(program).figure
+    table = next(t for t in fig.data if t.type == "table")
+    cols = table.cells.values
+    assert len(cols[0]) == program.num_kernels + 1 and cols[0][-1] == "total"
+    times = [launch.simulate("analytic").time_us for launch in program.launches]
+    assert [float(v) for v in cols[4][:-1]] == pytest.approx(times, abs=0.006)
+    assert float(cols[4][-1]) == pytest.approx(program.modeled_time_us("analytic"), abs=0.006)
+    assert list(table.cells.fill.color[0][:-1]) == [kernel_color(launch.name) for launch in program.launches]
+
+
+def test_rule_checkbox_recompiles_and_redraws(layer):
+    _, _, program = layer
+    view = FusionView(program)
+    assert view.can_recompile
+    fw = view.fig_widget
+    kernels_before = sum(1 for s in fw.layout.shapes if s.name.startswith("kernel "))
+    view.controls["softmax"].value = False
+    assert "softmax" not in view.program.options.fusion
+    after = sum(1 for s in fw.layout.shapes if s.name.startswith("kernel "))
+    assert after == view.program.num_kernels > kernels_before
+    assert "without softmax" in fw.layout.title.text
+    table = next(t for t in fw.data if t.type == "table")
+    assert len(table.cells.values[0]) == after + 1
+    for rule in FUSION_RULES:
+        view.controls[rule].value = False
+    assert view.program.num_kernels >= program.unfused_kernels - 1    # ~one kernel per node, restickifies folded
+    assert "no fusion" in fw.layout.title.text
+    view.controls["softmax"].value = True
+    assert "softmax" in [a.text for a in fw.layout.annotations if a.name == "rule"]
+
+
+def test_from_callable_and_saved_program(tmp_path, layer):
+    fn, inputs, program = layer
+    view = FusionView(fn, inputs)
+    assert view.program is program                                     # the program cache answers
+    path = tmp_path / "p.json"
+    program.save_json(str(path))
+    saved = FusionView.from_json(path)
+    fig = saved.figure
+    assert all(c.disabled for c in saved.controls.values())
+    table = next(t for t in fig.data if t.type == "table")
+    assert len(table.cells.values[0]) == program.num_kernels + 1
+    assert any("not saved" in a.text for a in fig.layout.annotations if a.name == "note")
+
+
+def test_compiled_module():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)).half()
+    compiled = torch.compile(model.to("spyre"), backend="spyre")
+    compiled(torch.randn(32, 64, dtype=torch.float16).to("spyre"))
+    view = FusionView(compiled)
+    assert view.can_recompile
+    n = view.program.num_kernels
+    view.controls["matmul_epilogue"].value = False
+    assert view.program.num_kernels > n
+    with pytest.raises(ValueError, match="nothing compiled"):
+        FusionView(torch.compile(torch.nn.Linear(8, 8), backend="spyre"))
+
+
+def test_figure_is_valid_plotly(layer):
+    import plotly.graph_objects as go
+
+    fig = FusionView(layer[2]).figure
+    go.Figure(fig.to_plotly_json())                 # built without validation for speed; plotly's validators agree

@@ -1,0 +1,93 @@
+"""WorkDivisionView: slices tile the iteration space in core colors; sliders and switches replan the kernel."""
+
+import functools
+
+import plotly.graph_objects as go
+import pytest
+
+from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.examples import granite_layer, layer_inputs
+from spyre_lab.compiler.work_division import matmul_cost
+from spyre_lab.viz import WorkDivisionView
+from spyre_lab.viz.style import UNIT_COLORS, core_color
+
+
+@pytest.fixture(scope="module")
+def view():
+    return WorkDivisionView.matmul(256, 2048, 1024)
+
+
+def _slices(fig):
+    return [t for t in fig.data if t.meta and "core" in t.meta]
+
+
+def _area(t):
+    xs, ys = t.x, t.y
+    return (max(xs) - min(xs)) * (max(ys) - min(ys))
+
+
+def _panel(fig, name):
+    return [t for t in fig.data if t.meta and t.meta.get("panel") == name]
+
+
+def test_slices_tile_the_iteration_space_in_core_colors(view):
+    spec = view.spec()
+    fig = view.figure
+    rects = _slices(fig)
+    assert len(rects) == spec.division.cores_used == len(spec.tile_kernel.active_cores)
+    assert all(t.fillcolor == core_color(t.meta["core"], view.cores) for t in rects)
+    facets = spec.division.splits.get("K", 1)
+    assert sum(_area(t) for t in rects) == facets * spec.dims["M"] * spec.dims["N"]
+    go.Figure(fig.to_plotly_json())                                    # valid for plotly's validators
+
+
+def test_utilization_and_cost_terms_are_the_models(view):
+    spec = view.spec()
+    fig = view.figure
+    (util,) = _panel(fig, "utilization")
+    sim = spec.simulate("analytic")
+    assert list(util.y) == [sim.core_utilization.get(c, 0.0) for c in range(view.cores)]
+    bars = _panel(fig, "cost")
+    assert [b.marker.color for b in bars] == [UNIT_COLORS[u] for u in ("pt", "load", "ring", "engine")]
+    assert bars[0].x[0].startswith("chosen")
+    chosen = sum(b.y[0] for b in bars)
+    assert chosen == pytest.approx(spec.division.cost.total_us)        # planned: the cost model's own total
+    others = [sum(b.y[i] for b in bars) for i in range(1, len(bars[0].x))]
+    assert all(chosen <= o + 1e-9 for o in others)                      # the planner took the cheapest
+
+
+def test_controls_replan(view):
+    fw = view.fig_widget
+    view.controls["cores"].value = 8
+    rects = [t for t in fw.data if t.meta and "core" in t.meta]
+    assert len(rects) == view.spec().division.cores_used <= 8
+    assert len(next(t for t in fw.data if t.meta and t.meta.get("panel") == "utilization").x) == 8
+    assert "on 8 cores" in fw.layout.title.text
+    view.controls["cores"].value = 32
+    view.controls["strategy"].value = "naive"
+    splits = view.spec().division.splits
+    assert sum(1 for v in splits.values() if v > 1) == 1               # naive splits one output dim
+    bars = [t for t in fw.data if t.meta and t.meta.get("panel") == "cost"]
+    b, m, n, k = (splits.get(d, 1) for d in "BMNK")
+    spec = view.spec()
+    cfg = view.cfg
+    assert sum(t.y[0] for t in bars) == pytest.approx(
+        matmul_cost(b, m, n, k, 1, spec.dims["M"], spec.dims["N"], spec.dims["K"], cfg).total_us)
+    assert "naive" in view.caption
+    view.controls["strategy"].value = "planned"
+
+
+def test_row_kernels_show_unit_busy_time():
+    fn = functools.partial(granite_layer, heads=4, kv_heads=2)
+    program = compile_graph(fn, layer_inputs(64, 4, 2, 128, 16))
+    view = WorkDivisionView(program)
+    assert "matmul" in view.kernel or "mlp" in view.kernel              # default: the kernel with most FLOPs
+    norm = next(name for name in view.controls["kernel"].options if "reduction" in name)
+    view.controls["kernel"].value = norm
+    fig = view.fig_widget
+    (busy,) = [t for t in fig.data if t.meta and t.meta.get("panel") == "busy"]
+    sim = view.spec().simulate("analytic")
+    core = sim.busiest()[0]
+    assert list(busy.y) == [sim.busy_us.get((core, u), 0.0) for u in ("load", "pt", "sfu", "store", "ring")]
+    with pytest.raises(ValueError, match="no planned kernel"):
+        WorkDivisionView(program, kernel="nope")
