@@ -16,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     from spyre_lab.workshop import add_arguments as _workshop_arguments
 
     _workshop_arguments(workshop)
+    report = sub.add_parser("report", help="write one self-contained HTML file (out/report.html) with the figures "
+                                           "of a run")
+    report.add_argument("--out", default="out", help="folder of the run and of report.html (default: out)")
+    report.add_argument("--no-run", action="store_true",
+                        help="use only the files already in --out (by default a small job runs first if none is)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
@@ -25,6 +30,11 @@ def main(argv: list[str] | None = None) -> int:
         from spyre_lab.workshop import main as workshop_main
 
         return workshop_main(args)
+    if args.command == "report":
+        from spyre_lab.viz.report import write_report
+
+        write_report(args.out, run=not args.no_run)
+        return 0
     return 2
 
 
