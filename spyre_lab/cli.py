@@ -21,6 +21,12 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--out", default="out", help="folder of the run and of report.html (default: out)")
     report.add_argument("--no-run", action="store_true",
                         help="use only the files already in --out (by default a small job runs first if none is)")
+    rep = sub.add_parser("reproduce", help="the published Spyre claims against the model, each as an ablation")
+    rep.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.reproduce/1)")
+    rep.add_argument("--markdown", action="store_true", help="print the Markdown of docs/reproduce.md")
+    rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
+    rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
+    rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
@@ -35,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
 
         write_report(args.out, run=not args.no_run)
         return 0
+    if args.command == "reproduce":
+        from spyre_lab.studies.reproduce import main as reproduce_main
+
+        return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth, args.portable)
     return 2
 
 
