@@ -91,13 +91,15 @@ def _gathered(nodes: list[IRNode], operands: dict[str, Operand]) -> dict[str, Op
         if n.op != "index_select" or not n.inputs or n.inputs[0] not in out or n.output not in out:
             continue
         src, dst = out[n.inputs[0]], out[n.output]
-        if src.strides or len(src.axes) != len(dst.axes):
+        if len(src.axes) != len(dst.axes):
             continue
-        gathered = [a is None and b is not None for a, b in zip(src.axes, dst.axes)]
+        # the gathered dim: unaligned in the source, and sized by the index (the output's size there)
+        gathered = [a is None and n != m for a, n, m in zip(src.axes, src.shape, dst.shape)]
         if sum(gathered) != 1:
             continue
         out[src.buffer] = Operand(src.buffer, tuple(m if g else s for s, m, g in zip(src.shape, dst.shape, gathered)),
-                                  tuple(b if g else a for a, b, g in zip(src.axes, dst.axes, gathered)), src.itemsize)
+                                  tuple(b if g else a for a, b, g in zip(src.axes, dst.axes, gathered)), src.itemsize,
+                                  src.strides, src.offset)
     return out
 
 

@@ -32,12 +32,10 @@ from spyre_lab.engine.models.config import ModelConfig
 GRANITE_3_3_8B = ModelConfig(
     architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096, intermediate_size=12800,
     num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-    # the published model has 131072 positions; the rotary table is sized to the study's context, since
-    # only the rows a step gathers matter and a 131072-row table would only cost host memory at build
-    max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10_000_000.0, tie_word_embeddings=True,
+    max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10_000_000.0, tie_word_embeddings=True,
     embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=16.0,
 )
-"""ibm-granite/granite-3.3-8b-instruct's architecture (published config.json), context cut to 2048."""
+"""ibm-granite/granite-3.3-8b-instruct's architecture (its published config.json)."""
 
 PROBE_DEPTHS = (2, 3)
 """Depths the real path runs at; the difference is one decoder layer (one middle piece + one attention)."""

@@ -92,3 +92,27 @@ def test_awkward_vocab_sizes_match_cpu_core_by_core(m, hidden, vocab):
     cores = execute(program, [x, w], tile_by_tile=True).outputs[0]
     assert torch.equal(whole, cores)
     torch.testing.assert_close(whole.float(), ref, atol=2e-2, rtol=2e-2)
+
+
+def _gather(table, index):
+    return table.index_select(0, index)
+
+
+@pytest.mark.parametrize("rows", [1, 64])
+def test_a_gather_reads_the_rows_it_selects_not_the_whole_table(rows):
+    # the 8B rotary table (131072 positions) or a KV cache: a gather's cost follows the index, not the table
+    times = []
+    for table_rows in (2048, 131072):
+        table = torch.empty(table_rows, 128, dtype=FP16, device="meta")
+        index = torch.empty(rows, dtype=torch.long, device="meta")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            times.append(compile_graph(_gather, [table, index]).modeled_time_us())
+    assert times[0] == pytest.approx(times[1])
+
+
+def test_gather_numerics_match_cpu():
+    table = torch.randn(300, 128, dtype=FP16)
+    index = torch.tensor([5, 299, 0, 5, 17])
+    program = compile_graph(_gather, [table, index])
+    assert torch.equal(execute(program, [table, index]).outputs[0], table.index_select(0, index))
