@@ -13,3 +13,4 @@ def test_demo_writes_report_and_perfetto_trace(tmp_path, capsys):
     assert {"core0.load", "core31.sfu", "core0.pt"} <= lanes
     assert any(e["ph"] == "X" and e["dur"] > 0 for e in doc["traceEvents"])
     assert "fusion on" in report and "kernels" in report
+    assert "CPU fallbacks: none" in report  # one summary at the end instead of a warning per op

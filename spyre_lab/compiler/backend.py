@@ -60,8 +60,10 @@ def to_aten(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.
                            decomposition_table=decomposition_table())(*fakes)
     except (DynamicOutputShapeException, DataDependentOutputException) as e:
         raise LoweringError(
-            f"{e}: an output shape depends on data, which a static Spyre program cannot hold. Use "
-            "torch.compile(fn, backend='spyre'): Dynamo splits the graph there and runs that op eagerly on the host"
+            f"{e}: an output shape depends on data, which a static Spyre program cannot hold. Under torch.compile "
+            "leave torch._dynamo.config.capture_dynamic_output_shape_ops and capture_scalar_outputs off (the "
+            "default): Dynamo then splits the graph there and runs that op eagerly; with compile_graph, compile "
+            "the parts before and after it separately"
         ) from e
 
 
@@ -167,6 +169,7 @@ class CompiledGraph:
         self.last_result: Any = None
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.out_leaves, self.out_spec = tree_flatten(out_node.args[0])
+        self.host_values = _host_value_graph(gm, self.out_leaves)   # SymInt outputs: sizes, not device data
         if all(isinstance(x, torch.Tensor) for x in example_inputs):
             self.program = compile_graph(gm, example_inputs, options, cfg)
         _REGISTRY.append(self)
@@ -204,8 +207,41 @@ class CompiledGraph:
             _last["result"], _last["program"] = result, program
             outputs = result.outputs
         produced = iter(outputs)
-        leaves = [next(produced) if isinstance(leaf, fx.Node) else leaf for leaf in self.out_leaves]
+        values = iter(self.host_values(*args) if self.host_values is not None else ())
+        leaves = [leaf if not isinstance(leaf, fx.Node) else next(produced) if _is_tensor(leaf) else next(values)
+                  for leaf in self.out_leaves]
         return tree_unflatten(leaves, self.out_spec)
+
+
+def _is_tensor(node: fx.Node) -> bool:
+    """Does the node produce a tensor? (Dynamo records each node's example value; without one, assume so.)"""
+    value = node.meta.get("example_value", node.meta.get("val"))
+    return value is None or isinstance(value, torch.Tensor)
+
+
+def _host_value_graph(gm: fx.GraphModule, out_leaves: list[Any]) -> fx.GraphModule | None:
+    """The part of Dynamo's graph that computes its non-tensor outputs (``n * 2`` for a dynamic int ``n``,
+    ``x.size(0) + 1``): host arithmetic on sizes, which a device program has no output for."""
+    wanted = [leaf for leaf in out_leaves if isinstance(leaf, fx.Node) and not _is_tensor(leaf)]
+    if not wanted:
+        return None
+    needed, stack = set(), list(wanted)
+    while stack:
+        node = stack.pop()
+        if node not in needed:
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+    if any(_is_tensor(n) and n.op != "placeholder" for n in needed):
+        raise LoweringError(f"graph output {wanted[0].name} is a Python number computed from tensor data; spyre "
+                            "programs return tensors only: return the tensor and call .item() outside the "
+                            "compiled function")
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for node in gm.graph.nodes:
+        if node.op == "placeholder" or node in needed:
+            env[node] = graph.node_copy(node, lambda n: env[n])
+    graph.output(tuple(env[n] for n in wanted))
+    return fx.GraphModule(gm, graph)
 
 
 _REGISTRY: list[CompiledGraph] = []

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import itertools
 import operator
-import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -42,6 +41,7 @@ from spyre_lab.compiler.op_tables import (
     VIEW_OPS,
     decomposition_table,
 )
+from spyre_lab.compiler.user_line import warn_at_user_line
 
 __all__ = ["Access", "Lowered", "LoweringError", "Read", "decomposition_table", "lower"]
 
@@ -58,7 +58,7 @@ _WARNED: set[str] = set()
 def _warn_fallback(op: str, reason: str) -> None:
     if op not in _WARNED:
         _WARNED.add(op)
-        warnings.warn(f"spyre: aten.{op} runs on the host CPU (Fallback): {reason}", stacklevel=3)
+        warn_at_user_line(f"spyre: aten.{op} runs on the host CPU (Fallback): {reason}")
 
 
 class _Slot:

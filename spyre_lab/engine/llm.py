@@ -3,46 +3,39 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+import os
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
-import torch
 from tqdm.auto import tqdm
 
-from spyre_lab.engine.llm_engine import LLMEngine, Prompt
+from spyre_lab.engine.config import EngineConfig
+from spyre_lab.engine.llm_engine import LLMEngine, Prompt, RequestError
 from spyre_lab.engine.outputs import CompletionOutput, RequestOutput
-from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.stats import EngineStats
 
 
 class LLM:
-    """`LLM("tiny-granite")` or `LLM("/path/to/hf_folder", platform="cpu", ...)`.
+    """`LLM("tiny-granite")` or `LLM("/path/to/hf_folder", platform="cpu", max_model_len=512, ...)`.
 
-    Further options go to LLMEngine: max_num_batched_tokens, enable_prefix_caching, static_shapes,
-    prefill_buckets, batch_buckets.
+    The options are the fields of :class:`~spyre_lab.engine.config.EngineConfig` (platform, max_num_seqs,
+    max_model_len, block_size, num_kv_blocks, max_num_batched_tokens, seed, dtype, enable_prefix_caching,
+    static_shapes, prefill_buckets, batch_buckets); `LLM(config)` takes a whole EngineConfig.
 
     A request that cannot be served (invalid SamplingParams, prompt of max_model_len tokens or more)
     is not raised: `generate` returns it finished with finish_reason "error" and the reason in
-    `RequestOutput.error`, and serves the others.
+    `RequestOutput.error`, and serves the others. Arguments of the wrong type (`generate(5)`) raise TypeError.
     """
 
-    def __init__(
-        self,
-        model: str = "tiny-granite",
-        platform: str | Platform = "cpu",
-        max_num_seqs: int = 16,
-        max_model_len: int | None = None,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        seed: int = 0,
-        dtype: torch.dtype | str | None = None,
-        **engine_options,
-    ) -> None:
-        self.llm_engine = LLMEngine(
-            model, platform, max_num_seqs=max_num_seqs, max_model_len=max_model_len, block_size=block_size,
-            num_kv_blocks=num_kv_blocks, seed=seed, dtype=dtype, **engine_options,
-        )
+    def __init__(self, model: str | os.PathLike | EngineConfig = "tiny-granite", **options: Any) -> None:
+        self.llm_engine = LLMEngine(EngineConfig.from_options(model, **options))
         self._ids = itertools.count()
+
+    @property
+    def config(self) -> EngineConfig:
+        """The engine's config, every default filled in for the model."""
+        return self.llm_engine.config
 
     @property
     def stats(self) -> EngineStats:
@@ -88,31 +81,37 @@ class LLM:
         prompts = _as_prompt_list(prompts)
         if sampling_params is None or isinstance(sampling_params, SamplingParams):
             params_list = [sampling_params] * len(prompts)
-        else:
+        elif isinstance(sampling_params, Sequence) and not isinstance(sampling_params, str):
             params_list = list(sampling_params)
             if len(params_list) != len(prompts):
                 raise ValueError(f"got {len(prompts)} prompts but {len(params_list)} SamplingParams; give one or one "
                                  "per prompt")
+        else:
+            raise TypeError(f"sampling_params must be a SamplingParams, a list of them (one per prompt) or None, got "
+                            f"{type(sampling_params).__name__} {sampling_params!r}")
         request_ids = []
         for prompt, params in zip(prompts, params_list):
             request_id = str(next(self._ids))
             request_ids.append(request_id)
             try:
                 self.llm_engine.add_request(request_id, prompt, params)
-            except ValueError as error:
+            except RequestError as error:
                 rejected[request_id] = RequestOutput(
-                    request_id, prompt if isinstance(prompt, str) else None,
-                    list(prompt) if isinstance(prompt, list) else [],
-                    [CompletionOutput(0, "", [], finish_reason="error")], finished=True, error=str(error),
+                    request_id, error.prompt if error.prompt is not None else prompt if isinstance(prompt, str)
+                    else None, error.prompt_token_ids, [CompletionOutput(0, "", [], finish_reason="error")],
+                    finished=True, error=str(error), decoded_prompt=error.decoded_prompt,
                 )
         return request_ids
 
 
-def _as_prompt_list(prompts) -> list[Prompt]:
-    """One prompt (str, token-id list, dict) or a list of them -> a list of prompts."""
+def _as_prompt_list(prompts: Any) -> list[Prompt]:
+    """One prompt (str, token-id list, dict) or a list of them -> a list of prompts; anything else is a TypeError."""
     if isinstance(prompts, str | dict):
         return [prompts]
+    if not isinstance(prompts, Iterable):
+        raise TypeError(f"prompts must be a str, a list of token ids, a dict with 'prompt' or 'prompt_token_ids', or "
+                        f"a list of these; got {type(prompts).__name__} {prompts!r}")
     prompts = list(prompts)
-    if prompts and all(isinstance(t, int) for t in prompts):
+    if prompts and all(isinstance(t, int) and not isinstance(t, bool) for t in prompts):
         return [prompts]
     return prompts

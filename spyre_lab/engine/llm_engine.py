@@ -7,16 +7,17 @@ is recorded in `stats` (host times measured, device times modeled by the platfor
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
+from typing import Any
 
-import torch
-
+from spyre_lab.engine.config import EngineConfig
 from spyre_lab.engine.kv_cache import BlockManager
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from spyre_lab.engine.platforms.base import Platform, resolve_platform
+from spyre_lab.engine.platforms.base import resolve_platform
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.scheduler import Scheduler
 from spyre_lab.engine.sequence import Sequence
@@ -26,88 +27,75 @@ from spyre_lab.engine.tokenizer import load_tokenizer
 Prompt = str | list[int] | dict
 
 
+class RequestError(ValueError):
+    """A request the engine cannot serve, with what is known of its prompt (for the finished "error" output)."""
+
+    def __init__(self, message: str, prompt: str | None = None, prompt_token_ids: list[int] | None = None,
+                 decoded_prompt: str | None = None) -> None:
+        super().__init__(message)
+        self.prompt, self.prompt_token_ids, self.decoded_prompt = prompt, list(prompt_token_ids or []), decoded_prompt
+
+
 class LLMEngine:
     """Step-level engine. `add_request` raises ValueError for a request it cannot serve (bad sampling
     parameters, prompt too long, unknown token ids); nothing else is ever dropped: every accepted
-    request ends with finish_reason "stop", "length" or "abort" in some `step()`'s outputs."""
+    request ends with finish_reason "stop", "length" or "abort" in some `step()`'s outputs.
 
-    def __init__(
-        self,
-        model: str = "tiny-granite",
-        platform: str | Platform = "cpu",
-        max_num_seqs: int = 16,
-        max_model_len: int | None = None,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        max_num_batched_tokens: int | None = None,
-        seed: int = 0,
-        dtype: torch.dtype | str | None = None,
-        enable_prefix_caching: bool = True,
-        static_shapes: bool | None = None,
-        prefill_buckets: list[int] | None = None,
-        batch_buckets: list[int] | None = None,
-    ) -> None:
-        options = {k: v for k, v in dict(static_shapes=static_shapes, prefill_buckets=prefill_buckets,
-                                         batch_buckets=batch_buckets).items() if v is not None}
-        self.platform = resolve_platform(platform, **options)
-        self.model_path = resolve_model_path(model)
-        self.model_config = config = read_config(self.model_path)
-        self.dtype = _as_dtype(dtype) if dtype is not None else self.platform.default_dtype
+    `LLMEngine(model, **options)` with the options of :class:`EngineConfig`, or `LLMEngine(config)`.
+    `self.config` is that config with every default filled in for the model.
+    """
+
+    def __init__(self, model: str | os.PathLike | EngineConfig = "tiny-granite", **options: Any) -> None:
+        config = EngineConfig.from_options(model, **options)
+        self.platform = resolve_platform(config.platform, **config.platform_options)
+        self.model_path = resolve_model_path(config.model)
+        self.model_config = read_config(self.model_path)
+        self.config = config = config.for_model(self.model_config, self.platform.default_dtype)
+        self.dtype = config.dtype
         self.platform.check_dtype(self.dtype)
-
-        self.max_model_len = max_model_len or min(config.max_position_embeddings, 2048)
-        if not 1 < self.max_model_len <= config.max_position_embeddings:
-            raise ValueError(
-                f"max_model_len must be in [2, {config.max_position_embeddings}] (the model's "
-                f"max_position_embeddings), got {self.max_model_len}"
-            )
-        if max_num_seqs < 1 or block_size < 1:
-            raise ValueError(f"max_num_seqs and block_size must be >= 1, got {max_num_seqs} and {block_size}")
-        blocks_per_seq = -(-self.max_model_len // block_size)
-        # Same default as the Spyre vLLM plugin: room for every sequence at full length.
-        num_kv_blocks = num_kv_blocks or max_num_seqs * blocks_per_seq
-        if num_kv_blocks < blocks_per_seq:
-            raise ValueError(
-                f"num_kv_blocks={num_kv_blocks} cannot hold one sequence of max_model_len={self.max_model_len} "
-                f"({blocks_per_seq} blocks of {block_size}); raise num_kv_blocks or lower max_model_len"
-            )
-        max_num_batched_tokens = max_num_batched_tokens or max(self.max_model_len, 2048)
-        if max_num_batched_tokens < self.max_model_len:
-            raise ValueError(
-                f"max_num_batched_tokens={max_num_batched_tokens} < max_model_len={self.max_model_len}: "
-                "a full-length prompt could never be prefilled (no chunked prefill); raise it"
-            )
+        self.max_model_len = config.max_model_len
         if self.platform.static_shapes:
-            self.platform.configure_buckets(self.max_model_len, max_num_seqs)
+            self.platform.configure_buckets(config.max_model_len, config.max_num_seqs)
 
         self.model = load_model(self.model_path, self.platform, self.dtype)
-        self.tokenizer = load_tokenizer(self.model_path, config.bos_token_id, (config.eos_token_ids or (None,))[0])
-        self.eos_token_ids = set(config.eos_token_ids)
+        eos = (self.model_config.eos_token_ids or (None,))[0]
+        self.tokenizer = load_tokenizer(self.model_path, self.model_config.bos_token_id, eos)
+        self.eos_token_ids = set(self.model_config.eos_token_ids)
         if self.tokenizer is not None and self.tokenizer.eos_token_id is not None:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
-        self.block_manager = BlockManager(num_kv_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(
-            self.block_manager, max_num_seqs, max_num_batched_tokens, one_prefill_per_step=self.platform.static_shapes
-        )
-        self.runner = ModelRunner(self.model, self.platform, block_size, num_kv_blocks, self.max_model_len,
-                                  self.dtype, seed)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
+                                   one_prefill_per_step=self.platform.static_shapes)
+        self.runner = ModelRunner(self.model, self.platform, config.block_size, config.num_kv_blocks,
+                                  config.max_model_len, self.dtype, config.seed)
         self.stats = EngineStats()
         self._created = time.perf_counter()
         self.requests: dict[str, Sequence] = {}
-        self._prompts: dict[str, str | None] = {}
+        self._prompts: dict[str, tuple[str | None, str | None]] = {}  # request id -> (text, decoded prompt)
         self._aborted: list[RequestOutput] = []
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
-        """Queue a request; raise ValueError (naming the problem) if it cannot be served."""
-        params = params if params is not None else SamplingParams()
-        if not isinstance(params, SamplingParams):
+        """Queue a request; raise RequestError (a ValueError naming the problem) if it cannot be served."""
+        text, token_ids = None, []
+        try:
+            text, token_ids = self._tokenize(prompt)
+            self._check_request(request_id, token_ids, params)
+        except ValueError as error:
+            raise RequestError(str(error), text, token_ids, self.decode_prompt(token_ids)) from error
+        seq = Sequence(request_id, token_ids, params if params is not None else SamplingParams())
+        self.requests[request_id] = seq
+        self._prompts[request_id] = (text, self.decode_prompt(token_ids))
+        self.scheduler.add(seq)
+
+    def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams | None) -> None:
+        if params is not None and not isinstance(params, SamplingParams):
             raise ValueError(f"sampling params must be a SamplingParams, got {type(params).__name__}")
-        params.validate()
+        if params is not None:
+            params.validate()  # built valid, but a field may have been changed since
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        text, token_ids = self._tokenize(prompt)
         if not token_ids:
             raise ValueError("prompt is empty; give at least one token")
         if len(token_ids) >= self.max_model_len:
@@ -118,10 +106,13 @@ class LLMEngine:
         bad = [t for t in token_ids if not 0 <= t < self.model_config.vocab_size]
         if bad:
             raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
-        seq = Sequence(request_id, token_ids, params)
-        self.requests[request_id] = seq
-        self._prompts[request_id] = text
-        self.scheduler.add(seq)
+
+    def decode_prompt(self, token_ids: list[int]) -> str | None:
+        """The prompt as the model receives it: its token ids decoded, special and unknown tokens shown."""
+        if self.tokenizer is None or not token_ids:
+            return None
+        valid = [t for t in token_ids if 0 <= t < self.model_config.vocab_size]
+        return self.tokenizer.decode(valid, skip_special_tokens=False)
 
     def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
@@ -135,7 +126,7 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError(f"{self.model_path} has no tokenizer.json; pass prompts as lists of token ids")
             return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, list | tuple) and all(isinstance(t, int) for t in prompt):
+        if isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             return None, list(prompt)
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
@@ -224,9 +215,10 @@ class LLMEngine:
     def _output(self, seq: Sequence) -> RequestOutput:
         completion = CompletionOutput(0, seq.output_text, list(seq.output_token_ids), seq.finish_reason,
                                       seq.stop_reason)
-        prompt = self._prompts.pop(seq.request_id, None) if seq.is_finished else self._prompts.get(seq.request_id)
+        prompts = self._prompts.pop if seq.is_finished else self._prompts.get
+        prompt, decoded = prompts(seq.request_id, None) or (None, None)
         return RequestOutput(seq.request_id, prompt, list(seq.prompt_token_ids), [completion], seq.is_finished,
-                             self._metrics(seq))
+                             self._metrics(seq), decoded_prompt=decoded)
 
     def _record_step(self, kind: str, seqs: list[Sequence], result: StepResult, num_preempted: int) -> None:
         bucket = result.bucket
@@ -261,11 +253,3 @@ class LLMEngine:
         while self.has_unfinished_requests():
             yield from self.step()
 
-
-def _as_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    resolved = getattr(torch, str(dtype).removeprefix("torch."), None)
-    if not isinstance(resolved, torch.dtype):
-        raise ValueError(f"unknown dtype {dtype!r}; use e.g. 'float32', 'float16' or 'bfloat16'")
-    return resolved

@@ -2,11 +2,16 @@
 
 `"tiny-granite"` names the small Granite model shipped inside the package (made by
 scripts/make_tiny_granite.py); anything else must be a path to a folder on disk.
+A broken folder raises :class:`ModelLoadError` naming the file and the key or tensor at fault: a
+config.json that is not JSON or lacks a field, a truncated .safetensors file, a missing tensor, a
+tensor of the wrong shape.
 """
 
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -19,8 +24,15 @@ from spyre_lab.engine.platforms.base import Platform, set_current_platform
 EMBEDDED_MODELS = {"tiny-granite": Path(__file__).parent / "models" / "tiny_granite"}
 
 
-def resolve_model_path(model: str | Path) -> Path:
+class ModelLoadError(ValueError):
+    """A model folder that cannot be loaded; the message names the file and the key or tensor."""
+
+
+def resolve_model_path(model: str | os.PathLike) -> Path:
     """Folder of an embedded model name or a local path; a clear error for anything else."""
+    if not isinstance(model, str | os.PathLike):
+        raise TypeError(f"model must be an embedded model name ({', '.join(EMBEDDED_MODELS)}) or the path of a local "
+                        f"folder with config.json, got {type(model).__name__} {model!r}")
     if isinstance(model, str) and model in EMBEDDED_MODELS:
         return EMBEDDED_MODELS[model]
     folder = Path(model).expanduser()
@@ -33,17 +45,60 @@ def resolve_model_path(model: str | Path) -> Path:
 
 
 def read_config(folder: Path) -> ModelConfig:
-    return ModelConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+    """The folder's config.json as a ModelConfig; a ModelLoadError names the file and the bad field."""
+    path = folder / "config.json"
+    try:
+        document = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); re-save the model (save_pretrained) or fix the file") \
+            from e
+    if not isinstance(document, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object of model settings, got a {type(document).__name__}")
+    for key in SIZE_KEYS:
+        _check_size(path, key, document.get(key, 1))
+    try:
+        config = ModelConfig.from_hf_dict(document)
+    except KeyError as e:
+        raise ModelLoadError(f"{path} lacks the key {e.args[0]!r}, which the model needs") from e
+    except (TypeError, ValueError, AttributeError) as e:
+        raise ModelLoadError(f"{path}: {e}") from e
+    for key in SIZE_KEYS:
+        _check_size(path, key, getattr(config, key))
+    if config.num_attention_heads % config.num_key_value_heads:
+        raise ModelLoadError(f"{path}: num_attention_heads ({config.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({config.num_key_value_heads})")
+    return config
 
 
-def iter_safetensors(folder: Path):
+SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+             "num_key_value_heads", "head_dim", "max_position_embeddings")
+"""config.json fields that size the model: each must be a positive int."""
+
+
+def _check_size(path: Path, key: str, value: object) -> None:
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+        raise ModelLoadError(f"{path}: {key} must be a positive int, got {value!r}")
+
+
+def iter_safetensors(folder: Path) -> Iterator[tuple[Path, str, torch.Tensor]]:
+    """(file, tensor name, tensor) for every tensor of every *.safetensors file; unreadable files are named."""
     files = sorted(folder.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"no *.safetensors files in {folder}; only safetensors checkpoints are supported")
+        raise ModelLoadError(f"no *.safetensors files in {folder}; only safetensors checkpoints are supported")
     for file in files:
-        with safe_open(file, framework="pt") as reader:
+        try:
+            reader = safe_open(file, framework="pt")
+        except Exception as e:  # safetensors raises its own SafetensorError (and OSError) for a damaged header
+            raise ModelLoadError(f"{file} cannot be read as safetensors ({e}); the file is damaged or truncated: "
+                                 "copy or save it again") from e
+        with reader:
             for name in reader.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, reader.get_tensor(name)
+                try:
+                    tensor = reader.get_tensor(name)
+                except Exception as e:
+                    raise ModelLoadError(f"{file}: tensor {name!r} cannot be read ({e}); the file is damaged or "
+                                         "truncated: copy or save it again") from e
+                yield file, name, tensor
 
 
 def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteForCausalLM:
@@ -51,10 +106,37 @@ def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteF
     config = read_config(folder)
     with set_current_platform(platform), torch.device(platform.device):
         model = MODEL_REGISTRY[config.architecture](config).to(dtype)
-    loaded = model.load_weights(iter_safetensors(folder))
-    expected = {name for name, _ in model.named_parameters()}
-    missing = expected - loaded
+    current: list[tuple[Path, str, torch.Tensor]] = []
+    seen: set[str] = set()
+
+    def weights() -> Iterator[tuple[str, torch.Tensor]]:
+        for entry in iter_safetensors(folder):
+            current[:] = [entry]
+            seen.add(entry[1])
+            yield entry[1], entry[2]
+
+    try:
+        model.load_weights(weights())
+    except (ValueError, RuntimeError) as e:
+        if isinstance(e, ModelLoadError) or not current:
+            raise
+        file, name, tensor = current[0]
+        raise ModelLoadError(f"{file}: tensor {name!r} (shape {tuple(tensor.shape)}, {tensor.dtype}) does not fit "
+                             f"{config.architecture} as config.json describes it: {e}") from e
+    missing = sorted(checkpoint_names(model) - seen)
     if missing:
-        raise ValueError(f"checkpoint in {folder} lacks {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
+        raise ModelLoadError(f"the checkpoint in {folder} lacks {len(missing)} tensor(s) the model needs: "
+                             f"{missing[:5]}{' ...' if len(missing) > 5 else ''}; check the safetensors files are "
+                             "complete")
     model.eval()
     return platform.prepare_model(model)
+
+
+def checkpoint_names(model: GraniteForCausalLM) -> set[str]:
+    """The Hugging Face tensor names the model's parameters are loaded from: a fused parameter (qkv_proj,
+    gate_up_proj) needs every one of its shards, so a checkpoint lacking only k_proj is caught too."""
+    names = set()
+    for name, _ in model.named_parameters():
+        shards = {fragment: fused for fragment, (fused, _) in model.fused_shards.items() if fused in name}
+        names.update({name.replace(fused, fragment) for fragment, fused in shards.items()} or {name})
+    return names

@@ -34,6 +34,7 @@ class RequestOutput:
     finished: bool
     metrics: RequestMetrics = field(default_factory=RequestMetrics)
     error: str | None = None  # why a request was rejected (finish_reason "error")
+    decoded_prompt: str | None = None  # what the model received: prompt_token_ids decoded, <bos>/<unk> shown
 
     @property
     def text(self) -> str:

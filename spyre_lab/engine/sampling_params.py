@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 
@@ -12,6 +13,10 @@ class SamplingParams:
     `seed` makes this request's sampling reproducible no matter how it is batched or preempted.
     `stop` strings end generation and are cut from the text; `stop_token_ids` end it too;
     `ignore_eos` keeps going past the model's end-of-sequence token.
+
+    Invalid values raise ValueError when the object is built, as in vLLM; the engine checks again when a
+    request is added (a field changed afterwards), and `LLM.generate` reports that request as finished
+    with finish_reason "error" instead of raising.
     """
 
     temperature: float = 1.0
@@ -26,26 +31,42 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.stop_token_ids, int):
+            self.stop_token_ids = [self.stop_token_ids]
+        if not isinstance(self.stop, list | tuple | None):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.validate()
 
     def validate(self) -> None:
         """Raise ValueError naming the bad field and its allowed range."""
-        if not (isinstance(self.temperature, int | float) and self.temperature >= 0):
-            raise ValueError(f"temperature must be >= 0 (0 = greedy), got {self.temperature!r}")
-        if not (isinstance(self.top_p, int | float) and 0 < self.top_p <= 1):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if not isinstance(self.top_k, int) or self.top_k < -1:
+        if not (_is_number(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
+            raise ValueError(f"top_p must be in (0, 1] (1 = disabled), got {self.top_p!r}")
+        if not _is_int(self.top_k) or self.top_k < -1:
             raise ValueError(f"top_k must be -1 (disabled), 0 (disabled) or a positive int, got {self.top_k!r}")
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
+        if not _is_int(self.max_tokens) or self.max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {self.max_tokens!r}")
         if any(not isinstance(s, str) or not s for s in self.stop):
             raise ValueError(f"stop must be non-empty strings, got {self.stop!r}")
-        if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
+        if any(not _is_int(t) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative ints, got {self.stop_token_ids!r}")
-        if self.seed is not None and not isinstance(self.seed, int):
+        if not isinstance(self.ignore_eos, bool):
+            raise ValueError(f"ignore_eos must be True or False, got {self.ignore_eos!r}")
+        if self.seed is not None and not _is_int(self.seed):
             raise ValueError(f"seed must be an int or None, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    """A finite real number (NaN and inf would pass a range check like ``>= 0`` or silently fail it)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,7 +1,9 @@
 """Tokenizers: a character-level one (for the shipped tiny model) and a thin wrapper for Hugging Face files.
 
 The character tokenizer is deliberately tiny: every character is one token, so a learner can read
-token ids back by eye. It is stored as a tokenizer.json with `"type": "spyre_lab.char"`.
+token ids back by eye. It is stored as a tokenizer.json with `"type": "spyre_lab.char"`. A character
+outside its vocabulary becomes <unk>, with one warning per `encode` call naming every such character,
+and `decode(ids, skip_special_tokens=False)` shows what the model was given, <unk>s included.
 """
 
 from __future__ import annotations
@@ -10,8 +12,14 @@ import json
 from pathlib import Path
 from typing import Protocol
 
+from spyre_lab.compiler.user_line import warn_at_user_line
+
 CHAR_TOKENIZER_TYPE = "spyre_lab.char"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
+
+
+class UnknownCharactersWarning(UserWarning):
+    """The character tokenizer met characters it has no token for; the model sees <unk> in their place."""
 
 
 class Tokenizer(Protocol):
@@ -20,7 +28,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
-    def decode(self, token_ids: list[int]) -> str: ...
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class CharTokenizer:
@@ -43,12 +51,28 @@ class CharTokenizer:
         return len(SPECIAL_TOKENS) + len(self.chars)
 
     def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = [self._id_of.get(c, self.unk_token_id) for c in (text.lower() if self.lowercase else text)]
+        """Token ids of ``text`` (after lowercasing, if this tokenizer lowercases); characters it has no token
+        for become <unk>, named in one UnknownCharactersWarning per call."""
+        seen = text.lower() if self.lowercase else text
+        ids = [self._id_of.get(c, self.unk_token_id) for c in seen]
+        unknown = sorted({c for c in seen if c not in self._id_of})
+        if unknown:
+            count = sum(1 for c in seen if c not in self._id_of)
+            warn_at_user_line(
+                f"the character tokenizer has no token for {', '.join(map(repr, unknown))} ({count} of {len(seen)} "
+                f"characters of {text!r}); the model sees <unk> there: {self.decode(ids, False)!r}. Its "
+                f"characters are {self.chars!r}{' (text is lowercased first)' if self.lowercase else ''}.",
+                UnknownCharactersWarning,
+            )
         return [self.bos_token_id, *ids] if add_bos else ids
 
-    def decode(self, token_ids: list[int]) -> str:
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        """The text of ``token_ids``; with ``skip_special_tokens=False`` specials show as <bos>, <unk>, ..."""
         first = len(SPECIAL_TOKENS)
-        return "".join(self.chars[i - first] for i in token_ids if first <= i < self.vocab_size)
+        if skip_special_tokens:
+            return "".join(self.chars[i - first] for i in token_ids if first <= i < self.vocab_size)
+        return "".join(self.chars[i - first] if first <= i < self.vocab_size
+                       else SPECIAL_TOKENS[i] if 0 <= i < first else f"<id {i}>" for i in token_ids)
 
     def save(self, path: str | Path) -> None:
         document = {
@@ -78,8 +102,8 @@ class HFTokenizer:
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text).ids
 
-    def decode(self, token_ids: list[int]) -> str:
-        return self._tokenizer.decode(token_ids)
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
 
 def load_tokenizer(folder: Path, bos_token_id: int | None = None, eos_token_id: int | None = None) -> Tokenizer | None:

@@ -2,18 +2,24 @@
 
 The inputs are copied to the host (a D2H per spyre input, except out= tensors, which are only
 written), the CPU op runs (its host time is modeled from bytes and elements), and the results are
-copied back (an H2D per result). The first call of each op warns once, naming it; ops whose output
-size depends on the data are host ops by design and do not warn.
+copied back (an H2D per result). The first call of each op warns once, naming it and filed under the
+user's line (the first frame outside torch and spyre_lab); ops whose output size depends on the data are
+host ops by design and do not warn. Every call is counted, with the line that first made it:
+``fallback_stats()`` for the process, ``with collect_fallbacks() as log:`` for a stretch of work, which
+also holds back the per-op warnings so a report can print ``log.summary()`` once instead.
 """
 
 from __future__ import annotations
 
-import warnings
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from spyre_lab.compiler.user_line import caller_frame, user_frame, warn_at_user_line, where
 from spyre_lab.runtime.device_module import get_device
 from spyre_lab.runtime.jobplan import dma_us
 from spyre_lab.runtime.op_schema import to_cpu_kwargs, written_leaves
@@ -27,17 +33,88 @@ HOST_FALLBACK_FLOPS = 20e9
 HOST_FALLBACK_BYTES_PER_S = 10e9
 HOST_FALLBACK_DISPATCH_US = 5.0
 
+
+@dataclass
+class FallbackStat:
+    """One op that ran as a CPU fallback: how often, and where it was first called from."""
+
+    op: str
+    calls: int
+    first_seen: str  # file:line of the first call: the line that called the torch op (may be spyre_lab's own)
+    user_line: str  # file:line of the first frame outside torch and spyre_lab (what the warning names)
+    by_design: bool = False  # a host op by design (its output size depends on the data), not a missing kernel
+
+
+class FallbackLog:
+    """CPU fallbacks counted per op over a stretch of work; ``summary()`` is one table instead of warnings."""
+
+    def __init__(self) -> None:
+        self.stats: dict[str, FallbackStat] = {}
+
+    def record(self, name: str, by_design: bool) -> None:
+        stat = self.stats.get(name)
+        if stat is None:
+            self.stats[name] = FallbackStat(name, 1, where(caller_frame(3)), where(user_frame(3)), by_design)
+        else:
+            stat.calls += 1
+
+    def summary(self) -> str:
+        if not self.stats:
+            return "CPU fallbacks: none (every op ran on the device)"
+        width = max(len(name) for name in self.stats)
+        lines = [f"CPU fallbacks: {len(self.stats)} ops ran on the host "
+                 "(each call: D2H of its inputs, the CPU op, H2D of its results)",
+                 f"  {'op':<{width}}  {'calls':>6}  {'why':<21}  first seen"]
+        for stat in sorted(self.stats.values(), key=lambda s: -s.calls):
+            why = "output size from data" if stat.by_design else "no spyre kernel"
+            lines.append(f"  {stat.op:<{width}}  {stat.calls:6d}  {why:<21}  {stat.first_seen}")
+        return "\n".join(lines)
+
+
+_PROCESS_LOG = FallbackLog()
+_collectors: list[FallbackLog] = []
 _warned_ops: set[str] = set()
+
+
+def fallback_stats() -> dict[str, FallbackStat]:
+    """Every CPU fallback of this process so far, per op (calls, first call site)."""
+    return dict(_PROCESS_LOG.stats)
+
+
+def reset_fallback_warnings() -> None:
+    """Warn again on the next fallback of every op (each warns once per process otherwise)."""
+    _warned_ops.clear()
+
+
+@contextlib.contextmanager
+def collect_fallbacks() -> Iterator[FallbackLog]:
+    """``with collect_fallbacks() as log:`` counts the block's CPU fallbacks into ``log`` and holds back their
+    one-time warnings (``log.summary()`` reports them instead)."""
+    log = FallbackLog()
+    _collectors.append(log)
+    try:
+        yield log
+    finally:
+        _collectors.remove(log)
+
+
+def _note_fallback(name: str, warn: bool) -> None:
+    for log in (_PROCESS_LOG, *_collectors):
+        log.record(name, by_design=not warn)
+    if warn and not _collectors and name not in _warned_ops:
+        _warned_ops.add(name)
+        stat = _PROCESS_LOG.stats[name]
+        via = f" (called from {stat.first_seen})" if stat.first_seen != stat.user_line else ""
+        warn_at_user_line(f"{name} has no spyre kernel{via}; it runs as a CPU fallback (inputs copied to the host, "
+                          "the CPU op, results copied back). Each call pays two PCIe transfers; "
+                          "spyre_lab.runtime.fallback.fallback_stats() counts them.")
 
 
 def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int, warn: bool) -> Any:
     """Run ``op`` (its flattened call ``leaves``/``spec``) on the CPU for card ``index``; results come
     back as spyre tensors, written-in-place arguments are updated on the card."""
     name = f"aten::{op.overloadpacket.__name__}"
-    if warn and name not in _warned_ops:
-        _warned_ops.add(name)
-        warnings.warn(f"{name} has no spyre kernel; it runs as a CPU fallback (inputs copied to the host, the CPU op, "
-                      "results copied back). Each call pays two PCIe transfers.", stacklevel=5)
+    _note_fallback(name, warn)
     device = get_device(index)
     stream = current_stream(index)
     written = set(written_leaves(op, leaves, spec))
@@ -62,9 +139,10 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
         TIMELINE.host_work(f"{name} on CPU", _host_cost_us(moved_in + out_bytes, out_leaves), kind="HostCompute",
                            fallback=True, timing="modeled (host estimate)")
         host_to_leaf = {id(host[i]): i for i in written}
-        results = []
+        results, returned = [], set()
         for value in out_leaves:
             if isinstance(value, torch.Tensor) and id(value) in host_to_leaf:
+                returned.add(host_to_leaf[id(value)])
                 target = leaves[host_to_leaf[id(value)]]
                 if tuple(target.shape) != tuple(value.shape):
                     resize(target, tuple(value.shape), None)
@@ -77,7 +155,7 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
                 results.append(out)
             else:
                 results.append(value)
-        for i in written - set(host_to_leaf.values()):
+        for i in written - returned:            # written but not returned (e.g. _cummax_helper -> ())
             write_into(leaves[i], host[i])
             _h2d(stream, leaves[i], name)
     return tree_unflatten(results, out_spec)

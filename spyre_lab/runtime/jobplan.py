@@ -21,6 +21,12 @@ in three ordered steps per kernel, as torch-spyre's ``SpyreStream::launch`` does
 Both give the same numbers; only the trace differs. Any object with ``kernels`` (or ``launches``),
 each kernel having ``name``, ``address_slots``, a modeled ``time_us`` and ``run(operands)``, can be
 launched; :class:`ProgramKernel` adapts anything that computes with a plain function.
+
+**In-place updates.** A compiled graph is functional: ``x.add_(1)`` becomes a new buffer plus a
+*mutation* (``program.mutations``: input slot <- value read) that must land in the caller's tensor.
+:func:`program_kernels`, which every launch reads its kernels from, appends one :class:`WriteBack`
+copy kernel per mutation, so no launch path can run a program and drop its in-place updates.
+:func:`launch` is the one way to launch (eager one-op programs, compiled programs, engine pieces).
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ import torch
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.device_module import SpyreDevice, get_device
 from spyre_lab.runtime.streams import CALLBACK_LANE, PCIE_LANE, TIMELINE, Stream, current_stream, device_lane
-from spyre_lab.runtime.tensor import buffer_of
+from spyre_lab.runtime.tensor import buffer_of, device_nbytes
 
 Dispatch = Literal["rebuild", "aot_patch"]
 ADDRESS_BYTES = 8
@@ -236,13 +242,67 @@ class ProgramImage:
 _IMAGES: weakref.WeakKeyDictionary[Any, dict[int, ProgramImage]] = weakref.WeakKeyDictionary()
 
 
+@dataclass(eq=False)
+class WriteBack:
+    """The copy kernel that lands one in-place update: the program's value for a mutated input
+    (``source`` seen through ``read``'s views) is written into the input's own DRAM buffer.
+
+    Timed by a roofline (read and write the bytes at DRAM bandwidth, plus the kernel launch cost):
+    a compiler that re-used the input's buffer for the value would save this kernel."""
+
+    target: str
+    read: Any                                 # compiler Read: buffer + views; anything with .buffer and .apply
+    time_us: float
+    timing: str = "roofline, in-place update copy"
+    sim_trace: Trace | None = None
+
+    @property
+    def name(self) -> str:
+        return f"write back {self.target}"
+
+    @property
+    def address_slots(self) -> list[str]:
+        return [self.read.buffer, self.target]
+
+    @property
+    def output_slots(self) -> list[str]:
+        return [self.target]
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return {"in_place_update": self.target, "from": self.read.buffer}
+
+    def run(self, operands: Operands) -> None:
+        operands.write(self.target, self.read.apply(operands[self.read.buffer]))
+
+
+def writebacks(program: Any) -> list[WriteBack]:
+    """One :class:`WriteBack` per in-place update the program declares (``program.mutations``)."""
+    mutations = list(getattr(program, "mutations", None) or ())
+    if not mutations:
+        return []
+    from spyre_lab.device.config import SPYRE
+
+    cfg = getattr(program, "cfg", None) or SPYRE
+    launch_us = cfg.cycles_to_us(cfg.kernel_launch_cycles)
+    out = []
+    for target, read in mutations:
+        if read.buffer == target and read.is_identity:
+            continue                          # the value is the input itself: nothing to write
+        meta = getattr(read, "meta", None)
+        nbytes = device_nbytes(meta) if isinstance(meta, torch.Tensor) else 0
+        out.append(WriteBack(target, read, 2 * nbytes / cfg.dram_bandwidth * 1e6 + launch_us))
+    return out
+
+
 def program_kernels(program: Any) -> list[Any]:
+    """What a launch of ``program`` runs, in order: its kernels, then a write-back per in-place update."""
     kernels = getattr(program, "kernels", None)
     if kernels is None:
         kernels = getattr(program, "launches", None)
     if kernels is None:
         raise TypeError(f"{type(program).__name__} is not launchable: it needs a 'kernels' or 'launches' list")
-    return list(kernels)
+    return [*kernels, *writebacks(program)]
 
 
 def load_program(program: Any, device: SpyreDevice) -> ProgramImage:
@@ -323,8 +383,6 @@ def _kernel_steps(kernel: Any, k: int, slots: list[str], bindings: Mapping[str, 
 def _host_kernel_steps(kernel: Any, slots: list[str], views: Mapping[str, torch.Tensor], image: ProgramImage,
                        time_us: float, timing: str) -> list[Step]:
     """A launch the device cannot run: its operands cross PCIe to the host and its results come back."""
-    from spyre_lab.runtime.tensor import device_nbytes
-
     outputs = set(getattr(kernel, "output_slots", slots))
     bytes_in = sum(device_nbytes(views[s]) for s in slots if s not in outputs)
     bytes_out = sum(device_nbytes(views[s]) for s in slots if s in outputs)
@@ -355,12 +413,13 @@ def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> tu
 
 
 def launch(program: Any, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
-           options: RuntimeOptions | None = None) -> JobPlan:
-    """Plan and submit one launch of ``program``; returns the JobPlan that ran (its trace: ``last_trace()``)."""
+           options: RuntimeOptions | None = None, **trace_args: Any) -> JobPlan:
+    """Plan and submit one launch of ``program``, in-place updates included; returns the JobPlan that
+    ran (its trace: ``last_trace()``). Every device launch goes through here."""
     first = next(iter(bindings.values()), None)
     index = first.device.index if first is not None else None
     stream = current_stream(index) if stream is None else stream
     plan = plan_launch(program, bindings, get_device(stream.device_index))
-    with TIMELINE.launch(plan.name, dispatch=(options or _DEFAULT_OPTIONS).dispatch):
+    with TIMELINE.launch(plan.name, dispatch=(options or _DEFAULT_OPTIONS).dispatch, **trace_args):
         plan.submit(stream, options)
     return plan

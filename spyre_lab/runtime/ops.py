@@ -35,7 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.runtime.device_module import _device_index, get_device
 from spyre_lab.runtime.fallback import run_on_host
-from spyre_lab.runtime.jobplan import JobPlan, Operands, ProgramKernel, plan_launch
+from spyre_lab.runtime.jobplan import Operands, ProgramKernel, launch
 from spyre_lab.runtime.op_schema import (
     functional_variant,
     is_view,
@@ -392,9 +392,7 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
     bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
     bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
-    plan: JobPlan = plan_launch(program, bindings, get_device(index))
-    with TIMELINE.launch(program.name, eager=True):
-        plan.submit(current_stream(index))
+    launch(program, bindings, stream=current_stream(index), eager=True)
     results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
     return tree_unflatten(results, out_spec)
 

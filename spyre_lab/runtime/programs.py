@@ -9,6 +9,8 @@ does with it:
 * allocates a DRAM buffer for every intermediate and output slot of this launch,
 * launches every kernel through the JobPlan path (HostCompute correction -> H2D of the blob ->
   Compute), a host fallback as D2H -> HostCompute -> H2D,
+* lands the program's in-place updates (``program.mutations``) in the caller's tensors: the JobPlan
+  ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.jobplan.WriteBack`),
 * returns the outputs as spyre tensors.
 
 Each device kernel's numerics are the compiler's own (``IRNode.compute`` through the executor's
@@ -27,7 +29,7 @@ import torch
 
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.device_module import get_device
-from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch
+from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, program_kernels
 from spyre_lab.runtime.streams import Stream
 
 
@@ -137,6 +139,15 @@ class LoadedProgram:
         return self.program.name
 
     @property
+    def mutations(self) -> list[tuple[str, Any]]:
+        """The program's in-place updates (input <- value): the launch writes them back."""
+        return list(self.program.mutations)
+
+    @property
+    def cfg(self) -> Any:
+        return self.program.cfg
+
+    @property
     def num_nodes(self) -> int:
         """Nodes of the execution graph a "rebuild" dispatch reconstructs: the graph's ATen ops."""
         return getattr(self.program, "aten_ops", 0) or sum(len(k.kernel.nodes) for k in self.kernels)
@@ -175,10 +186,11 @@ def run_program(program: Any, inputs: Sequence[torch.Tensor], *, outputs: Sequen
                 mode: str | None = None) -> list[torch.Tensor]:
     """Launch a compiled ``Program`` on spyre tensors; returns its outputs as spyre tensors.
 
-    Inputs on the CPU are copied to the card first (a traced H2D). ``outputs`` may give spyre
-    tensors for the program's outputs to be written in place (an out= call); where it gives None, or
-    an output is a view of a buffer, the runtime allocates the buffer. The launch's trace is
-    ``spyre_lab.runtime.last_trace()``.
+    Inputs on the CPU are copied to the card first (a traced H2D). In-place updates of inputs
+    (``x.add_(1)`` in the compiled function) land in the caller's tensors, CPU inputs included.
+    ``outputs`` may give spyre tensors for the program's outputs to be written in place (an out=
+    call); where it gives None, or an output is a view of a buffer, the runtime allocates the
+    buffer. The launch's trace is ``spyre_lab.runtime.last_trace()``.
     """
     if len(inputs) != len(program.inputs):
         raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
@@ -201,12 +213,15 @@ def run_program(program: Any, inputs: Sequence[torch.Tensor], *, outputs: Sequen
         if (target is not None and getattr(read, "is_identity", False) and read.buffer not in bound
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
-    for kernel in loaded.kernels:
+    for kernel in program_kernels(loaded):
         for slot in kernel.address_slots:
             if slot not in bound:
                 info = program.buffers[slot]
                 bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
     launch(loaded, bound, stream=stream, options=options)
+    for name, x in zip(program.inputs, inputs):
+        if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):
+            x.copy_(bound[name])                 # a CPU input updated in place gets its new values back
     results = []
     for read, target in zip(program.outputs, [*outputs, *[None] * len(program.outputs)]):
         value = bound[read.buffer] if read.buffer in direct else read.apply(bound[read.buffer])

@@ -80,6 +80,7 @@ fallback sees them; a direct PrivateUse1 registration keeps them whole, like the
 fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
 
 
+@torch._disable_dynamo  # the driver is never traced: a graph break must not compile the runtime (lazy import)
 def _dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """The registered kernel: loads the eager-op machinery on the first spyre op, not on ``import torch``."""
     from spyre_lab.runtime.ops import dispatch
@@ -112,6 +113,7 @@ def _route_deepcopy_through_clone() -> None:
 
 
 def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    @torch._disable_dynamo
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return _dispatch(op, *args, **kwargs)
 

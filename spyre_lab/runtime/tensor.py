@@ -20,13 +20,13 @@ kernels that read the same buffer repeatedly do not unstickify it every time.
 from __future__ import annotations
 
 import functools
-import warnings
 import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import torch
 
+from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.layout import StickLayout, contiguous_strides, stickify, unstickify
 from spyre_lab.device.layout import device_dtype as layout_device_dtype
 from spyre_lab.runtime.device_module import SpyreDevice, get_device
@@ -76,10 +76,9 @@ def warn_if_narrowed(dtype: torch.dtype) -> None:
     """One warning per dtype when host data in ``dtype`` is rounded to fp16 on its way to the card."""
     if dtype in _NARROWED_TO_FP16 and dtype not in _warned_dtypes:
         _warned_dtypes.add(dtype)
-        warnings.warn(
+        warn_at_user_line(
             f"spyre stores {dtype} tensors as float16 (the device dtype): values are rounded to fp16 on the way in "
-            f"and .cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this.",
-            stacklevel=5,
+            f"and .cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this."
         )
 
 

@@ -14,6 +14,14 @@ GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[1, 5, 17, 33, 99], [1, 2, 3], [1, 64, 65, 66, 67, 68, 69, 70, 71, 72, 73, 74]]
 
 
+def changed(params: SamplingParams, **fields) -> SamplingParams:
+    """SamplingParams refuse bad values when built; a field changed afterwards is caught per request."""
+    params = SamplingParams(**{**params.__dict__})
+    for name, value in fields.items():
+        setattr(params, name, value)
+    return params
+
+
 @pytest.fixture(scope="module")
 def llm(hf_granite_dir) -> LLM:
     return LLM(hf_granite_dir, max_model_len=32, block_size=4, max_num_seqs=4)
@@ -31,13 +39,14 @@ def test_generate_returns_outputs_in_prompt_order(llm):
 def test_bad_requests_are_reported_and_the_others_served(llm):
     outs = llm.generate(
         [PROMPTS[0], list(range(1, 40)), PROMPTS[1], [], [500], "text"],
-        [GREEDY, GREEDY, SamplingParams(temperature=-1), GREEDY, GREEDY, GREEDY],
+        [GREEDY, GREEDY, changed(GREEDY, temperature=-1), GREEDY, GREEDY, GREEDY],
         use_tqdm=False,
     )
     reasons = [o.outputs[0].finish_reason for o in outs]
     assert reasons == ["length", "error", "error", "error", "error", "error"]
     assert "max_model_len is 32" in outs[1].error
-    assert "temperature must be >= 0" in outs[2].error
+    assert "temperature must be a finite number >= 0" in outs[2].error
+    assert outs[2].prompt_token_ids == PROMPTS[1], "a rejected token-id request keeps its prompt"
     assert "empty" in outs[3].error
     assert "outside the vocabulary" in outs[4].error
     assert "no tokenizer.json" in outs[5].error
@@ -47,7 +56,7 @@ def test_bad_requests_are_reported_and_the_others_served(llm):
 def test_engine_add_request_raises_value_error(hf_granite_dir):
     engine = LLMEngine(hf_granite_dir, max_model_len=32)
     with pytest.raises(ValueError, match="top_p"):
-        engine.add_request("a", [1, 2], SamplingParams(top_p=2.0))
+        engine.add_request("a", [1, 2], changed(GREEDY, top_p=2.0))
     engine.add_request("a", [1, 2], GREEDY)
     with pytest.raises(ValueError, match="already in use"):
         engine.add_request("a", [1, 2], GREEDY)
