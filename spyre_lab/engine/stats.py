@@ -120,7 +120,7 @@ class EngineStats:
     #: step number -> StepDetail for served steps (batch, host phases, KV snapshot, modeled device events)
     details: dict[int, StepDetail] = field(default_factory=dict)
     #: device traces are kept for the most recent this many steps (older ones are dropped to bound memory)
-    max_device_traces: int = 512
+    max_device_traces: int = 128
 
     def record_detail(self, step: int, schedule_ms: float, seqs: list, preempted: list, result: Any,
                       kv: KVSnapshot | None, is_prefill: bool) -> StepDetail:

@@ -110,7 +110,7 @@ class KVCacheView(View):
             xs.append(block_id % width)
             ys.append(block_id // width)
             colors.append(color)
-            texts.append(f"×{refs}" if refs > 1 else str(block_id))
+            texts.append(f"{block_id} ×{refs}" if refs > 1 else str(block_id))
             who = f"held by request {', '.join(owners)}" if owners else state
             hovers.append(f"block {block_id}: {state}, ref count {refs}, {who}")
         font = dict(size=10 if width < 12 else 8, color="#222")

@@ -104,15 +104,19 @@ def build_sections(out: Path) -> list[Section]:
     """Every view this run's files can feed, in the workshop's order (device -> compiler -> engine)."""
     from spyre_lab import viz
 
-    sections: list[Section] = []
+    sections: list[Section] = [section("Layout: a host tensor beside its stickified device layout",
+                                       lambda: viz.LayoutView((64, 100)))]
     device_trace = out / DEVICE_TRACE_FILE
     if device_trace.exists():
         sections.append(section("Dataflow: cores x units over modeled time (device section of the demo)",
                                 lambda: viz.DataflowView.from_json(device_trace)))
-    layer = section("What if: one tiny-granite decoder layer, compiled and launched (baseline configuration)",
-                    lambda: viz.WhatIf.granite_layer("tiny-granite"))
-    sections.append(layer)
-    sections.append(section("Roofline: the decoder layer's prefill kernels", lambda: _layer_roofline()))
+    sections.append(section("Fusion: the decoder layer's LoopIR before and after fusion",
+                            lambda: viz.FusionView(_layer_program())))
+    sections.append(section("Work division: the decoder layer's biggest kernel over the cores",
+                            lambda: viz.WorkDivisionView(_layer_program())))
+    sections.append(section("Roofline: the decoder layer's prefill kernels", lambda: viz.Roofline(_layer_program())))
+    sections.append(section("What if: one tiny-granite decoder layer, compiled and launched (baseline configuration)",
+                            lambda: viz.WhatIf.granite_layer("tiny-granite")))
     stats = out / STATS_FILE
     if stats.exists():
         sections.append(section("Decode timeline: every engine step, and one step's modeled lanes",
@@ -125,19 +129,19 @@ def build_sections(out: Path) -> list[Section]:
     return sections
 
 
-def _layer_roofline() -> Any:
+def _layer_program() -> Any:
+    """One tiny-granite decoder layer (its shapes, random fp16 weights) compiled for the card, prefill of 64."""
     import functools
 
     import torch
 
     from spyre_lab.compiler.backend import compile_graph
     from spyre_lab.compiler.examples import granite_layer, layer_inputs
-    from spyre_lab.viz import Roofline
 
     torch.manual_seed(0)
     fn = functools.partial(granite_layer, heads=4, kv_heads=2)
     fn.__name__ = "tiny-granite layer"  # type: ignore[attr-defined]
-    return Roofline(compile_graph(fn, layer_inputs(128, 4, 2, 256, 64)))
+    return compile_graph(fn, layer_inputs(128, 4, 2, 256, 64))   # cached: every section gets the same Program
 
 
 def write_report(out_dir: str | Path = "out", run: bool = True, show_progress: bool = True) -> Path:

@@ -39,7 +39,8 @@ def test_cli_report_writes_one_offline_file(run_dir, capsys):
     assert page.count(get_plotlyjs()[:300]) == 1
     assert not re.search(r"<script[^>]+src=", page)
     titles = re.findall(r"<h2 id='s\d+'>([^<]+)</h2>", page)
-    assert [t.split(":")[0] for t in titles] == ["Dataflow", "What if", "Roofline", "Decode timeline", "KV cache"]
+    assert [t.split(":")[0] for t in titles] == ["Layout", "Dataflow", "Fusion", "Work division", "Roofline", "What if",
+                                                 "Decode timeline", "KV cache"]
     assert page.count("Plotly.newPlot") == len(titles)
     assert "could not draw" not in page
     assert "modeled" in page
