@@ -30,6 +30,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler import cache
+from spyre_lab.compiler.device_literals import trace_on_host
 from spyre_lab.compiler.fusion import schedule
 from spyre_lab.compiler.ir import FusedKernel
 from spyre_lab.compiler.layouts import propagate_layouts
@@ -52,6 +53,8 @@ def to_aten(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.
     """Trace ``fn`` to an inference-only, functional ATen graph on fake tensors."""
     from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException, FakeTensorMode
 
+    if isinstance(fn, fx.GraphModule):
+        fn = trace_on_host(fn)
     mode = FakeTensorMode(allow_non_fake_inputs=True)
     fakes = [_fake_like(mode, x) for x in example_inputs]
     try:

@@ -1,24 +1,30 @@
 """``torch.spyre``: the device module, shaped like ``torch.cuda`` where that makes sense.
 
-Each modeled card ``spyre:i`` is a :class:`SpyreDevice`: its :class:`SpyreConfig`, its own DRAM
-allocator (:class:`~spyre_lab.device.memory.DeviceMemory`) and the map from DRAM address to the
-buffer living there (what a patched program resolves its operands through). The number of cards
-comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1), read once at first use.
+The cards themselves live in :mod:`spyre_lab.runtime.devices`, streams and events in
+:mod:`spyre_lab.runtime.streams`; this module is the ``torch.cuda``-shaped face over both.
 
 Memory numbers are real bookkeeping of the modeled DRAM (tensors only; loaded programs live in a
-separate program segment); times are modeled (see ``streams``). ``empty_cache()`` is a device reset
-here (the model keeps no cache to empty): tensors still on the card become invalid and say so.
+separate program segment); times are modeled (see ``streams``). ``empty_cache()`` releases what the
+runtime keeps cached (one-op programs), never a live tensor, as ``torch.cuda.empty_cache`` does;
+``reset_device()`` is the hard reset that frees everything on the card.
 """
 
 from __future__ import annotations
 
-import os
-import weakref
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.runtime import devices
+from spyre_lab.runtime.devices import (  # noqa: F401  (re-exported: torch.spyre.get_device, ...)
+    DEVICES_ENV,
+    PROGRAM_SEGMENT_BYTES,
+    SpyreDevice,
+    configure,
+    get_device,
+)
 from spyre_lab.runtime.streams import (
     TIMELINE,
     Event,
@@ -30,144 +36,47 @@ from spyre_lab.runtime.streams import (
     synchronize,
 )
 
-if TYPE_CHECKING:
-    from spyre_lab.device.memory import Allocation, DeviceMemory
-
 __all__ = [
-    "Event", "Stream", "current_device", "current_stream", "default_stream", "device_count", "empty_cache",
-    "get_device_name", "get_device_properties", "get_rng_state", "is_available", "is_initialized", "manual_seed",
-    "manual_seed_all", "max_memory_allocated", "memory_allocated", "memory_reserved", "memory_stats",
-    "reset_peak_memory_stats", "set_device", "set_rng_state", "set_stream", "stream", "synchronize",
+    "Event",
+    "SpyreDeviceProperties",
+    "Stream",
+    "current_device",
+    "current_stream",
+    "default_stream",
+    "device",
+    "device_count",
+    "empty_cache",
+    "get_amp_supported_dtype",
+    "get_device_name",
+    "get_device_properties",
+    "get_rng_state",
+    "is_available",
+    "is_initialized",
+    "manual_seed",
+    "manual_seed_all",
+    "max_memory_allocated",
+    "max_memory_reserved",
+    "mem_get_info",
+    "memory_allocated",
+    "memory_reserved",
+    "memory_stats",
+    "memory_summary",
+    "reset_accumulated_memory_stats",
+    "reset_device",
+    "reset_peak_memory_stats",
+    "set_device",
+    "set_rng_state",
+    "set_stream",
+    "stream",
+    "synchronize",
 ]
 
-DEVICES_ENV = "SPYRE_LAB_DEVICES"
-# estimate: DRAM kept for loaded programs (binaries and their correction areas), at the top of the
-# usable range so tensor addresses and memory_allocated() count tensors only, as torch.cuda does.
-PROGRAM_SEGMENT_BYTES = 1 << 30
-
-
-class SpyreDevice:
-    """One modeled card: config, DRAM allocator and the live buffers by address."""
-
-    def __init__(self, index: int, config: SpyreConfig = SPYRE) -> None:
-        from spyre_lab.device.memory import DeviceMemory
-
-        self.index = index
-        self.config = config
-        tensor_bytes = config.dram_usable_bytes - PROGRAM_SEGMENT_BYTES
-        self.memory: DeviceMemory = DeviceMemory(tensor_bytes, alignment=config.stick_bytes, name=f"spyre:{index}")
-        self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
-                                                         name=f"spyre:{index} program segment")
-        self.program_base = tensor_bytes
-        self._buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
-        self.generation = 0
-        self._reserve_null_stick()
-
-    def _reserve_null_stick(self) -> None:
-        # Address 0 would be a null data pointer to torch; keep the first stick unused, as hosts do.
-        self.memory.allocate(self.config.stick_bytes, tag="reserved: null address")
-        self.reserved_bytes = self.config.stick_bytes
-
-    def allocate(self, nbytes: int, tag: str) -> Allocation:
-        """A DRAM block; running out raises DeviceOutOfMemoryError with requested and free bytes."""
-        return self.memory.allocate(nbytes, tag)
-
-    def allocate_program_region(self, nbytes: int, tag: str) -> Allocation:
-        """A block of the program segment; its ``address`` is relative to :attr:`program_base`."""
-        return self.program_memory.allocate(nbytes, tag)
-
-    def free_program_region(self, allocation: Allocation, generation: int) -> None:
-        if generation == self.generation:
-            self.program_memory.free(allocation)
-
-    def register_buffer(self, address: int, buffer: Any) -> None:
-        self._buffers[address] = buffer
-
-    def buffer_at(self, address: int) -> Any:
-        """The live buffer whose allocation starts at ``address`` (how patched kernels find operands)."""
-        try:
-            return self._buffers[address]
-        except KeyError:
-            raise RuntimeError(
-                f"spyre:{self.index}: no live buffer at DRAM address {address:#x}; a program was patched "
-                "with a stale address (was the tensor freed or the device reset?)"
-            ) from None
-
-    def free(self, allocation: Allocation, generation: int) -> None:
-        if generation == self.generation:
-            self._buffers.pop(allocation.address, None)
-            self.memory.free(allocation)
-
-    def reset(self) -> None:
-        """Free all DRAM; buffers of the old generation become invalid and say so when used."""
-        self.generation += 1
-        self._buffers.clear()
-        self.memory.reset()
-        self.program_memory.reset()
-        self._reserve_null_stick()
-
-    def __repr__(self) -> str:
-        return f"SpyreDevice(spyre:{self.index}, {self.memory.allocated_bytes} B allocated)"
-
-
-_DEVICES: list[SpyreDevice] = []
-_CURRENT_INDEX = 0
-_CONFIG: SpyreConfig = SPYRE
-
-
-def _count_from_env() -> int:
-    raw = os.environ.get(DEVICES_ENV, "1")
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ValueError(f"{DEVICES_ENV}={raw!r} is not an integer; set it to the number of modeled cards") from None
-    if not 1 <= count <= 64:
-        raise ValueError(f"{DEVICES_ENV}={count} is out of range; use 1..64 modeled cards")
-    return count
-
-
-def _devices() -> list[SpyreDevice]:
-    if not _DEVICES:
-        _DEVICES.extend(SpyreDevice(i, _CONFIG) for i in range(_count_from_env()))
-    return _DEVICES
-
-
-def get_device(index: int | None = None) -> SpyreDevice:
-    """The :class:`SpyreDevice` for ``index`` (default: current device)."""
-    devices = _devices()
-    index = _CURRENT_INDEX if index is None else index
-    if not 0 <= index < len(devices):
-        raise RuntimeError(
-            f"spyre:{index} does not exist: {len(devices)} modeled device(s) (spyre:0..spyre:{len(devices) - 1}). "
-            f"Set {DEVICES_ENV} before first use to model more cards."
-        )
-    return devices[index]
-
-
-def configure(config: SpyreConfig | None = None) -> None:
-    """Use ``config`` for every card. Only before the first device tensor exists (it sizes DRAM)."""
-    global _CONFIG
-    if any(d.memory.num_allocations for d in _DEVICES):
-        raise RuntimeError("spyre_lab.runtime.configure() must run before any spyre tensor is allocated")
-    _CONFIG = SPYRE if config is None else config
-    _DEVICES.clear()
+_count_from_env = devices._count_from_env   # the name the device-count check had before devices.py
 
 
 def _device_index(device: Any = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device / Stream to a device index."""
-    if device is None:
-        return _CURRENT_INDEX
-    if isinstance(device, Stream):
-        return device.device_index
-    if isinstance(device, int):
-        index = device
-    else:
-        dev = torch.device(device)
-        if dev.type != "spyre":
-            raise ValueError(f"expected a spyre device, got {dev}")
-        index = _CURRENT_INDEX if dev.index is None else dev.index
-    get_device(index)
-    return index
+    return device.device_index if isinstance(device, Stream) else devices.device_index(device)
 
 
 # --- the torch.cuda-like API -------------------------------------------------------------------
@@ -184,16 +93,31 @@ def _is_in_bad_fork() -> bool:
 
 
 def device_count() -> int:
-    return len(_devices())
+    return devices.device_count()
 
 
 def current_device() -> int:
-    return _CURRENT_INDEX
+    return devices.current_device()
 
 
 def set_device(device: Any) -> None:
-    global _CURRENT_INDEX
-    _CURRENT_INDEX = _device_index(device)
+    devices.set_device(_device_index(device))
+
+
+class device:  # lower case, like torch.cuda.device
+    """``with torch.spyre.device(1):`` makes ``spyre:1`` the current card inside the block."""
+
+    def __init__(self, device: Any) -> None:
+        self.index = -1 if device is None else _device_index(device)
+        self.previous = -1
+
+    def __enter__(self) -> None:
+        self.previous = devices.current_device()
+        if self.index >= 0:
+            devices.set_device(self.index)
+
+    def __exit__(self, *exc: object) -> None:
+        devices.set_device(self.previous)
 
 
 def get_device_name(device: Any = None) -> str:
@@ -201,9 +125,22 @@ def get_device_name(device: Any = None) -> str:
     return f"IBM Spyre (modeled, {dev.config.name})"
 
 
-def get_device_properties(device: Any = None) -> SpyreConfig:
-    """The hardware numbers of the card (its :class:`SpyreConfig`)."""
-    return get_device(_device_index(device)).config
+@dataclass(frozen=True)
+class SpyreDeviceProperties:
+    """What ``torch.cuda.get_device_properties`` answers, for a modeled card; ``config`` has every number."""
+
+    name: str
+    total_memory: int                 # bytes tensors can use: usable DRAM minus the program segment
+    multi_processor_count: int        # the card's cores
+    config: SpyreConfig
+    type: str = "spyre"
+
+
+def get_device_properties(device: Any = None) -> SpyreDeviceProperties:
+    """Name, ``total_memory`` and core count of the card, plus its :class:`SpyreConfig` as ``.config``."""
+    dev = get_device(_device_index(device))
+    return SpyreDeviceProperties(name=get_device_name(dev.index), total_memory=dev.memory.capacity,
+                                 multi_processor_count=dev.config.cores, config=dev.config)
 
 
 def memory_allocated(device: Any = None) -> int:
@@ -226,24 +163,79 @@ def max_memory_reserved(device: Any = None) -> int:
     return max_memory_allocated(device)
 
 
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """``(free, total)`` bytes of the card's tensor DRAM, like ``torch.cuda.mem_get_info``."""
+    memory = get_device(_device_index(device)).memory
+    return memory.free_bytes, memory.capacity
+
+
 def memory_stats(device: Any = None) -> dict[str, Any]:
+    """Counters named like ``torch.cuda.memory_stats()``; reserved equals allocated (no caching allocator)."""
     dev = get_device(_device_index(device))
     stats: dict[str, Any] = dict(dev.memory.stats())
+    stats["reserved_bytes.all.current"] = stats["allocated_bytes.all.current"]
+    stats["reserved_bytes.all.peak"] = stats["allocated_bytes.all.peak"]
     stats["program_segment.allocated_bytes"] = dev.program_memory.allocated_bytes
     stats["program_segment.num_programs"] = dev.program_memory.num_allocations
-    return stats
+    return dict(sorted(stats.items()))
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A readable table of the card's memory, in the spirit of ``torch.cuda.memory_summary``."""
+    dev = get_device(_device_index(device))
+    mem, stats = dev.memory, memory_stats(dev.index)
+
+    def size(n: float) -> str:
+        for unit in ("B", "KiB", "MiB", "GiB"):
+            if abs(n) < 1024 or unit == "GiB":
+                return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+            n /= 1024
+        return f"{n:.2f} GiB"
+
+    rows = [
+        ("tensors allocated (now)", size(memory_allocated(dev.index))),
+        ("tensors allocated (peak)", size(max_memory_allocated(dev.index))),
+        ("live tensor blocks", f"{stats['allocation.all.current']}"),
+        ("free", size(mem.free_bytes)),
+        ("largest free block", size(mem.largest_free_block)),
+        ("fragmentation", f"{mem.fragmentation:.1%}"),
+        ("total (tensor DRAM)", size(mem.capacity)),
+        ("program segment in use", size(dev.program_memory.allocated_bytes)),
+        ("out-of-memory errors", f"{stats['num_ooms']}"),
+    ]
+    if abbreviated:
+        rows = rows[:2] + rows[3:4]
+    width = max(len(k) for k, _ in rows)
+    lines = [f"spyre:{dev.index} memory summary ({dev.config.name}; modeled DRAM, reserved = allocated)"]
+    lines += [f"  {k:<{width}}  {v:>12}" for k, v in rows]
+    return "\n".join(lines)
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     get_device(_device_index(device)).memory.reset_peak()
 
 
-def empty_cache(device: Any = None) -> None:
-    """Reset the card: free all of its DRAM and drop compiled eager programs.
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """The allocator's running totals are part of its bookkeeping; only the peaks reset here."""
+    reset_peak_memory_stats(device)
 
-    Unlike ``torch.cuda.empty_cache`` (which only returns cached blocks), the modeled card keeps no
-    cache: this is a device reset, so tensors still alive on it are invalid afterwards and any use
-    raises an error that says so. Move what you need to keep to the CPU first.
+
+def empty_cache(device: Any = None) -> None:
+    """Release what the runtime keeps cached: the compiled one-op programs and their program-segment
+    memory. Live tensors are untouched, as with ``torch.cuda.empty_cache`` (the modeled DRAM has no
+    caching allocator, so tensor memory is returned the moment a tensor dies). To wipe the card,
+    use :func:`reset_device`."""
+    _device_index(device)
+    from spyre_lab.runtime import ops
+
+    ops.clear_program_cache()
+
+
+def reset_device(device: Any = None) -> None:
+    """Reset the card: free all of its DRAM and drop compiled one-op programs.
+
+    Tensors still alive on it are invalid afterwards, and any use raises an error that says so.
+    Move what you need to keep to the CPU first.
     """
     index = _device_index(device)
     synchronize(index)
@@ -299,7 +291,7 @@ def modeled_time_us() -> float:
 
 
 def _lazy_init() -> None:
-    _devices()
+    devices.device_count()
 
 
 def _is_compiled() -> bool:
@@ -307,9 +299,11 @@ def _is_compiled() -> bool:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
-    return [torch.float16, torch.bfloat16]
+    """The dtypes ``torch.autocast("spyre", dtype=...)`` accepts: fp16 only, the card's one float dtype."""
+    from spyre_lab.runtime.autocast import AMP_DTYPES
+
+    return list(AMP_DTYPES)
 
 
 def current_stream_id(device: Any = None) -> int:
     return current_stream(device).stream_id
-

@@ -4,7 +4,9 @@
 module / storage methods (``x.spyre()``, ``x.is_spyre``, ``module.spyre()``), installs
 ``torch.spyre`` and the Python device guard and hooks, and registers ONE boxed fallback kernel for
 the PrivateUse1 dispatch key (:func:`spyre_lab.runtime.ops.dispatch`), through which every ATen op
-on a spyre tensor passes. Autocast on the device falls through to the plain kernels.
+on a spyre tensor passes. It also installs what keeps ordinary PyTorch habits working next to the
+device: fp16 autocast kernels (``autocast``), pinned host memory (``host_memory``) and the
+``torch.accelerator`` / ``torch.Generator`` / ``torch.load`` routes (``generic_api``).
 
 It runs on ``import torch`` through the ``torch.backends`` entry point (:func:`spyre_lab.runtime._autoload`).
 """
@@ -16,6 +18,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from spyre_lab.runtime import autocast, generic_api, host_memory
 
 BACKEND = "spyre"
 _LIBRARIES: list[torch.library.Library] = []
@@ -68,16 +72,31 @@ def register() -> None:
     lib.fallback(_dispatch, "PrivateUse1")
     lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     direct = torch.library.Library("aten", "IMPL")
-    for op in DIRECT_KERNELS:
+    for op in (*DIRECT_KERNELS, *TRANSFER_KERNELS):
         direct.impl(op, _kernel_for(op), "PrivateUse1")
+    autocast.register(direct)
+    host_memory.register(direct)
     _LIBRARIES.extend((lib, direct))
     _route_deepcopy_through_clone()
+    generic_api.install()
 
 
 DIRECT_KERNELS = (torch.ops.aten.native_layer_norm.default, torch.ops.aten.view.dtype, torch.ops.aten.rms_norm.default)
 """Ops the dispatcher would otherwise decompose or run with a composite kernel before the backend
 fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
 fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
+
+TRANSFER_KERNELS = (
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten._copy_from.default,
+    torch.ops.aten._copy_from_and_resize.default,
+)
+"""Allocation and host<->device copies, registered per op as well as through the fallback. torch reaches
+them with a TorchDispatchMode still on the stack (``torch.tensor(data, device="spyre")`` builds the real
+tensor with modes disabled, then lifts it into the mode): a per-op Python kernel is found again from
+there, a Python *fallback* is not (torch stops on an internal assert). This is what lets Dynamo's
+FakeTensorMode trace factory calls on the device, such as transformers' ``torch.tensor([], device=...)``."""
 
 
 @torch._disable_dynamo  # the driver is never traced: a graph break must not compile the runtime (lazy import)

@@ -22,8 +22,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from spyre_lab.device.trace import Trace, TraceEvent
+import torch
 
+from spyre_lab.device.trace import Trace, TraceEvent
+from spyre_lab.runtime.devices import device_index, get_device
+
+_DEVICE_TYPE = int(torch._C._autograd.DeviceType.PrivateUse1)  # what torch.Stream records for spyre
 LOW_PRIORITY_IDS = range(1, 33)
 HIGH_PRIORITY_IDS = range(33, 65)
 
@@ -152,28 +156,26 @@ def _next_stream_id(device_index: int, high_priority: bool) -> int:
     return next(_POOL_CURSORS[key])
 
 
-def _host_launch_us(device_index: int) -> float:
-    from spyre_lab.runtime.device_module import get_device
-
-    return get_device(device_index).config.host_launch_us
+def _host_launch_us(index: int) -> float:
+    return get_device(index).config.host_launch_us
 
 
-def _unit(unit: str, device_index: int) -> str:
-    return f"spyre{device_index}.{unit}"
+def _unit(unit: str, index: int) -> str:
+    return f"spyre{index}.{unit}"
 
 
-class Stream:
+class Stream(torch.Stream):
     """A FIFO queue of device work with a modeled completion time.
 
     ``Stream()`` takes the next id of the low-priority pool (1-32), ``Stream(priority=-1)`` of the
     high-priority pool (33-64); ``torch.spyre.default_stream()`` is stream 0. Work enqueued on one
     stream runs in order; work on different streams may overlap when it needs different units.
+    It is a ``torch.Stream`` (same ``stream_id`` / ``device_index``), so torch APIs that take one
+    accept it, e.g. ``tensor.record_stream(torch.spyre.current_stream())``.
     """
 
     def __new__(cls, device: Any = None, priority: int = 0, *, stream_id: int | None = None) -> Stream:
-        from spyre_lab.runtime.device_module import _device_index
-
-        index = _device_index(device)
+        index = device_index(device)
         if priority not in (0, -1):
             raise ValueError(f"Stream priority is binary on Spyre: 0 (low) or -1 (high), got {priority}")
         if stream_id is None:
@@ -182,18 +184,14 @@ class Stream:
         existing = _STREAMS.get(key)
         if existing is not None:
             return existing
-        self = super().__new__(cls)
-        self.device_index = index
-        self.stream_id = stream_id
+        self = super().__new__(cls, stream_id=stream_id, device_index=index, device_type=_DEVICE_TYPE)
         self.priority = -1 if stream_id in HIGH_PRIORITY_IDS else 0
         self.ready_us = 0.0
         _STREAMS[key] = self
         return self
 
     @property
-    def device(self) -> Any:
-        import torch
-
+    def device(self) -> torch.device:
         return torch.device("spyre", self.device_index)
 
     @property
@@ -268,9 +266,7 @@ def default_stream(device: Any = None) -> Stream:
 
 
 def current_stream(device: Any = None) -> Stream:
-    from spyre_lab.runtime.device_module import _device_index
-
-    index = _device_index(device)
+    index = device_index(device)
     return _CURRENT.get(index) or default_stream(index)
 
 
@@ -297,9 +293,7 @@ def reset_time() -> None:
 
 def synchronize(device: Any = None) -> None:
     """Block the host (modeled) until every stream of the device has drained."""
-    from spyre_lab.runtime.device_module import _device_index
-
-    index = _device_index(device)
+    index = device_index(device)
     latest = max((s.ready_us for (d, _), s in _STREAMS.items() if d == index), default=0.0)
     TIMELINE.host_wait_until(latest, f"synchronize spyre:{index}")
 
@@ -350,7 +344,12 @@ class Event:
             stream.ready_us = t
 
     def elapsed_time(self, end_event: Event) -> float:
-        """Modeled milliseconds from this event to ``end_event``."""
+        """Modeled milliseconds from this event to ``end_event``; both need ``enable_timing=True``, as in CUDA."""
         start = self._require_recorded("elapsed_time")
         end = end_event._require_recorded("elapsed_time")
+        if not (self.enable_timing and end_event.enable_timing):
+            raise RuntimeError(
+                "Event.elapsed_time() needs both events created with enable_timing=True, as torch.cuda.Event does: "
+                "torch.spyre.Event(enable_timing=True)"
+            )
         return (end - start) / 1000.0

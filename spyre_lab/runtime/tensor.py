@@ -117,8 +117,8 @@ class DeviceBuffer:
     def check_valid(self) -> None:
         if self.generation != self.device.generation:
             raise SpyreUsageError(
-                f"this tensor lived on spyre:{self.device.index} before torch.spyre.empty_cache() reset the device; "
-                "its DRAM was freed. Move tensors you want to keep to the CPU before empty_cache(), then move "
+                f"this tensor lived on spyre:{self.device.index} before torch.spyre.reset_device() reset the device; "
+                "its DRAM was freed. Move tensors you want to keep to the CPU before reset_device(), then move "
                 "them back."
             )
 

@@ -1,7 +1,9 @@
 """Views of the modeled machine: ipywidgets + plotly over plain data objects (Trace, Program, EngineStats).
 
 This package is the only place plotly and ipywidgets are imported. Every view has a static ``.figure``
-(a plotly Figure, for HTML export) and a ``.widget`` (controls above a FigureWidget) shown by Jupyter.
+(a plotly Figure, for HTML export) and a ``.widget`` (controls above a FigureWidget) shown by Jupyter;
+``View.from_json(path)`` opens a saved trace or program. ``docs/views.md`` lists the views, what each is
+built from, and where each aggregates big inputs.
 """
 
 from spyre_lab.viz.base import View, aggregation_note, sync_figure

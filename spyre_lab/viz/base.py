@@ -24,12 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import ipywidgets as W
+import numpy as np
 import plotly.graph_objects as go
 
 from spyre_lab.device.trace import Trace
+from spyre_lab.viz.style import NEUTRAL
 
 FONT = dict(family="Inter, Helvetica, Arial, sans-serif", size=12)
-NOTE_FONT = dict(size=11, color="#6b6b6b")
+NOTE_FONT = dict(size=11, color=NEUTRAL["muted"])
 
 
 def load_json_source(source: str | Path | dict[str, Any]) -> Trace | dict[str, Any]:
@@ -164,7 +166,7 @@ class View:
         """Controls in one row, a one-line caption, then the figure."""
         if self._box is None:
             controls = self.make_controls()
-            self._fig_widget = go.FigureWidget(self.build())
+            self._fig_widget = go.FigureWidget(widget_safe(self.build()))
             self._caption_widget = W.HTML(self._caption_html())
             rows: list[W.Widget] = []
             if controls:
@@ -191,7 +193,7 @@ class View:
         """Redraw the live widget from :meth:`build` (no-op before the widget exists)."""
         if self._fig_widget is None:
             return
-        sync_figure(self._fig_widget, self.build())
+        sync_figure(self._fig_widget, widget_safe(self.build()))
         if self._caption_widget is not None:
             self._caption_widget.value = self._caption_html()
 
@@ -208,6 +210,33 @@ class View:
     def from_json(cls, source: str | Path | dict[str, Any], **kwargs: Any) -> View:
         """The view of a saved trace (``Trace.to_chrome_trace``) or program (``Program.save_json``) file."""
         return cls(load_json_source(source), **kwargs)  # type: ignore[call-arg]
+
+
+def widget_safe(fig: go.Figure) -> go.Figure:
+    """``fig`` with its arrays as plain lists, NaN as null: what a FigureWidget can send to the browser.
+
+    Static figures keep numpy arrays (plotly writes them as compact base64). A FigureWidget sends arrays over
+    the kernel's comm instead, where a NaN (a line gap, a padding cell) is not valid JSON and float32 / int16
+    buffers are not decoded, and the plot stays empty; lists with null draw the same gaps.
+    """
+    doc = {"data": [_plain(trace) for trace in fig._data], "layout": fig._layout}   # raw dicts: numpy intact
+    return go.Figure(doc, _validate=False)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind == "f":
+            obj = value.astype(np.float64).astype(object)
+            obj[np.isnan(value)] = None
+            return obj.tolist()
+        return value.tolist()
+    if isinstance(value, float) and value != value:
+        return None
+    return value
 
 
 def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:

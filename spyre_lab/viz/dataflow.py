@@ -16,6 +16,7 @@ says so. A 4096^3 matmul (~200k tile ops) stays well under 2 MB of figure JSON.
 from __future__ import annotations
 
 import html
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,12 +24,11 @@ from typing import Any
 import ipywidgets as W
 import numpy as np
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from spyre_lab.device.config import SPYRE, SpyreConfig, get_config
 from spyre_lab.device.trace import Trace, TraceEvent, lane_sort_key
-from spyre_lab.viz.base import View, aggregation_note, dropdown, note_annotation, toggle
-from spyre_lab.viz.style import MODELED_TIME_AXIS, UNIT_COLORS, kernel_color, lane_unit
+from spyre_lab.viz.base import View, aggregation_note, cached_subplots, dropdown, note_annotation, toggle
+from spyre_lab.viz.style import MODELED_TIME_AXIS, NEUTRAL, UNIT_COLORS, kernel_color, lane_unit
 
 DETAIL_LIMIT = 2500
 """Above this many events in the visible window, lanes are drawn as merged busy spans (the figure says so)."""
@@ -49,6 +49,7 @@ class _Kernel:
     start: float
     end: float
     rule: str = ""
+    launch_us: float = 0.0
 
 
 @dataclass
@@ -71,10 +72,13 @@ class _Timeline:
     def of(cls, trace: Trace, mode: str) -> _Timeline:
         events = [e for e in trace.events if not e.lane.startswith("stream")]
         kernel_events = sorted((e for e in trace.events if e.lane.startswith("stream")), key=lambda e: e.start_us)
-        kernels = [_Kernel(e.name, e.start_us, e.end_us, str(e.args.get("rule", ""))) for e in kernel_events]
+        kernels = [_Kernel(e.name, e.start_us, e.end_us, str(e.args.get("rule", "")), float(e.args.get("launch_us", 0)))
+                   for e in kernel_events]
         if not kernels and events:
             name = str(trace.meta.get("kernel") or trace.meta.get("program") or "kernel")
-            kernels = [_Kernel(name, min(e.start_us for e in events), max(e.end_us for e in events))]
+            launch = float(trace.meta.get("launch_us", 0.0))
+            kernels = [_Kernel(name, min(e.start_us for e in events) - launch, max(e.end_us for e in events), "",
+                               launch)]
         per_lane: dict[str, list[int]] = {}
         by_core: dict[int, list[int]] = {}
         detailed = False
@@ -108,7 +112,7 @@ class DataflowView(View):
 
     figure_height = 640
 
-    def __init__(self, source: Any, mode: str | None = None, core: int | None = None, kernel: str = ALL,
+    def __init__(self, source: Any, mode: str | None = None, core: int | None = None, kernel: str | None = None,
                  cfg: SpyreConfig | None = None) -> None:
         super().__init__()
         self._builders: dict[str, Any] = {}
@@ -119,6 +123,9 @@ class DataflowView(View):
             raise ValueError(f"DataflowView: no {self.mode!r} timing for this source; available: "
                              f"{sorted(self._builders)} (a saved trace holds only the mode it was recorded in)")
         tl = self.timeline()
+        if kernel is None:   # several kernels with tiles to step through: open on the one with the most tile ops
+            busiest = max(tl.kernels, key=lambda k: _count(tl, k.start, k.end)) if tl.kernels else None
+            kernel = busiest.name if busiest is not None and tl.detailed and len(tl.kernels) > 1 else ALL
         self.kernel = kernel
         if kernel != ALL and kernel not in [k.name for k in tl.kernels]:
             raise ValueError(f"DataflowView: no kernel {kernel!r}; kernels are {[k.name for k in tl.kernels]}")
@@ -135,7 +142,9 @@ class DataflowView(View):
         from spyre_lab.device.sim import SimResult, simulate
 
         if isinstance(source, Trace):
-            mode = str(source.meta.get("mode", "event"))
+            # a runtime recording names no mode: tile-level events (with op indices) mean event timing
+            tiles = any("idx" in e.args for e in source.events if e.lane.startswith("core"))
+            mode = str(source.meta.get("mode") or ("event" if tiles else "analytic"))
             self._builders[mode] = lambda: source
             name = str(source.meta.get("kernel") or source.meta.get("program") or "trace")
             conf = cfg or _config_named(source.meta.get("config"))
@@ -184,8 +193,9 @@ class DataflowView(View):
     def window(self) -> tuple[float, float]:
         tl = self.timeline()
         for k in tl.kernels:
-            if k.name == self.kernel:
-                return k.start, k.end
+            if k.name == self.kernel:      # the tiles, not the launch before them (the caption says so)
+                first = k.start + k.launch_us
+                return max(k.start, first - 0.03 * (k.end - first)), k.end
         if not tl.events:
             return 0.0, 1.0
         t0 = min(float(tl.starts[lane][0]) for lane in tl.lanes)
@@ -246,8 +256,10 @@ class DataflowView(View):
         out: dict[str, Any] = {"event": e, "step": step, "steps": len(steps), "trigger": None, "waited": ""}
         trig_idx = e.args.get("trigger")
         if trig_idx is not None:
-            trig = next((tl.events[i] for i in tl.by_core[self.core] if tl.events[i].args.get("idx") == trig_idx),
-                        None)
+            k0, k1 = next(((k.start, k.end) for k in tl.kernels if k.start - 1e-9 <= e.start_us <= k.end + 1e-9),
+                          (float("-inf"), float("inf")))          # op indices restart in every kernel
+            trig = next((tl.events[i] for i in tl.by_core[self.core] if tl.events[i].args.get("idx") == trig_idx
+                         and k0 - 1e-9 <= tl.events[i].start_us <= k1 + 1e-9), None)
             out["trigger"] = trig
             if trig is not None and e.start_us > trig.end_us + 1e-6:
                 same_lane = [tl.events[i] for i in tl.by_core[self.core]
@@ -358,20 +370,16 @@ class DataflowView(View):
         tl = self.timeline()
         t0, t1 = self.window()
         rows = self._rows(tl)
-        fig = make_subplots(rows=2, cols=2, shared_xaxes=True, column_widths=[0.8, 0.2], row_heights=[0.75, 0.25],
-                            vertical_spacing=0.06, horizontal_spacing=0.04,
-                            specs=[[{}, {"rowspan": 2}], [{}, None]],
-                            subplot_titles=("", "in LX now (selected core)", "LX in use (selected core)"))
         notes: list[str] = []
+        data: list[dict] = []
+        extra_notes: list[dict] = []
         visible = sum(int(((tl.ends[ln] > t0) & (tl.starts[ln] < t1)).sum()) for ln in tl.lanes)
         detailed = visible <= DETAIL_LIMIT
         gap = 0.0 if detailed else _choose_gap(tl, t0, t1)
         drawn = 0
         width = max(1.5, min(14.0, 0.55 * (self.figure_height * 0.62) / max(len(rows), 1)))
         for unit in (*_UNITS, "host", "pcie", "engine"):
-            lanes = [ln for ln in tl.lanes if lane_unit(ln) == unit]
-            if not lanes:
-                continue
+            lanes = [ln for ln in rows if ln != "kernels" and lane_unit(ln) == unit]
             xs, ys, texts = [], [], []
             for lane in lanes:
                 s, e, pos = _window(tl, lane, t0, t1)
@@ -388,25 +396,37 @@ class DataflowView(View):
                         texts += [txt, txt, ""]
             if not xs:
                 continue
-            trace = go.Scatter(x=np.concatenate(xs).astype(np.float32), y=np.concatenate(ys), mode="lines",
-                               line=dict(color=UNIT_COLORS.get(unit, UNIT_COLORS["engine"]), width=width),
-                               name=_UNIT_LABEL.get(unit, unit), legendgroup=unit, connectgaps=False)
+            trace = dict(type="scatter", x=np.concatenate(xs).astype(np.float32), y=np.concatenate(ys), mode="lines",
+                         line=dict(color=UNIT_COLORS.get(unit, UNIT_COLORS["engine"]), width=width),
+                         name=_UNIT_LABEL.get(unit, unit), legendgroup=unit, connectgaps=False, xaxis="x",
+                         yaxis="y")
             if detailed:
                 trace.update(hovertext=texts, hoverinfo="text")
             else:
                 trace.update(hoverinfo="skip")
-            fig.add_trace(trace, row=1, col=1)
+            data.append(trace)
         if not detailed:
             notes.append(aggregation_note(drawn, visible, "events", "busy spans") +
                          f" (gaps under {gap:.3g} µs closed; zoom into a kernel for tiles)")
         for k in tl.kernels:
             if k.end < t0 or k.start > t1:
                 continue
-            fig.add_trace(go.Scatter(x=[k.start, k.end], y=[rows["kernels"]] * 2, mode="lines",
-                                     line=dict(color=kernel_color(k.name), width=max(width, 8)), name=k.name,
-                                     showlegend=False, hovertext=f"{k.name} ({k.rule})" if k.rule else k.name,
-                                     hoverinfo="text", meta={"kernel": k.name}), row=1, col=1)
+            data.append(dict(type="scatter", x=[k.start, k.end], y=[rows["kernels"]] * 2, mode="lines",
+                             line=dict(color=kernel_color(k.name), width=max(width, 8)), name=k.name,
+                             showlegend=False, hovertext=f"{k.name} ({k.rule})" if k.rule else k.name,
+                             hoverinfo="text", meta={"kernel": k.name}, xaxis="x", yaxis="y"))
+        launches = [dict(type="rect", x0=k.start, x1=k.start + k.launch_us, xref="x", y0=0, y1=1, yref="y domain",
+                         fillcolor=UNIT_COLORS["engine"], opacity=0.25, line=dict(width=0), layer="below",
+                         name="launch")
+                    for k in tl.kernels if k.launch_us > 0 and k.end >= t0 and k.start <= t1]
+        launch_us = max((k.launch_us for k in tl.kernels), default=0.0)
+        if launch_us and self.kernel == ALL:
+            notes.append(f"grey: kernel launch, {launch_us:.1f} µs modeled before each kernel's first tile op "
+                         "(SpyreConfig.kernel_launch_cycles)")
+        elif launch_us:
+            notes.append(f"zoomed to the tiles: the kernel's {launch_us:.1f} µs modeled launch precedes this window")
         # LX occupancy of the selected core
+        lx_axis: dict[str, Any] = {"title": {"text": "KiB"}}
         t, occ = self.lx_occupancy()
         if len(t):
             keep = (t >= t0 - 1e-9) & (t <= t1 + 1e-9)
@@ -414,56 +434,73 @@ class DataflowView(View):
             if len(t) > LX_POINTS:
                 t, occ, total = *_max_buckets(t, occ, LX_POINTS // 2), len(t)
                 notes.append(aggregation_note(len(t), total, "LX changes", "bucket maxima"))
-            fig.add_trace(go.Scatter(x=t.astype(np.float32), y=(occ / 1024).astype(np.float32), mode="lines",
-                                     line=dict(color=UNIT_COLORS["load"], shape="hv", width=1.5), fill="tozeroy",
-                                     name=f"LX core {self.core}", showlegend=False,
-                                     hovertemplate="%{y:.1f} KiB at %{x:.3f} µs<extra></extra>"), row=2, col=1)
-            fig.add_hline(y=self.cfg.lx_bytes / 1024, line=dict(color="#999", dash="dot", width=1), row=2, col=1,
-                          annotation_text=f"LX {self.cfg.lx_bytes // 1024} KiB", annotation_font_size=10)
+            data.append(dict(type="scatter", x=t.astype(np.float32), y=(occ / 1024).astype(np.float32), mode="lines",
+                             line=dict(color=UNIT_COLORS["load"], shape="hv", width=1.5), fill="tozeroy",
+                             name=f"LX core {self.core}", showlegend=False, xaxis="x3", yaxis="y3",
+                             hovertemplate="%{y:.1f} KiB at %{x:.3f} µs<extra></extra>"))
+            peak, cap = float(occ.max(initial=0)) / 1024, self.cfg.lx_bytes / 1024
+            top = cap * 1.05 if peak > 0.5 * cap else max(peak * 1.35, 1.0)
+            lx_axis["range"] = [0, top]
+            if peak > 0.5 * cap:
+                launches.append(dict(type="line", x0=0, x1=1, xref="x3 domain", y0=cap, y1=cap, yref="y3",
+                                     line=dict(color=NEUTRAL["rule"], dash="dot", width=1), name="capacity"))
+            extra_notes.append(dict(text=f"peak {peak:,.3g} KiB of the {cap:,.0f} KiB LX", xref="x3 domain",
+                                    yref="y3 domain", x=1.0, y=1.0, xanchor="right", yanchor="top", showarrow=False,
+                                    font=dict(size=10, color=NEUTRAL["muted"]), name="lx"))
         elif self.mode == "analytic":
             notes.append("analytic timing: one span per unit and core, no tiles to step through")
         shapes, annotations, bar = self._cursor_parts()
-        fig.add_trace(go.Bar(**bar), row=1, col=2)
-        names = [lane for lane in rows]
+        data.append(dict(type="bar", xaxis="x2", yaxis="y2", **bar))
+        names = list(rows)
         tickvals, ticktext = [], []
+        shown_cores = sorted({int(m.group(1)) for ln in names if (m := _CORE.fullmatch(ln))})
+        every = max(1, math.ceil(len(shown_cores) / 16))        # at most ~16 core labels
+        labelled = set(shown_cores[::every]) | {self.core}
         for lane in names:
             m = _CORE.fullmatch(lane)
-            if lane == "kernels" or not m or m.group(2) == _first_unit(rows, int(m.group(1))):
+            if lane == "kernels" or not m or (m.group(2) == _first_unit(rows, int(m.group(1)))
+                                              and int(m.group(1)) in labelled):
                 tickvals.append(rows[lane])
                 ticktext.append(lane if not m else f"core {m.group(1)}")
-        band = [ln for ln in names if _CORE.fullmatch(ln) and int(_CORE.fullmatch(ln).group(1)) == self.core]
+        band = [ln for ln in names if (m := _CORE.fullmatch(ln)) and int(m.group(1)) == self.core]
         if band:
-            fig.add_shape(type="rect", x0=0, x1=1, xref="x domain", y0=rows[band[0]] - 0.5, y1=rows[band[-1]] + 0.5,
-                          yref="y", fillcolor="rgba(255,215,0,0.18)", line_width=0, layer="below", name="band")
+            launches.append(dict(type="rect", x0=0, x1=1, xref="x domain", y0=rows[band[0]] - 0.5,
+                                 y1=rows[band[-1]] + 0.5, yref="y", fillcolor=NEUTRAL["band"], line=dict(width=0),
+                                 layer="below", name="band"))
         mode_word = "event timing: every tile op" if self.mode == "event" else "analytic timing: span per unit"
         kernel_word = "" if self.kernel == ALL else f" · kernel {self.kernel}"
-        layout = dict(
-            title=dict(text=f"Dataflow of {html.escape(self.name)}{html.escape(kernel_word)} — {mode_word} "
-                            f"(modeled µs)", x=0.01, xanchor="left", font=dict(size=15)),
-            template="plotly_white", height=self.figure_height, margin=dict(l=80, r=20, t=90, b=50),
-            legend=dict(orientation="h", yanchor="bottom", y=1.04, xanchor="right", x=1.0),
-            bargap=0.25, hovermode="closest",
-        )
-        fig.update_layout(**layout)
-        fig.update_yaxes(tickvals=tickvals, ticktext=ticktext, autorange="reversed", showgrid=False,
-                         zeroline=False, row=1, col=1, range=None)
-        fig.update_yaxes(title_text="KiB", row=2, col=1, rangemode="tozero")
-        fig.update_xaxes(range=[t0, t1], row=1, col=1)
-        fig.update_xaxes(range=[t0, t1], title_text=MODELED_TIME_AXIS, row=2, col=1)
-        fig.update_xaxes(title_text="KiB", row=1, col=2)
-        fig.update_yaxes(autorange="reversed", row=1, col=2, tickfont=dict(size=10))
-        for s in shapes:
-            fig.add_shape(s)
-        for text in notes:
-            fig.add_annotation(note_annotation(text) | dict(y=1.08 - 0.035 * notes.index(text)))
-        for a in annotations:
-            fig.add_annotation(a)
-        return fig
+        layout, _ = cached_subplots(rows=2, cols=2, shared_xaxes=True, column_widths=[0.8, 0.2],
+                                    row_heights=[0.75, 0.25], vertical_spacing=0.06, horizontal_spacing=0.04,
+                                    specs=[[{}, {"rowspan": 2}], [{}, None]],
+                                    subplot_titles=["", "", "LX in use (selected core)"],
+                                    template="plotly_white", height=self.figure_height)
+        bottom = [note_annotation(text) | dict(y=-0.09, yshift=-22 * i - 18, yanchor="top")
+                  for i, text in enumerate(notes)]
+        layout = {**layout,
+                  "title": dict(text=f"Dataflow of {html.escape(self.name)}{html.escape(kernel_word)} — {mode_word} "
+                                     "(modeled µs)", x=0.01, xanchor="left", font=dict(size=15)),
+                  "margin": dict(l=80, r=20, t=110, b=60 + 22 * len(notes)),
+                  "legend": dict(orientation="h", yanchor="bottom", y=1.075, xanchor="right", x=1.0),
+                  "bargap": 0.25, "hovermode": "closest",
+                  "shapes": [*launches[:1000], *shapes],
+                  "annotations": [*layout.get("annotations", []), *extra_notes, *bottom, *annotations]}
+        axis = layout.get
+        layout["yaxis"] = {**axis("yaxis", {}), "tickvals": tickvals, "ticktext": ticktext, "autorange": "reversed",
+                           "showgrid": False, "zeroline": False}
+        layout["yaxis3"] = {**axis("yaxis3", {}), **lx_axis}
+        layout["xaxis"] = {**axis("xaxis", {}), "range": [t0, t1]}
+        layout["xaxis3"] = {**axis("xaxis3", {}), "range": [t0, t1], "title": {"text": MODELED_TIME_AXIS}}
+        layout["xaxis2"] = {**axis("xaxis2", {}), "title": {"text": "KiB in LX now<br>(selected core)"}}
+        layout["yaxis2"] = {**axis("yaxis2", {}), "autorange": "reversed", "tickfont": {"size": 10}}
+        return go.Figure(dict(data=data, layout=layout), _validate=False)
 
     def _rows(self, tl: _Timeline) -> dict[str, int]:
+        """Row of each lane that has events in the window (the kernel strip first)."""
+        t0, t1 = self.window()
         rows = {"kernels": 0}
         for lane in tl.lanes:
-            rows[lane] = len(rows)
+            if len(_window(tl, lane, t0, t1)[0]):
+                rows[lane] = len(rows)
         return rows
 
     def _cursor_parts(self) -> tuple[list[dict], list[dict], dict]:
@@ -477,22 +514,23 @@ class DataflowView(View):
         e = f["event"]
         t = e.start_us
         shapes = [dict(type="line", x0=t, x1=t, xref=x, y0=0, y1=1, yref=f"{y} domain", name="cursor",
-                       line=dict(color="#222", width=1.5)) for x, y in (("x", "y"), ("x3", "y3"))]
+                       line=dict(color=NEUTRAL["cursor"], width=1.5)) for x, y in (("x", "y"), ("x3", "y3"))]
         rows = self._rows(tl)
         annotations = []
         trig = f["trigger"]
-        if trig is not None:
+        if trig is not None and trig.lane in rows and e.lane in rows:
             annotations.append(dict(x=t, y=rows[e.lane], ax=trig.end_us, ay=rows[trig.lane], xref="x", yref="y",
                                     axref="x", ayref="y", showarrow=True, arrowhead=3, arrowsize=1.2,
-                                    arrowcolor="#222", arrowwidth=1.5, text="", name="arrow"))
-        text = f"<b>{html.escape(e.name)}</b> fired at {t:.3f} µs"
+                                    arrowcolor=NEUTRAL["cursor"], arrowwidth=1.5, text="", name="arrow"))
+        text = (f"core {self.core} · step {f['step'] + 1}/{f['steps']}: <b>{html.escape(e.name)}</b> "
+                f"({_UNIT_LABEL.get(lane_unit(e.lane), '')}) fired at {t:.3f} µs")
         if trig is not None:
-            text += f"<br>triggered by <b>{html.escape(trig.name)}</b> ({trig.end_us:.3f} µs)"
+            text += f", triggered by <b>{html.escape(trig.name)}</b> landing at {trig.end_us:.3f} µs"
         if f["waited"]:
-            text += f"<br>then waited: {html.escape(f['waited'])}"
-        annotations.append(dict(text=text, x=1.0, xref="paper", y=0.0, yref="paper", xanchor="right",
-                                yanchor="bottom", showarrow=False, align="left", bgcolor="rgba(255,255,255,0.9)",
-                                bordercolor="#ccc", borderwidth=1, font=dict(size=11), name="cursor"))
+            text += f"; then waited: {html.escape(f['waited'])}"
+        annotations.append(dict(text=text, x=0.0, xref="paper", y=1.005, yref="paper", xanchor="left",
+                                yanchor="bottom", showarrow=False, align="left", font=dict(size=11.5),
+                                name="cursor"))
         res = self.resident(t)
         unit_of = {x.args.get("buffer"): lane_unit(x.lane) for x in res}
         bar.update(x=[int(x.args.get("buffer_bytes", 0)) / 1024 for x in res],
@@ -525,7 +563,8 @@ def _program_trace(name: str, launches: list[tuple[Any, Any]], mode: str) -> Tra
             sim = simulate(launch.tile_kernel, launch.cfg, mode=mode)
         trace.extend(sim.trace, offset_us=clock)
         rule = kernel.rule if kernel is not None else getattr(launch, "rule", "")
-        trace.add("stream0", launch.name, clock, sim.time_us, rule=rule, bottleneck=sim.bottleneck)
+        trace.add("stream0", launch.name, clock, sim.time_us, rule=rule, bottleneck=sim.bottleneck,
+                  launch_us=sim.launch_us)
         clock += sim.time_us
     return trace
 
@@ -534,6 +573,10 @@ def _window(tl: _Timeline, lane: str, t0: float, t1: float) -> tuple[np.ndarray,
     s, e, pos = tl.starts[lane], tl.ends[lane], tl.index[lane]
     keep = (e > t0) & (s < t1) | ((s == e) & (s >= t0) & (s <= t1))
     return s[keep], e[keep], pos[keep]
+
+
+def _count(tl: _Timeline, t0: float, t1: float) -> int:
+    return sum(len(_window(tl, lane, t0, t1)[0]) for lane in tl.lanes)
 
 
 def _merge(s: np.ndarray, e: np.ndarray, gap: float) -> tuple[np.ndarray, np.ndarray]:

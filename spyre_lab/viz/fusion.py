@@ -25,10 +25,12 @@ from plotly.utils import PlotlyJSONEncoder
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.viz.base import View, note_annotation
 from spyre_lab.viz.records import KernelRecord, kernel_records
-from spyre_lab.viz.style import UNIT_COLORS, kernel_color
+from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
-_EDGE_LX = "#555555"
-_EDGE_DRAM = "#B0B0B0"
+DENSE_NODES = 30
+"""Above this many LoopIR nodes the before-fusion graph drops its labels (hover names each node)."""
+_EDGE_LX = NEUTRAL["edge_lx"]
+_EDGE_DRAM = NEUTRAL["edge_dram"]
 
 
 class FusionView(View):
@@ -80,8 +82,8 @@ class FusionView(View):
                                  "(torch.compile is lazy), or pass FusionView(fn, example_inputs)")
             graph = max(graphs, key=lambda g: max(p.num_kernels for p in g.all_programs()))
             program = max(graph.all_programs(), key=lambda p: p.num_kernels)
-            self._fn = graph.gm
-            self._inputs = [torch.empty(s, dtype=d, device="meta") for s, d in program.input_shapes()]
+            inputs = _graph_inputs(graph, program)
+            self._fn, self._inputs = (graph.gm, inputs) if inputs is not None else (None, None)
             return program
         raise TypeError(f"FusionView takes a Program, a compiled model, fn + example_inputs or a saved program, "
                         f"got {type(source).__name__}")
@@ -140,7 +142,8 @@ class FusionView(View):
     # --- drawing -----------------------------------------------------------------------------------
     def build(self) -> go.Figure:
         recs = self.records()
-        layout, table_domain = _skeleton(self.figure_height)
+        height = 640 + 24 * (len(recs) + 2)          # the table grows with the kernels, the graphs do not
+        layout, table_domain = _skeleton(height, round(24 * (len(recs) + 2) / height, 3))
         data: list[dict] = []
         shapes: list[dict] = []
         notes = list(layout["annotations"])
@@ -155,7 +158,10 @@ class FusionView(View):
         rules = "all rules" if set(self.rules) == set(FUSION_RULES) else (
             f"without {', '.join(sorted(set(FUSION_RULES) - self.rules))}" if self.rules else "no fusion")
         name = self.saved["name"] if self.saved else self.program.name
-        layout = {**layout, "shapes": shapes, "annotations": notes,
+        notes.append(dict(text="box labels: " + ", ".join(f"{v} = {k}" for k, v in _SHORT.items() if k != "fallback"),
+                          xref="paper", yref="y2 domain", x=0.0, y=-0.02, yanchor="top", xanchor="left",
+                          showarrow=False, font=dict(size=10, color=NEUTRAL["muted"]), name="legend"))
+        layout = {**layout, "shapes": shapes, "annotations": notes, "height": height,
                   "title": dict(text=f"Fusion of {html.escape(str(name))} ({rules}): {len(recs)} kernels, "
                                      f"{total:.1f} µs modeled — {self.mode} timing", x=0.01, xanchor="left",
                                 font=dict(size=15))}
@@ -208,12 +214,14 @@ class FusionView(View):
                                  xaxis=axes[0], yaxis=axes[1], line=dict(color=_EDGE_LX, width=2)))
             order = list(names)
             data.append(dict(
-                type="scatter", x=[pos[n][0] for n in order], y=[pos[n][1] for n in order], mode="markers+text",
+                type="scatter", x=[pos[n][0] for n in order], y=[pos[n][1] for n in order],
+                mode="markers+text" if row_after or len(order) <= DENSE_NODES else "markers",
                 xaxis=axes[0], yaxis=axes[1],
-                text=[names[n].op for n in order], textposition="middle right", textfont=dict(size=9),
+                text=[names[n].op for n in order] if row_after or len(order) <= DENSE_NODES else None,
+                textposition="middle right", textfont=dict(size=9),
                 marker=dict(size=12, color=[kernel_color(kernel_of[n]) for n in order],
                             symbol=["square" if names[n].kind == "MatMul" else "circle" for n in order],
-                            line=dict(color="#333", width=0.5)),
+                            line=dict(color=NEUTRAL["text"], width=0.5)),
                 hovertext=[f"<b>{html.escape(names[n].op)}</b> {html.escape(names[n].kind)} "
                            f"{dict(names[n].dims)}<br>kernel {html.escape(kernel_of[n])} ({rule_of[n]})"
                            for n in order], hoverinfo="text", name="kernels" if row_after else "nodes",
@@ -223,9 +231,11 @@ class FusionView(View):
             shapes.append(dict(type="rect", x0=i - 0.35, x1=i + 0.45, y0=-0.5, y1=len(k.nodes) - 0.5, xref="x2",
                                yref="y2", line=dict(color=color, width=1.5), fillcolor=color, opacity=0.15,
                                layer="below", name=f"kernel {launch.name}"))
-            notes.append(dict(x=i + 0.05, y=-0.6, xref="x2", yref="y2", text=_short_rule(k.rule), showarrow=False,
-                              textangle=-60, xanchor="left", yanchor="bottom", font=dict(size=9, color="#333"),
-                              name="rule"))
+            notes.append(dict(x=i + 0.05, y=-0.55, xref="x2", yref="y2", text=_short_rule(k.rule), showarrow=False,
+                              xanchor="center", yanchor="bottom", font=dict(size=9, color=NEUTRAL["text"]), name="rule",
+                              hovertext=f"{launch.name}: {k.rule}"))
+        data.append(dict(type="scatter", x=[0], y=[-1.4], mode="markers", marker=dict(opacity=0), hoverinfo="skip",
+                         xaxis="x2", yaxis="y2", showlegend=False))
 
     def _draw_saved_kernels(self, data: list[dict], notes: list[dict], recs: list[KernelRecord]) -> None:
         xs, ys, text, colors, hover = [], [], [], [], []
@@ -236,17 +246,17 @@ class FusionView(View):
                 text.append(op)
                 colors.append(UNIT_COLORS["host"] if r.host else kernel_color(r.name))
                 hover.append(f"{html.escape(r.name)} ({r.rule})")
-            notes.append(dict(x=r.index + 0.05, y=-0.6, xref="x2", yref="y2", text=_short_rule(r.rule),
-                              showarrow=False, textangle=-60, xanchor="left", yanchor="bottom", font=dict(size=9),
-                              name="rule"))
+            notes.append(dict(x=r.index + 0.05, y=-0.55, xref="x2", yref="y2", text=_short_rule(r.rule),
+                              showarrow=False, xanchor="center", yanchor="bottom", font=dict(size=9), name="rule"))
         data.append(dict(type="scatter", x=xs, y=ys, mode="markers+text", text=text, textposition="middle right",
                          xaxis="x2", yaxis="y2", textfont=dict(size=9), marker=dict(size=12, color=colors),
                          hovertext=hover, hoverinfo="text", meta={"row": "after"}))
 
 
-@functools.lru_cache(maxsize=4)
-def _skeleton_cached(height: int) -> str:
-    fig = make_subplots(rows=3, cols=1, row_heights=[0.34, 0.34, 0.32], vertical_spacing=0.07,
+@functools.lru_cache(maxsize=16)
+def _skeleton_cached(height: int, table: float) -> str:
+    graphs = (1 - table) / 2
+    fig = make_subplots(rows=3, cols=1, row_heights=[graphs, graphs, table], vertical_spacing=0.06,
                         specs=[[{"type": "xy"}], [{"type": "xy"}], [{"type": "table"}]],
                         subplot_titles=("LoopIR before fusion: one node per op (color: the kernel it lands in)",
                                         "after fusion: kernels in launch order (box = kernel, label = rule)",
@@ -260,15 +270,19 @@ def _skeleton_cached(height: int) -> str:
     return json.dumps(fig.to_plotly_json(), cls=PlotlyJSONEncoder)
 
 
-def _skeleton(height: int) -> tuple[dict, dict]:
+def _skeleton(height: int, table: float) -> tuple[dict, dict]:
     """The three-row layout (graph, graph, table), built once with make_subplots and then reused as plain data."""
-    doc = json.loads(_skeleton_cached(height))
+    doc = json.loads(_skeleton_cached(height, table))
     return doc["layout"], doc["data"][0]["domain"]
 
 
+_SHORT = {"reduction_fusion": "red", "matmul_epilogue": "epi", "pointwise_chain": "pw", "restickify": "rst",
+          "single": "—", "softmax": "smax", "mlp": "mlp", "fallback": "host"}
+
+
 def _short_rule(rule: str) -> str:
-    return {"reduction_fusion": "reduction", "matmul_epilogue": "epilogue", "pointwise_chain": "pointwise"}.get(
-        rule, rule)
+    """The rule as a label that fits above a one-node box (the table and the hover name it in full)."""
+    return _SHORT.get(rule, rule[:4])
 
 
 def _table(recs: list[KernelRecord]) -> dict:
@@ -282,13 +296,39 @@ def _table(recs: list[KernelRecord]) -> dict:
         [f"{r.time_us:.2f}" if r.time_us is not None else "—" for r in recs] + [f"{total_t:.2f}"],
         [r.bottleneck for r in recs] + [""],
     ]
-    fill = [[kernel_color(r.name) if not r.host else UNIT_COLORS["host"] for r in recs] + ["white"]]
-    fill += [["white"] * (len(recs) + 1)] * 5
+    # no-break spaces: a table laid out before it is on screen (a notebook output) wraps spaced text to nothing
+    cells = [[str(v).replace(" ", "\u00a0") for v in col] for col in cells]
+    fill = [[kernel_color(r.name) if not r.host else UNIT_COLORS["host"] for r in recs] + [NEUTRAL["white"]]]
+    fill += [[NEUTRAL["white"]] * (len(recs) + 1)] * 5
     return dict(
-        type="table", header=dict(values=["kernel", "rule", "ops", "DRAM kB", "modeled µs", "bottleneck"],
-                    fill=dict(color="#f0f0f0"), align="left", font=dict(size=11)),
+        type="table", header=dict(values=["kernel", "rule", "ops", "DRAM\u00a0kB", "modeled\u00a0µs", "bottleneck"],
+                    fill=dict(color=NEUTRAL["header"]), align="left", font=dict(size=11)),
         cells=dict(values=cells, fill=dict(color=fill), align="left", font=dict(size=10), height=20),
         columnwidth=[40, 90, 260, 70, 70, 80])
+
+
+def _graph_inputs(graph: Any, program: Any) -> list[Any] | None:
+    """The arguments Dynamo passes the graph, as meta tensors and ints (symbolic sizes at their example values).
+
+    None when they do not reproduce ``program``'s input shapes (then the view cannot recompile it).
+    """
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as hint_int
+
+    out: list[Any] = []
+    for node in graph.gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        val = node.meta.get("example_value", node.meta.get("val"))
+        if isinstance(val, torch.SymInt):
+            out.append(hint_int(val))
+        elif isinstance(val, torch.Tensor):
+            shape = tuple(hint_int(d) for d in val.shape)
+            out.append(torch.empty(shape, dtype=val.dtype, device="meta"))
+        else:
+            return None
+    tensors = sorted((tuple(t.shape), str(t.dtype)) for t in out if isinstance(t, torch.Tensor))
+    wanted = sorted((tuple(shape), str(dtype)) for shape, dtype in program.input_shapes())
+    return out if all(w in tensors for w in wanted) else None
 
 
 def _kept_function(program: Any) -> Any:

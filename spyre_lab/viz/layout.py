@@ -185,7 +185,7 @@ class LayoutView(View):
         layout, axes = cached_subplots(rows=1, cols=2, horizontal_spacing=0.1, column_widths=[0.5, 0.5],
                                        subplot_titles=["host (row-major)", "device (stickified, address order)"],
                                        template="plotly_white", height=self.figure_height,
-                                       margin=dict(l=60, r=30, t=90, b=60))
+                                       margin=dict(l=60, r=30, t=120, b=100))
         (xh, yh), (xd, yd) = axes[(1, 1)], axes[(1, 2)]
         zmax = max(sticks - 1, 1)
         data: list[dict] = [
@@ -211,19 +211,24 @@ class LayoutView(View):
         if "device_value" in f:
             text += f" · value {f['host_value']:.4g} on the host, {f['device_value']:.4g} on the device"
         annotations = list(layout.get("annotations", []))
-        annotations.append(dict(text=html.escape(text), x=0.5, y=-0.12, xref="paper", yref="paper", showarrow=False,
+        annotations.append(dict(text=html.escape(text), x=0.0, y=1.0, yshift=38, xref="paper", yref="paper",
+                                xanchor="left", yanchor="bottom", showarrow=False,
                                 font=dict(size=12, color=FOLLOW_COLOR), name="follow"))
         for i, n in enumerate(notes):
-            annotations.append(note_annotation(n) | dict(y=1.06 + 0.035 * i))
+            annotations.append(note_annotation(n) | dict(y=0.0, yshift=-52 - 18 * i, yanchor="top"))
         lay_text = (f"{tuple(self.shape)} {self._dtype_name}, dim_order ({self.dim_order}) → device "
                     f"{lay.device_size}, {lay.num_sticks:,} sticks of {lay.stick_bytes} B, "
                     f"{lay.padding_fraction:.0%} padding")
         layout = {**layout, "annotations": annotations, "showlegend": False,
                   "title": dict(text=f"Stick layout of {html.escape(lay_text)}", x=0.01, xanchor="left",
                                 font=dict(size=14))}
+        extents = {xh: host.shape[1], yh: host.shape[0], xd: device.shape[1], yd: device.shape[0]}
         for ref, title in ((xh, x_host), (yh, y_host), (xd, x_dev), (yd, y_dev)):
             key = ("xaxis" if ref.startswith("x") else "yaxis") + ref[1:]
-            extra = {"autorange": "reversed"} if ref.startswith("y") else {}
+            extra: dict[str, Any] = {"autorange": "reversed"} if ref.startswith("y") else {}
+            extra["tickformat"] = "d"                           # grid positions are whole cells
+            if extents[ref] <= 16:
+                extra["dtick"] = 1
             layout[key] = {**layout.get(key, {}), "title": {"text": title}, "showgrid": False, "zeroline": False,
                            **extra}
         return go.Figure(dict(data=data, layout=layout), _validate=False)

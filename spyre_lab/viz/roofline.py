@@ -20,7 +20,7 @@ import plotly.graph_objects as go
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.viz.base import View, base_layout, note_annotation, toggle
 from spyre_lab.viz.records import KernelRecord, device_config, is_program, kernel_records, program_name
-from spyre_lab.viz.style import UNIT_COLORS, kernel_color
+from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 _SYMBOL = {"memory": "circle", "compute": "diamond", "communication": "square"}
 
@@ -93,7 +93,7 @@ class Roofline(View):
                                  name=f"PT peak {cfg.peak_flops / 1e12:.1f} TFLOP/s", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=grid, y=np.minimum(dram, sfu) / 1e12, mode="lines",
                                  line=dict(color=UNIT_COLORS["sfu"], width=2, dash="dash"),
-                                 name=f"SFU peak {sfu / 1e12:.2f} TFLOP/s", hoverinfo="skip"))
+                                 name=f"SFU peak {sfu / 1e12:.2f} TFLOP/s (estimate)", hoverinfo="skip"))
         fig.add_trace(go.Scatter(x=grid, y=dram / 1e12, mode="lines",
                                  line=dict(color=UNIT_COLORS["load"], width=1, dash="dot"),
                                  name=f"DRAM {cfg.dram_bandwidth / 1e9:.1f} GB/s", hoverinfo="skip"))
@@ -103,7 +103,7 @@ class Roofline(View):
                 x=[x], y=[y / 1e12], mode="markers+text", text=[f"k{r.index}"], textposition="top center",
                 textfont=dict(size=10), name=r.name, meta={"kernel": r.name},
                 marker=dict(color=kernel_color(r.name), size=10 + 30 * math.sqrt(share),
-                            symbol=_SYMBOL.get(r.bottleneck, "circle"), line=dict(color="#333", width=0.5)),
+                            symbol=_SYMBOL.get(r.bottleneck, "circle"), line=dict(color=NEUTRAL["text"], width=0.5)),
                 hovertext=[f"<b>{html.escape(r.name)}</b> ({r.rule})<br>{' → '.join(r.ops)}<br>"
                            f"{x:.2f} FLOP/B, {y / 1e12:.3f} TFLOP/s<br>{r.time_us:.2f} µs modeled "
                            f"({share:.0%} of device time), {r.bottleneck}-bound"],
@@ -125,7 +125,7 @@ class Roofline(View):
         fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per DRAM byte)", range=[
             math.log10(x_lo), math.log10(x_hi)])
         fig.update_yaxes(type="log", title_text="modeled TFLOP/s")
-        fig.add_vline(x=cfg.ridge_flop_per_byte, line=dict(color="#bbb", width=1, dash="dot"),
+        fig.add_vline(x=cfg.ridge_flop_per_byte, line=dict(color=NEUTRAL["rule"], width=1, dash="dot"),
                       annotation_text=f"ridge {cfg.ridge_flop_per_byte:.0f} FLOP/B", annotation_font_size=10)
         for i, text in enumerate(notes):
             fig.add_annotation(note_annotation(text) | dict(y=1.0 + 0.04 * i))

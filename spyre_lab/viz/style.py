@@ -130,3 +130,16 @@ ADDRESS_SCALE: tuple[str, ...] = ("#440154", "#482878", "#3E4A89", "#31688E", "#
 PADDING_COLOR = "#D0D0D0"
 #: The one element a view follows across panels.
 FOLLOW_COLOR = "#E4002B"
+
+#: Neutral chrome: text, edges, bands and cursors that carry no unit or kernel meaning.
+NEUTRAL: dict[str, str] = {
+    "text": "#333333",
+    "muted": "#666666",
+    "cursor": "#222222",
+    "edge_lx": "#555555",      # a FusionView edge that stays in LX
+    "edge_dram": "#B0B0B0",    # a FusionView edge through DRAM
+    "rule": "#BBBBBB",         # reference lines (ridge, capacity)
+    "header": "#F0F0F0",       # table headers
+    "band": "rgba(255,215,0,0.18)",   # the selected core's rows
+    "white": "#FFFFFF",
+}

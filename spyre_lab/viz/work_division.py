@@ -20,8 +20,10 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from spyre_lab.compiler.ir import MatMul
+from spyre_lab.compiler.work_division import WorkDivision
 from spyre_lab.viz.base import View, cached_subplots, dropdown, note_annotation, toggle
-from spyre_lab.viz.style import UNIT_COLORS, core_color, kernel_color
+from spyre_lab.viz.records import device_config
+from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, core_color
 
 _TERMS = (("compute_us", "compute (PT)", "pt"), ("hbm_us", "DRAM", "load"), ("psum_us", "partial sums (ring)", "ring"),
           ("tiebreak_us", "PT-pass tie-break", "engine"))
@@ -44,6 +46,10 @@ class WorkDivisionView(View):
     def __init__(self, source: Any, kernel: str | int | None = None, cores: int | None = None,
                  strategy: str | None = None) -> None:
         super().__init__()
+        if isinstance(source, dict):
+            self._adopt_saved(source, kernel)
+            return
+        self.saved: dict[str, Any] | None = None
         self.program = _program_of(source)
         self.cfg = self.program.cfg
         planned = [(launch, k) for launch, k in zip(self.program.launches, self.program.kernels)
@@ -66,6 +72,27 @@ class WorkDivisionView(View):
             raise ValueError(f"cores must be between 1 and {self.cfg.cores}, got {self.cores}")
         self.strategy = strategy or self.program.options.work_division
 
+    def _adopt_saved(self, doc: dict[str, Any], kernel: str | int | None) -> None:
+        """A saved program: each kernel's SuperDSC holds its split and per-core slices (no replanning)."""
+        if "launches" not in doc:
+            raise ValueError("WorkDivisionView.from_json needs a saved program (Program.save_json)")
+        self.saved, self.program = doc, None
+        self.cfg = device_config(doc)
+        entries = [e for e in doc["launches"] if e.get("superdsc")]
+        if not entries:
+            raise ValueError(f"saved program {doc.get('name')!r} has no planned device kernel to divide")
+        self._kernels = {e["name"]: e for e in entries}
+        if kernel is None:
+            kernel = max(entries, key=lambda e: (e.get("modeled", {}).get("flops", 0), e["name"]))["name"]
+        elif isinstance(kernel, int):
+            kernel = entries[kernel]["name"]
+        if kernel not in self._kernels:
+            raise ValueError(f"no planned kernel {kernel!r}; kernels are {list(self._kernels)}")
+        self.kernel = kernel
+        self.cores = self.cfg.cores
+        self.strategy = doc.get("options", {}).get("work_division", "planned")
+        self._specs = {}
+
     @classmethod
     def matmul(cls, m: int, n: int, k: int, b: int = 1, **kwargs: Any) -> WorkDivisionView:
         """The view of ``C[b,m,n] = A[b,m,k] @ W[b,k,n]`` in fp16, compiled on meta tensors (no data)."""
@@ -83,6 +110,8 @@ class WorkDivisionView(View):
     def spec(self) -> Any:
         """The KernelSpec for the current kernel, core count and strategy (regenerated, then cached)."""
         key = (self.kernel, self.cores, self.strategy)
+        if self.saved is not None:
+            return _SavedSpec(self._kernels[self.kernel], self.cfg, self.strategy)
         if key not in self._specs:
             from spyre_lab.compiler.codegen import generate_kernel
 
@@ -95,8 +124,13 @@ class WorkDivisionView(View):
     def caption(self) -> str:  # type: ignore[override]
         spec = self.spec()
         d = spec.division
-        sim = spec.simulate("analytic")
         splits = " x ".join(f"{k}:{v}" for k, v in d.splits.items() if v > 1) or "no split"
+        if self.saved is not None:
+            t = self._kernels[self.kernel].get("modeled", {}).get("time_us")
+            timing = f"{t:.2f} µs modeled (saved)" if t is not None else "time not saved"
+            return (f"{self.kernel} as saved, {d.strategy} ({splits}, {_cores(d.cores_used)} busy): {timing}; each "
+                    f"color is one core's slice of the iteration space.")
+        sim = spec.simulate("analytic")
         return (f"{self.kernel} on {_cores(self.cores)}, {d.strategy} ({splits}, {_cores(d.cores_used)} busy): "
                 f"{sim.time_us:.2f} µs modeled (analytic); each color is one core's slice of the iteration space.")
 
@@ -105,6 +139,7 @@ class WorkDivisionView(View):
         cores = W.IntSlider(value=self.cores, min=1, max=self.cfg.cores, description="cores",
                             continuous_update=False, style={"description_width": "initial"})
         strategy = toggle(["planned", "naive"], self.strategy, "division")
+        cores.disabled = strategy.disabled = self.saved is not None      # a saved program cannot be replanned
         return [self.bind("kernel", kernel), self.bind("cores", cores), self.bind("strategy", strategy)]
 
     # --- drawing ----------------------------------------------------------------------------------
@@ -117,13 +152,13 @@ class WorkDivisionView(View):
                                                        "cost model terms (modeled µs)" if _is_matmul(spec, self)
                                                        else "busiest core: modeled busy time per unit (µs)"],
                                        template="plotly_white", height=self.figure_height,
-                                       margin=dict(l=60, r=20, t=80, b=50))
+                                       margin=dict(l=60, r=20, t=80, b=90))
         data: list[dict] = []
         notes = list(layout.get("annotations", []))
         self._space(spec, data, notes, axes[(1, 1)])
         self._utilization(spec, data, axes[(2, 1)])
         if _is_matmul(spec, self):
-            self._cost_terms(spec, data, axes[(2, 2)])
+            self._cost_terms(spec, data, notes, axes[(2, 2)])
         else:
             self._unit_busy(spec, data, axes[(2, 2)])
         d = spec.division
@@ -132,7 +167,7 @@ class WorkDivisionView(View):
                                  font=dict(size=10)),
                   "title": dict(text=f"Work division of {html.escape(self.kernel)}: {d.strategy} on "
                                      f"{_cores(self.cores)} — analytic timing (modeled)", x=0.01, xanchor="left",
-                                font=dict(size=15, color=kernel_color(self.kernel)))}
+                                font=dict(size=15))}
         x1, y1 = axes[(1, 1)]
         layout[_axis_key(x1)] = {**layout.get(_axis_key(x1), {}), "showgrid": False, "zeroline": False}
         layout[_axis_key(y1)] = {**layout.get(_axis_key(y1), {}), "autorange": "reversed", "showgrid": False,
@@ -182,10 +217,10 @@ class WorkDivisionView(View):
             data.append(dict(type="scatter", x=[off + x0, off + x1, off + x1, off + x0, off + x0],
                              y=[y0, y0, y1, y1, y0], fill="toself", mode="lines",
                              fillcolor=core_color(core, self.cores),
-                             line=dict(color="white", width=1), hoveron="fills", name=f"core {core}",
+                             line=dict(color=NEUTRAL["white"], width=1), hoveron="fills", name=f"core {core}",
                              text=f"core {core}: {where}", hoverinfo="text", showlegend=False,
                              xaxis=axes[0], yaxis=axes[1], meta={"core": core}))
-        for i in range(shown):
+        for i in range(shown if facet_count > 1 else 0):
             coords = _unravel(i, [d.splits[f] for f in facet_dims])
             label = " · ".join(f"{f} slice {c}" for f, c in zip(facet_dims, coords))
             notes.append(dict(text=label or f"{y_dim or ''} x {x_dim}", x=i * (width + gap) + width / 2,
@@ -198,23 +233,31 @@ class WorkDivisionView(View):
                          marker=dict(opacity=0), hoverinfo="skip", showlegend=False, xaxis=axes[0], yaxis=axes[1]))
         notes.append(dict(text=f"x: {x_dim} ({width})" + (f", y: {y_dim} ({height})" if y_dim else ""),
                           xref=f"{axes[0]} domain", yref=f"{axes[1]} domain", x=1.0, y=-0.08, xanchor="right",
-                          yanchor="top", showarrow=False, font=dict(size=10, color="#666")))
+                          yanchor="top", showarrow=False, font=dict(size=10, color=NEUTRAL["muted"])))
 
     def _utilization(self, spec: Any, data: list[dict], axes: tuple[str, str]) -> None:
+        if self.saved is not None:
+            data.append(dict(type="bar", x=[], y=[], xaxis=axes[0], yaxis=axes[1], showlegend=False,
+                             meta={"panel": "utilization"}))
+            return
         sim = spec.simulate("analytic")
         cores = list(range(self.cores))
         util = [sim.core_utilization.get(c, 0.0) for c in cores]
         busy = set(spec.tile_kernel.active_cores)
         colors = [core_color(c, self.cores) if c in busy else UNIT_COLORS["idle"] for c in cores]
-        data.append(dict(type="bar", x=cores, y=util, marker=dict(color=colors, line=dict(color="#999", width=0.5)),
+        data.append(dict(type="bar", x=cores, y=util,
+                         marker=dict(color=colors, line=dict(color=NEUTRAL["rule"], width=0.5)),
                          name="utilization", showlegend=False, xaxis=axes[0], yaxis=axes[1],
                          hovertemplate="core %{x}: %{y:.1%} busy<extra></extra>", meta={"panel": "utilization"}))
 
-    def _cost_terms(self, spec: Any, data: list[dict], axes: tuple[str, str]) -> None:
+    def _cost_terms(self, spec: Any, data: list[dict], notes: list[dict], axes: tuple[str, str]) -> None:
         from spyre_lab.compiler.work_division import matmul_candidates, matmul_cost
 
         B, M, N, K = (spec.dims[k] for k in ("B", "M", "N", "K"))
-        dtype = self.program.buffers[self._kernels[self.kernel].anchor.output].dtype
+        import torch
+
+        dtype = (torch.float16 if self.saved is not None
+                 else self.program.buffers[self._kernels[self.kernel].anchor.output].dtype)
         cfg = self.cfg.replace(cores=self.cores)
         splits = spec.division.splits
         chosen = (splits.get("B", 1), splits.get("M", 1), splits.get("N", 1), splits.get("K", 1))
@@ -222,6 +265,9 @@ class WorkDivisionView(View):
         rows = [(f"chosen {_label(chosen)}", matmul_cost(*chosen, B, M, N, K, cfg, dtype))]
         rows += [(_label(tuple(c[k] for k in ("B", "M", "N", "K"))), cost) for c, cost in cands
                  if tuple(c[k] for k in ("B", "M", "N", "K")) != chosen]
+        notes.append(dict(text=_wrap(spec.division.reason, 70), xref=f"{axes[0]} domain",
+                          yref=f"{axes[1]} domain", x=0.0, y=-0.22, xanchor="left", yanchor="top", align="left",
+                          showarrow=False, font=dict(size=10, color=NEUTRAL["muted"]), name="reason"))
         labels = [r[0] for r in rows]
         for attr, name, unit in _TERMS:
             data.append(dict(type="bar", x=labels, y=[getattr(c, attr) * c.b_factor for _, c in rows], name=name,
@@ -229,6 +275,10 @@ class WorkDivisionView(View):
                              hovertemplate=f"{name}: %{{y:.2f}} µs<extra></extra>", meta={"panel": "cost"}))
 
     def _unit_busy(self, spec: Any, data: list[dict], axes: tuple[str, str]) -> None:
+        if self.saved is not None:
+            data.append(dict(type="bar", x=[], y=[], xaxis=axes[0], yaxis=axes[1], showlegend=False,
+                             meta={"panel": "busy"}))
+            return
         sim = spec.simulate("analytic")
         core, _, _ = sim.busiest()
         units = ("load", "pt", "sfu", "store", "ring")
@@ -249,11 +299,21 @@ def _matmul(a: Any, w: Any) -> Any:
 
 def _is_matmul(spec: Any, view: WorkDivisionView) -> bool:
     k = view._kernels[view.kernel]
+    if view.saved is not None:
+        return {"B", "M", "N", "K"} <= set(spec.dims) and k.get("rule") != "mlp" and "matmul" in k.get("ops", ())
     return {"B", "M", "N", "K"} <= set(spec.dims) and k.rule != "mlp" and any(isinstance(n, MatMul) for n in k.nodes)
 
 
 def _label(split: tuple[int, int, int, int]) -> str:
-    return "·".join(f"{d}{s}" for d, s in zip("BMNK", split) if s > 1) or "1 core"
+    """``M4·N8 (32)``: the split and the cores it uses (the planner skips candidates on fewer cores)."""
+    name = "·".join(f"{d}{s}" for d, s in zip("BMNK", split) if s > 1) or "1 core"
+    return f"{name} ({math.prod(split)})"
+
+
+def _wrap(text: str, width: int) -> str:
+    import textwrap
+
+    return "<br>".join(html.escape(line) for line in textwrap.wrap(text, width))
 
 
 def _unravel(index: int, sizes: list[int]) -> list[int]:
@@ -268,13 +328,34 @@ def _axis_key(ref: str) -> str:
     return ("xaxis" if ref.startswith("x") else "yaxis") + ref[1:]
 
 
+class _SavedSpec:
+    """What the view reads of a KernelSpec, rebuilt from a saved program's SuperDSC (``KernelSpec.to_json``)."""
+
+    def __init__(self, entry: dict[str, Any], cfg: Any, strategy: str) -> None:
+        doc = entry["superdsc"]
+        dsc = next(iter(doc["dscs_"][0].values()))
+        self.dims: dict[str, int] = dict(dsc["N_"])
+        splits = dict(doc["numWkSlicesPerDim_"])
+        matmul = {"B", "M", "N", "K"} <= set(self.dims)
+        reduction = ("K",) if matmul and entry.get("rule") != "mlp" else ()
+        per_core = dsc["dataStageParam_"]["0"]["perCore_"]
+        coords = {int(c): v for c, v in doc["coreIdToWkSlice_"].items()}
+        division = WorkDivision(splits, (), strategy, "saved program: the split the compiler chose (replan it from "
+                                "the Program)", None, reduction)
+        order = sorted(coords, key=lambda c: division._index(coords[c]))
+        self.division = WorkDivision(splits, tuple(order), strategy, division.reason, None, reduction)
+        first = per_core[str(order[0])]
+        self.slices: list[dict[str, tuple[int, int]]] = [{} for _ in range(cfg.cores)]
+        for c, where in coords.items():
+            ext = per_core[str(c)]
+            self.slices[c] = {k: (where.get(k, 0) * first[k], where.get(k, 0) * first[k] + ext[k]) for k in ext}
+
+
 def _program_of(source: Any) -> Any:
     from spyre_lab.compiler.program import Program
 
     if isinstance(source, Program):
         return source
-    if isinstance(source, dict):
-        raise ValueError("a saved program JSON holds no kernels to replan; pass the Program itself")
     from spyre_lab.compiler.backend import compiled_graphs_for
 
     programs = [p for g in compiled_graphs_for(source) for p in g.all_programs()]

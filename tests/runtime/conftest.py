@@ -28,13 +28,16 @@ def clean_clock():
 def fresh_warnings():
     """Forget which one-time warnings were already given, so a test can observe them."""
     saved_ops, saved_dtypes = set(fallback._warned_ops), set(tensor._warned_dtypes)
+    saved_stats = dict(fallback._PROCESS_LOG.stats)   # a warning names its op's first call site: start afresh
     fallback._warned_ops.clear()
     tensor._warned_dtypes.clear()
+    fallback._PROCESS_LOG.stats.clear()
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         yield
     fallback._warned_ops.update(saved_ops)
     tensor._warned_dtypes.update(saved_dtypes)
+    fallback._PROCESS_LOG.stats.update(saved_stats)
 
 
 def half(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -152,11 +152,11 @@ def test_out_of_memory_names_requested_and_free_bytes():
     assert "200.00 GiB" in message and "free" in message
 
 
-def test_tensor_used_after_empty_cache_says_what_happened():
+def test_tensor_used_after_a_device_reset_says_what_happened():
     keep = torch.ones(4, dtype=torch.float16).to("spyre")
-    torch.spyre.empty_cache()
+    torch.spyre.reset_device()
     assert torch.spyre.memory_allocated() == 0
-    with pytest.raises(SpyreUsageError, match="empty_cache"):
+    with pytest.raises(SpyreUsageError, match="reset_device"):
         keep.cpu()
     fresh = torch.ones(4, dtype=torch.float16).to("spyre")    # the device works again
     assert fresh.sum().item() == 4

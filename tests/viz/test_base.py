@@ -54,3 +54,20 @@ def test_load_json_source(tmp_path):
 def test_aggregation_note_names_both_counts():
     note = aggregation_note(400, 200_000, "tile ops", "busy spans")
     assert note == "aggregated: 400 busy spans drawn for 200,000 tile ops"
+
+
+def test_widget_gets_plain_lists_with_null_gaps():
+    import numpy as np
+
+    class _Gaps(View):
+        def build(self) -> go.Figure:
+            x = np.array([0.0, 1.0, np.nan, 2.0, 3.0], dtype=np.float32)
+            return go.Figure(dict(data=[dict(type="scatter", x=x, y=np.arange(5, dtype=np.int16)),
+                                        dict(type="heatmap", z=np.array([[1.0, np.nan]], dtype=np.float32))]),
+                             _validate=False)
+
+    view = _Gaps()
+    line, heat = view.fig_widget.data
+    assert line.x == (0.0, 1.0, None, 2.0, 3.0) and line.y == (0, 1, 2, 3, 4)
+    assert [list(row) for row in heat.z] == [[1.0, None]]
+    assert np.isnan(np.asarray(view.figure.data[0].x, dtype=float)[2])        # the static figure keeps numpy

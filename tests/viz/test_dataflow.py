@@ -109,7 +109,10 @@ def test_controls_redraw_the_figure(small):
 def test_program_kernels_keep_their_colors_and_zoom(program):
     view = DataflowView(program)
     names = [launch.name for launch in program.device_launches]
-    strip = {t.meta["kernel"]: t.line.color for t in view.figure.data if t.meta and "kernel" in t.meta}
+    counts = {n: sum(1 for e in launch.simulate("event").trace) for n, launch in zip(names, program.device_launches)}
+    assert view.kernel == max(counts, key=counts.get)            # opens on the kernel with the most tile ops
+    view.controls["kernel"].value = ALL
+    strip = {t.meta["kernel"]: t.line.color for t in view.fig_widget.data if t.meta and "kernel" in t.meta}
     assert list(strip) == names
     assert all(strip[n] == kernel_color(n) for n in names)
     fw = view.fig_widget
@@ -146,3 +149,37 @@ def test_big_trace_aggregates_visibly_under_2mb():
     assert len(view.steps()) == len(kernel.programs[0].ops)
     json.loads(fig.to_json())
     assert ALL in view.controls["kernel"].options
+
+
+def test_triggers_stay_inside_their_kernel(program):
+    view = DataflowView(program)                                  # op indices restart in every kernel
+    for name in [launch.name for launch in program.device_launches]:
+        view.kernel = name
+        k = next(k for k in view.timeline().kernels if k.name == name)
+        for step in range(len(view.steps())):
+            f = view.firing(step)
+            if f["trigger"] is not None:
+                assert k.start <= f["trigger"].start_us and f["trigger"].end_us <= f["event"].start_us + 1e-9
+
+
+def test_figures_pass_plotlys_validators(small, program):
+    import plotly.graph_objects as go
+
+    _, sim = small
+    for view in (DataflowView(sim), DataflowView(sim, mode="analytic"), DataflowView(program, kernel=ALL)):
+        go.Figure(view.figure.to_plotly_json())           # built without validation for speed
+
+
+def test_runtime_recording_with_host_and_pcie_lanes():
+    import spyre_lab
+
+    x = torch.randn(256, 512, dtype=torch.float16).to("spyre")
+    with spyre_lab.recording() as trace:
+        (torch.softmax(x, dim=-1) * 2).cpu()
+    view = DataflowView(trace)
+    assert view.mode == "analytic"                               # the runtime simulated its kernels analytically
+    names = {t.name for t in view.figure.data}
+    assert {"host", "pcie"} <= names
+    kernels = [e.name for e in trace.events if e.lane.startswith("stream")]
+    assert view.controls["kernel"].options[1:] == tuple(kernels)
+    assert "analytic timing" in view.figure.layout.title.text

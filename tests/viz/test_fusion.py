@@ -36,7 +36,7 @@ def test_nodes_colored_by_their_kernel_and_boxes_named_by_rule(layer):
     assert [s.fillcolor for s in boxes] == [kernel_color(launch.name) for launch in program.launches]
     rules = [a.text for a in fig.layout.annotations if a.name == "rule"]
     assert rules == [_short_rule(k.rule) for k in program.kernels]
-    assert "mlp" in rules or "softmax" in rules
+    assert "mlp" in rules or "smax" in rules
 
 
 def test_table_holds_the_modeled_numbers(layer):
@@ -69,7 +69,7 @@ def test_rule_checkbox_recompiles_and_redraws(layer):
     assert view.program.num_kernels >= program.unfused_kernels - 1    # ~one kernel per node, restickifies folded
     assert "no fusion" in fw.layout.title.text
     view.controls["softmax"].value = True
-    assert "softmax" in [a.text for a in fw.layout.annotations if a.name == "rule"]
+    assert "smax" in [a.text for a in fw.layout.annotations if a.name == "rule"]
 
 
 def test_from_callable_and_saved_program(tmp_path, layer):

@@ -1,6 +1,7 @@
 """WorkDivisionView: slices tile the iteration space in core colors; sliders and switches replan the kernel."""
 
 import functools
+import re
 
 import plotly.graph_objects as go
 import pytest
@@ -52,8 +53,11 @@ def test_utilization_and_cost_terms_are_the_models(view):
     assert bars[0].x[0].startswith("chosen")
     chosen = sum(b.y[0] for b in bars)
     assert chosen == pytest.approx(spec.division.cost.total_us)        # planned: the cost model's own total
-    others = [sum(b.y[i] for b in bars) for i in range(1, len(bars[0].x))]
-    assert all(chosen <= o + 1e-9 for o in others)                      # the planner took the cheapest
+    used = spec.division.cores_used
+    others = [sum(b.y[i] for b in bars) for i in range(1, len(bars[0].x))
+              if int(re.search(r"\((\d+)\)", bars[0].x[i]).group(1)) >= used]
+    assert others and all(chosen <= o + 1e-9 for o in others)          # cheapest of the splits on as many cores
+    assert any(a.name == "reason" and "cheapest" in a.text for a in fig.layout.annotations)
 
 
 def test_controls_replan(view):
@@ -91,3 +95,16 @@ def test_row_kernels_show_unit_busy_time():
     assert list(busy.y) == [sim.busy_us.get((core, u), 0.0) for u in ("load", "pt", "sfu", "store", "ring")]
     with pytest.raises(ValueError, match="no planned kernel"):
         WorkDivisionView(program, kernel="nope")
+
+
+def test_saved_program_draws_the_same_slices(tmp_path, view):
+    path = tmp_path / "p.json"
+    view.program.save_json(str(path))
+    saved = WorkDivisionView.from_json(path)
+    live = WorkDivisionView(view.program)
+    assert saved.kernel == live.kernel
+    a = sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in _slices(saved.figure))
+    b = sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in _slices(live.figure))
+    assert a == b and len(a) == live.spec().division.cores_used
+    assert saved.controls["cores"].disabled and saved.controls["strategy"].disabled
+    assert "saved" in saved.caption

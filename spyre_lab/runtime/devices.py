@@ -1,0 +1,172 @@
+"""The modeled cards: one :class:`SpyreDevice` per ``spyre:i`` (config, DRAM allocator, live buffers by address).
+
+The number of cards comes from the ``SPYRE_LAB_DEVICES`` environment variable (default 1), read once
+at first use. Everything in the runtime that needs "which card, and what is on it" asks here; the
+``torch.spyre`` API on top of it is :mod:`~spyre_lab.runtime.device_module`.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from spyre_lab.device.config import SPYRE, SpyreConfig
+
+if TYPE_CHECKING:
+    from spyre_lab.device.memory import Allocation, DeviceMemory
+
+DEVICES_ENV = "SPYRE_LAB_DEVICES"
+# estimate: DRAM kept for loaded programs (binaries and their correction areas), at the top of the
+# usable range so tensor addresses and memory_allocated() count tensors only, as torch.cuda does.
+PROGRAM_SEGMENT_BYTES = 1 << 30
+
+
+class SpyreDevice:
+    """One modeled card: config, DRAM allocator and the live buffers by address."""
+
+    def __init__(self, index: int, config: SpyreConfig = SPYRE) -> None:
+        from spyre_lab.device.memory import DeviceMemory
+
+        self.index = index
+        self.config = config
+        tensor_bytes = config.dram_usable_bytes - PROGRAM_SEGMENT_BYTES
+        self.memory: DeviceMemory = DeviceMemory(tensor_bytes, alignment=config.stick_bytes, name=f"spyre:{index}")
+        self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
+                                                         name=f"spyre:{index} program segment")
+        self.program_base = tensor_bytes
+        self._buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self.generation = 0
+        self._reserve_null_stick()
+
+    def _reserve_null_stick(self) -> None:
+        # Address 0 would be a null data pointer to torch; keep the first stick unused, as hosts do.
+        self.memory.allocate(self.config.stick_bytes, tag="reserved: null address")
+        self.reserved_bytes = self.config.stick_bytes
+
+    def allocate(self, nbytes: int, tag: str) -> Allocation:
+        """A DRAM block; running out raises DeviceOutOfMemoryError with requested and free bytes."""
+        return self.memory.allocate(nbytes, tag)
+
+    def allocate_program_region(self, nbytes: int, tag: str) -> Allocation:
+        """A block of the program segment; its ``address`` is relative to :attr:`program_base`."""
+        return self.program_memory.allocate(nbytes, tag)
+
+    def free_program_region(self, allocation: Allocation, generation: int) -> None:
+        if generation == self.generation:
+            self.program_memory.free(allocation)
+
+    def register_buffer(self, address: int, buffer: Any) -> None:
+        self._buffers[address] = buffer
+
+    def buffer_at(self, address: int) -> Any:
+        """The live buffer whose allocation starts at ``address`` (how patched kernels find operands)."""
+        try:
+            return self._buffers[address]
+        except KeyError:
+            raise RuntimeError(
+                f"spyre:{self.index}: no live buffer at DRAM address {address:#x}; a program was patched "
+                "with a stale address (was the tensor freed or the device reset?)"
+            ) from None
+
+    def free(self, allocation: Allocation, generation: int) -> None:
+        if generation == self.generation:
+            self._buffers.pop(allocation.address, None)
+            self.memory.free(allocation)
+
+    def reset(self) -> None:
+        """Free all DRAM; buffers of the old generation become invalid and say so when used."""
+        self.generation += 1
+        self._buffers.clear()
+        self.memory.reset()
+        self.program_memory.reset()
+        self._reserve_null_stick()
+        for hook in _RESET_HOOKS:
+            hook()
+
+    def __repr__(self) -> str:
+        return f"SpyreDevice(spyre:{self.index}, {self.memory.allocated_bytes} B allocated)"
+
+
+_RESET_HOOKS: list[Callable[[], None]] = []
+
+
+def on_reset(hook: Callable[[], None]) -> None:
+    """Call ``hook`` after any card is reset (``torch.spyre.empty_cache()``): caches of what was loaded
+    on the card (the eager program cache) register here, so the card never has to know them."""
+    if hook not in _RESET_HOOKS:
+        _RESET_HOOKS.append(hook)
+
+
+_DEVICES: list[SpyreDevice] = []
+_CURRENT_INDEX = 0
+_CONFIG: SpyreConfig = SPYRE
+
+
+def _count_from_env() -> int:
+    raw = os.environ.get(DEVICES_ENV, "1")
+    try:
+        count = int(raw)
+    except ValueError:
+        raise ValueError(f"{DEVICES_ENV}={raw!r} is not an integer; set it to the number of modeled cards") from None
+    if not 1 <= count <= 64:
+        raise ValueError(f"{DEVICES_ENV}={count} is out of range; use 1..64 modeled cards")
+    return count
+
+
+def _devices() -> list[SpyreDevice]:
+    if not _DEVICES:
+        _DEVICES.extend(SpyreDevice(i, _CONFIG) for i in range(_count_from_env()))
+    return _DEVICES
+
+
+def device_count() -> int:
+    return len(_devices())
+
+
+def get_device(index: int | None = None) -> SpyreDevice:
+    """The :class:`SpyreDevice` for ``index`` (default: current device)."""
+    devices = _devices()
+    index = _CURRENT_INDEX if index is None else index
+    if not 0 <= index < len(devices):
+        raise RuntimeError(
+            f"spyre:{index} does not exist: {len(devices)} modeled device(s) (spyre:0..spyre:{len(devices) - 1}). "
+            f"Set {DEVICES_ENV} before first use to model more cards."
+        )
+    return devices[index]
+
+
+def configure(config: SpyreConfig | None = None) -> None:
+    """Use ``config`` for every card. Only before the first device tensor exists (it sizes DRAM)."""
+    global _CONFIG
+    if any(d.memory.num_allocations for d in _DEVICES):
+        raise RuntimeError("spyre_lab.runtime.configure() must run before any spyre tensor is allocated")
+    _CONFIG = SPYRE if config is None else config
+    _DEVICES.clear()
+
+
+def device_index(device: int | str | torch.device | None = None) -> int:
+    """Normalise None / int / "spyre:1" / torch.device to the index of an existing card."""
+    if device is None:
+        return _CURRENT_INDEX
+    if isinstance(device, int):
+        index = device
+    else:
+        dev = torch.device(device)
+        if dev.type != "spyre":
+            raise ValueError(f"expected a spyre device, got {dev}")
+        index = _CURRENT_INDEX if dev.index is None else dev.index
+    get_device(index)
+    return index
+
+
+def current_device() -> int:
+    return _CURRENT_INDEX
+
+
+def set_device(device: int | str | torch.device) -> None:
+    global _CURRENT_INDEX
+    _CURRENT_INDEX = device_index(device)
