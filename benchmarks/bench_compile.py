@@ -1,14 +1,16 @@
 """Compiler benchmarks: compile time, cache hits, fusion, and modeled matmul times (all device times modeled).
 
-Run: .venv/bin/python benchmarks/bench_compile.py
+Run: .venv/bin/python benchmarks/bench_compile.py [SECTION ...]   (--help lists the sections)
 """
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 
 import torch
+from sections import chosen, parser
 
 import spyre_lab.compiler  # noqa: F401  (registers the backend)
 from spyre_lab.compiler import cache
@@ -28,6 +30,7 @@ def timed(fn, repeat: int = 1) -> float:
 
 
 def bench_compile_time() -> None:
+    """Compile time (wall clock) cold and cached, fusion, modeled layer time; torch.compile first and next call."""
     print("== compile time (wall clock, this machine) ==")
     first = timed(lambda: compile_graph(lambda t: torch.softmax(t * 2, -1), [torch.randn(8, 64).half()]))
     print(f"first compile in a fresh process (one-time imports, decomposition table, tracer warm-up): {first:.2f} s")
@@ -74,6 +77,7 @@ def matmul_us(m: int, n: int, k: int, strategy: str) -> tuple[float, object]:
 
 
 def bench_matmuls() -> None:
+    """Modeled matmul times: naive vs planned work division (analytic simulator)."""
     print("\n== modeled matmul times (analytic simulator, fp16) ==")
     m = n = k = 4096
     t, spec = matmul_us(m, n, k, "planned")
@@ -87,8 +91,16 @@ def bench_matmuls() -> None:
               f"{dict(ps.division.splits)} {planned:.1f} us (planned changes time by {planned / naive - 1:+.0%})")
 
 
-if __name__ == "__main__":
+SECTIONS = {"compile": bench_compile_time, "matmul": bench_matmuls}
+
+
+def main(argv: list[str]) -> None:
+    names = chosen(parser(__doc__, SECTIONS).parse_args(argv).sections, SECTIONS)
     torch.manual_seed(0)
     warnings.simplefilter("ignore")
-    bench_compile_time()
-    bench_matmuls()
+    for name in names:
+        SECTIONS[name]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

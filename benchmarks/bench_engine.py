@@ -1,7 +1,7 @@
 """Engine throughput on the cpu platform (host wall-clock, measured) and the spyre platform (host measured,
 device modeled).
 
-    .venv/bin/python benchmarks/bench_engine.py [--threads 1] [--repeats 5] [--sections 123]
+    .venv/bin/python benchmarks/bench_engine.py [--threads 1] [--repeats 5] [SECTION ...]   (--help lists them)
 
 1. tokens/s of `LLM.generate` vs transformers `generate()` on the shipped tiny-granite, batch 1 and 16.
 2. Overhead of the portable layers (CustomOp dispatch, fused-weight linears) vs a hand-written
@@ -15,10 +15,10 @@ device modeled).
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch
 import torch.nn.functional as F
+from sections import chosen, parser
 from torch import nn
 
 from spyre_lab.engine import LLM, SamplingParams
@@ -150,6 +151,7 @@ def decode_input(llm: LLM, batch: int):
 
 
 def bench_vs_transformers(repeats: int, new_tokens: int) -> None:
+    """tokens/s of LLM.generate vs transformers generate() on tiny-granite, batch 1 and 16."""
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path("tiny-granite")
@@ -173,6 +175,7 @@ SIZES = {  # hidden, layers, heads, kv heads, intermediate
 
 
 def bench_portable_overhead(repeats: int, new_tokens: int, batch: int) -> None:
+    """Portable layers vs a hand-written native model: tokens/s and forward time, three model sizes."""
     from transformers import GraniteConfig, GraniteForCausalLM
 
     print(f"\n[2] portable layers vs hand-written native model, batch {batch}, {new_tokens} new tokens "
@@ -269,23 +272,27 @@ def bench_spyre_platform(max_model_len: int = 64) -> None:
                   f"bucket -> {stats['compiles']} compiles, {stats['hits']} program-cache hits")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=9)
-    parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=8, help="batch for the portable-vs-native comparison")
-    parser.add_argument("--sections", default="123", help="which sections to run, e.g. 3 for the spyre platform only")
-    args = parser.parse_args()
+SECTIONS = {"transformers": bench_vs_transformers, "portable": bench_portable_overhead,
+            "spyre": bench_spyre_platform}
+
+
+def main(argv: list[str]) -> None:
+    p = parser(__doc__, SECTIONS)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    p.add_argument("--repeats", type=int, default=9, help="runs per measurement; the best counts (default 9)")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per request (default 64)")
+    p.add_argument("--batch", type=int, default=8, help="batch for the portable-vs-native comparison (default 8)")
+    args = p.parse_args(argv)
+    names = chosen(args.sections, SECTIONS)
     torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cpu(s) visible")
-    if "1" in args.sections:
+    if "transformers" in names:
         bench_vs_transformers(args.repeats, args.new_tokens)
-    if "2" in args.sections:
+    if "portable" in names:
         bench_portable_overhead(args.repeats, args.new_tokens, args.batch)
-    if "3" in args.sections:
+    if "spyre" in names:
         bench_spyre_platform()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -7,7 +7,7 @@ itself served (a broadcast load counted once per group); "no bcast" reruns the s
 whose DRAM cannot broadcast (``dram_broadcast_cores=1``), to show what the mechanism is worth.
 
     .venv/bin/python benchmarks/bench_kernels.py            # everything (~20 s)
-    .venv/bin/python benchmarks/bench_kernels.py matmul     # one section: matmul | roofline | softmax | mlp
+    .venv/bin/python benchmarks/bench_kernels.py matmul     # one section (--help lists them)
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import sys
 import time
 
 import torch
+from sections import chosen, parser
 
 from spyre_lab.compiler.codegen import KernelSpec, generate_kernel
 from spyre_lab.compiler.ir import BufferInfo, FusedKernel, IRNode, MatMul, Pointwise, Reduction
@@ -66,6 +67,7 @@ def matmul_kernel(m: int, n: int, k: int) -> tuple[FusedKernel, dict[str, Buffer
 
 
 def bench_matmul() -> None:
+    """Naive (one output dim) vs planned work division on Granite-3.3-8B matmul shapes, with DRAM broadcast on/off."""
     print("== matmul: naive (one output dim) vs planned work division, Granite-3.3-8B shapes, fp16, 32 cores ==")
     print("   published: matmul kernel time -29 ... -69% (IBM; mechanism not in the docs)")
     print("   roof = compute roofline (prefill) or DRAM roofline (decode: each weight byte once) over the time")
@@ -98,6 +100,7 @@ def bench_matmul() -> None:
 
 
 def bench_roofline() -> None:
+    """A 4096^3 planned matmul as a fraction of the compute roofline."""
     n = 4096
     print(f"\n== {n}^3 fp16 matmul, planned, 32 cores: fraction of the compute roofline ==")
     kernel, bufs = matmul_kernel(n, n, n)
@@ -135,6 +138,7 @@ def softmax_nodes(m: int, n: int) -> tuple[list[IRNode], dict[str, BufferInfo]]:
 
 
 def bench_softmax() -> None:
+    """Softmax 512x1024: fused (intermediates in LX) vs staged through DRAM, on 1 and 32 cores."""
     m, n = 512, 1024
     print(f"\n== softmax {m}x{n} fp16: fused (intermediates in LX) vs staged (through DRAM) ==")
     print("   published: 32.51 us staged -> 23.67 us fused (-27%), 1 core; 4 cores: 32.17 us")
@@ -186,6 +190,7 @@ def mlp_nodes(m: int, h: int, i: int) -> tuple[list[IRNode], dict[str, BufferInf
 
 
 def bench_mlp() -> None:
+    """MLP: one fused kernel vs five kernels, core utilization, and the scheduler's cost-based choice."""
     print("\n== MLP (gate, up, SiLU, mul, down): one fused kernel vs five kernels, Granite-3.3-8B dims ==")
     print("   published: fused MLP-style kernel raises core utilization (not quantified)")
     print("   util = time-weighted share of all 32 cores' time their PT or SFU computes; a scheduler comparing")
@@ -220,16 +225,15 @@ def _mlp_choice(m: int) -> str:
     return next(k.decision for k in program.kernels if k.decision)
 
 
+SECTIONS = {"matmul": bench_matmul, "roofline": bench_roofline, "softmax": bench_softmax, "mlp": bench_mlp}
+
+
 def main(argv: list[str]) -> None:
-    sections = {"matmul": bench_matmul, "roofline": bench_roofline, "softmax": bench_softmax, "mlp": bench_mlp}
-    chosen = argv or list(sections)
-    unknown = [s for s in chosen if s not in sections]
-    if unknown:
-        raise SystemExit(f"unknown section(s) {unknown}; choose from {list(sections)}")
+    names = chosen(parser(__doc__, SECTIONS).parse_args(argv).sections, SECTIONS)
     print(SPYRE.describe())
     print("all times are modeled microseconds on the simulator, not measurements of hardware\n")
-    for s in chosen:
-        sections[s]()
+    for name in names:
+        SECTIONS[name]()
 
 
 if __name__ == "__main__":

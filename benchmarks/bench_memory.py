@@ -1,16 +1,19 @@
 """How fast are the device allocators and the stick copies? (wall-clock on this CPU, not modeled time)
 
 The runtime allocates DRAM for every tensor and stickifies on every host <-> device copy, so both
-sit on the hot path of every eager op. Run: ``.venv/bin/python benchmarks/bench_memory.py``.
+sit on the hot path of every eager op.
+
+    .venv/bin/python benchmarks/bench_memory.py [SECTION ...]   (--help lists the sections)
 """
 
 from __future__ import annotations
 
-import argparse
 import random
+import sys
 import time
 
 import torch
+from sections import chosen, parser
 
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.layout import StickLayout, stickify, unstickify
@@ -64,17 +67,17 @@ def copy_throughput(shape: tuple[int, ...], dtype: torch.dtype, repeats: int = 5
     return tuple(layout.host_nbytes / s / 1e9 for s in (best_in, best_out, best_clone))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--ops", type=int, default=100_000, help="allocate/free pairs per churn run")
-    args = parser.parse_args()
-
-    print(f"DeviceMemory churn: {args.ops:,} free+allocate pairs, 112 GiB card, log-uniform 128 B..64 MiB sizes")
+def bench_churn(ops: int) -> None:
+    """DeviceMemory: allocations and frees per second around 100, 1,000 and 10,000 live tensors."""
+    print(f"DeviceMemory churn: {ops:,} free+allocate pairs, 112 GiB card, log-uniform 128 B..64 MiB sizes")
     for live in (100, 1_000, 10_000):
-        r = churn(args.ops, live)
+        r = churn(ops, live)
         print(f"  {live:>6,} live tensors: {r['allocs_per_s']:>9,.0f} allocs/s  {r['frees_per_s']:>9,.0f} frees/s  "
               f"({r['free_blocks']:,} free blocks, fragmentation {r['fragmentation']:.0%}, {r['ooms']} OOMs)")
 
+
+def bench_copies() -> None:
+    """Host GB/s of stickify and unstickify (the work of every host <-> device copy) vs a plain clone."""
     print("stickify / unstickify (host GB/s, best of 5)")
     for shape, dtype in [((4096, 4096), torch.float16), ((32, 128, 4096), torch.float16),
                          ((4096, 4000), torch.float16), ((2048, 2048), torch.float32), ((1 << 22,), torch.int64)]:
@@ -84,5 +87,19 @@ def main() -> None:
               f"(clone {gbs_clone:5.2f} GB/s)")
 
 
+SECTIONS = {"churn": bench_churn, "copies": bench_copies}
+
+
+def main(argv: list[str]) -> None:
+    p = parser(__doc__, SECTIONS)
+    p.add_argument("--ops", type=int, default=100_000, help="allocate/free pairs per churn run (default 100,000)")
+    args = p.parse_args(argv)
+    for name in chosen(args.sections, SECTIONS):
+        if name == "churn":
+            bench_churn(args.ops)
+        else:
+            SECTIONS[name]()
+
+
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -3,18 +3,20 @@
 Wall-clock numbers measure this Python implementation on this machine; "modeled" numbers come from
 the device model (SpyreConfig) and are what a trace shows. Run:
 
-    .venv/bin/python benchmarks/bench_runtime.py
+    .venv/bin/python benchmarks/bench_runtime.py [SECTION ...]   (--help lists the sections)
 """
 
 from __future__ import annotations
 
+import sys
 import time
 
 import torch
+from sections import chosen, parser
 
 import spyre_lab.runtime  # noqa: F401  (registers the device when autoload is off)
 from spyre_lab.runtime import recording
-from spyre_lab.runtime.jobplan import ProgramKernel, RuntimeOptions, launch
+from spyre_lab.runtime.jobplan import FunctionKernel, RuntimeOptions, launch
 from spyre_lab.runtime.streams import TIMELINE
 
 
@@ -26,6 +28,7 @@ def wall_us(fn, repeat: int) -> float:
 
 
 def eager_overhead() -> None:
+    """Host wall clock of one eager op (cached and first-time program) vs the modeled host cost."""
     x = torch.randn(64, 64, dtype=torch.float16).to("spyre")
     y = torch.randn(64, 64, dtype=torch.float16).to("spyre")
     for _ in range(20):
@@ -50,6 +53,7 @@ def eager_overhead() -> None:
 
 
 def h2d_throughput() -> None:
+    """.to("spyre") and .cpu() throughput (wall clock) vs the modeled PCIe time."""
     for mb in (1, 16, 64):
         cpu = torch.randn(mb * 1024 * 1024 // 2, dtype=torch.float16).reshape(-1, 1024)
         cpu.to("spyre")
@@ -72,17 +76,20 @@ class ChainProgram:
 
     def __init__(self, n: int, time_us: float) -> None:
         self.name = f"chain{n}"
+        self.num_nodes = n
+        self.mutations = ()
 
         def step(src: str, dst: str):
             return lambda ops: ops.write(dst, ops[src] + 1)
 
         names = ["x", *[f"t{i}" for i in range(n)]]
-        self.kernels = [ProgramKernel(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
+        self.kernels = [FunctionKernel(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
                         for i in range(n)]
         self.slots = names
 
 
 def dispatch_overhead(kernels: int = 16, launches: int = 20, kernel_us: float = 40.0) -> None:
+    """A 16-kernel program launched back to back: "rebuild" vs "aot_patch" dispatch (modeled and wall clock)."""
     program = ChainProgram(kernels, kernel_us)
     binds = {s: torch.zeros(128, 64, dtype=torch.float16, device="spyre") for s in program.slots}
     print(f"program of {kernels} kernels ({kernel_us:.0f} us modeled each), {launches} back-to-back launches:")
@@ -128,8 +135,14 @@ def compiled_dispatch_overhead(launches: int = 10) -> None:
               f"{trace.duration_us / launches:8.1f} us/call")
 
 
+SECTIONS = {"eager": eager_overhead, "h2d": h2d_throughput, "dispatch": dispatch_overhead,
+            "compiled": compiled_dispatch_overhead}
+
+
+def main(argv: list[str]) -> None:
+    for name in chosen(parser(__doc__, SECTIONS).parse_args(argv).sections, SECTIONS):
+        SECTIONS[name]()
+
+
 if __name__ == "__main__":
-    eager_overhead()
-    h2d_throughput()
-    dispatch_overhead()
-    compiled_dispatch_overhead()
+    main(sys.argv[1:])

@@ -1,6 +1,6 @@
 """How fast the simulator runs, and what it says about a big matmul.
 
-    .venv/bin/python benchmarks/bench_sim.py
+    .venv/bin/python benchmarks/bench_sim.py [SECTION ...]   (--help lists the sections)
 
 Prints CPU-time numbers for this process (they still move with the machine's load; the first
 line calibrates how fast plain Python runs right now) and modeled numbers, which do not move.
@@ -9,7 +9,10 @@ line calibrates how fast plain Python runs right now) and modeled numbers, which
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
+
+from sections import chosen, parser
 
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.isa import CoreProgram, Kernel
@@ -44,6 +47,7 @@ def distinct_copy(kernel: Kernel) -> Kernel:
 
 
 def event_throughput() -> None:
+    """Event mode: tile ops simulated per second, trace off and on, on five kernels."""
     print("\n== event mode: tile ops simulated per second (trace off / on) ==")
     kernels = [
         elementwise_kernel(1 << 24, 32, tile_bytes=16 * 1024),
@@ -65,6 +69,7 @@ def event_throughput() -> None:
 
 
 def big_matmul() -> None:
+    """A 4096^3 matmul on 32 cores at two tile sizes: analytic vs event, CPU time and modeled time."""
     print("\n== 4096 x 4096 x 4096 fp16 matmul on 32 cores (grid 4x8x1, double-buffered tiles) ==")
     for tile in ((128, 128, 64), (256, 256, 128)):
         build_s, kernel = best_of(1, lambda t=tile: matmul_kernel(4096, 4096, 4096, 4, 8, 1, tile=t))
@@ -85,12 +90,16 @@ def big_matmul() -> None:
               f"({distinct.num_ops / distinct_s:,.0f} ops/s)")
 
 
-def main() -> None:
+SECTIONS = {"event": event_throughput, "matmul": big_matmul}
+
+
+def main(argv: list[str]) -> None:
+    names = chosen(parser(__doc__, SECTIONS).parse_args(argv).sections, SECTIONS)
     print(f"python speed: {python_speed_ns():.1f} ns per trivial loop iteration (about 15-30 on an idle laptop)")
     print(f"config: {SPYRE.describe()}")
-    event_throughput()
-    big_matmul()
+    for name in names:
+        SECTIONS[name]()
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -16,7 +16,7 @@ __version__ = "0.1.0"
 _LAZY = {
     "last_trace": ("spyre_lab.runtime.streams", "last_trace"),
     "recording": ("spyre_lab.runtime.streams", "recording"),
-    "explain": ("spyre_lab.compiler.explain", "explain"),
+    "explain": ("spyre_lab.runtime.dynamo_backend", "explain"),
     "SpyreConfig": ("spyre_lab.device.config", "SpyreConfig"),
     "SPYRE": ("spyre_lab.device.config", "SPYRE"),
     "CompileOptions": ("spyre_lab.compiler.options", "CompileOptions"),

@@ -72,7 +72,7 @@ class SwiGLU(torch.nn.Module):
 
 
 def _compiled_run(module: torch.nn.Module, x: torch.Tensor, fusion: bool) -> tuple[torch.Tensor, object]:
-    from spyre_lab.compiler.backend import compiled_graphs_for
+    from spyre_lab.runtime.dynamo_backend import compiled_graphs_for
 
     torch._dynamo.reset()
     compiled = torch.compile(module, backend="spyre", options={"fusion": fusion})

@@ -1,4 +1,4 @@
-"""The lines a learner types first (ARCHITECTURE.md section 4), end to end."""
+"""The lines a learner types first (docs/architecture.md, section 7), end to end."""
 
 import torch
 

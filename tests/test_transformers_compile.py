@@ -30,7 +30,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import spyre_lab.compiler  # noqa: E402, F401  (registers the backend from a source checkout)
-from spyre_lab.compiler.backend import compiled_graphs_for  # noqa: E402
+from spyre_lab.runtime.dynamo_backend import compiled_graphs_for  # noqa: E402
 
 TOL = {"atol": 1e-2, "rtol": 1e-2}
 NEW_TOKENS = 3

@@ -1,14 +1,13 @@
-"""spyre_lab.compiler: ``torch.compile(backend="spyre")`` -- ATen -> LoopIR -> fusion -> layouts -> kernels -> Program.
+"""spyre_lab.compiler: graph -> Program -- ATen -> LoopIR -> layouts -> fusion -> kernels -> launch order.
 
-Importing this package registers the "spyre" backend with Dynamo (the ``torch_dynamo_backends``
-entry point does the same lazily).
+``compile_graph(fn, example_inputs)`` is the whole pipeline; it touches no data and no device. The
+``torch.compile(backend="spyre")`` glue that launches Programs lives in the runtime
+(:mod:`spyre_lab.runtime.dynamo_backend`).
 """
 
-from spyre_lab.compiler.backend import compile_graph, register, spyre_backend
+from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.explain import explain
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.compiler.program import Program
 
-register()
-
-__all__ = ["FUSION_RULES", "CompileOptions", "Program", "compile_graph", "explain", "spyre_backend"]
+__all__ = ["FUSION_RULES", "CompileOptions", "Program", "compile_graph", "explain"]

@@ -1,4 +1,4 @@
-"""The ``torch.compile`` backend "spyre" and ``compile_graph``: FX graph -> ATen -> LoopIR -> kernels -> Program.
+"""``compile_graph``: the compiler's pipeline, FX graph -> ATen -> LoopIR -> kernels -> Program.
 
 Stages, named after their Inductor / torch-spyre counterparts:
 
@@ -12,31 +12,32 @@ Stages, named after their Inductor / torch-spyre counterparts:
 5. ``codegen.generate_kernel`` per device kernel: work division, LX plan, tile programs (KernelSpec).
 6. ``program.plan_intermediates``: the DRAM pool (memory_planning) -> ``Program``.
 
-The backend returns a callable that hands real tensors to ``spyre_lab.runtime.executor.execute``:
-the executor is the only thing that touches data.
+Nothing here touches data or a device: the result is a :class:`~spyre_lab.compiler.program.Program`,
+which the runtime binds to device memory and launches (``torch.compile(backend="spyre")`` is the
+runtime's :mod:`~spyre_lab.runtime.dynamo_backend`) and :mod:`~spyre_lab.compiler.executor` can run on
+CPU tensors.
 """
 
 from __future__ import annotations
 
 import time
 import warnings
-import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler import cache
+from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.device_literals import trace_on_host
 from spyre_lab.compiler.fusion import schedule
 from spyre_lab.compiler.ir import FusedKernel
 from spyre_lab.compiler.layouts import propagate_layouts
 from spyre_lab.compiler.lowering import LoweringError, decomposition_table, lower
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel, plan_intermediates
+from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedKernel, plan_intermediates
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.isa import LXOverflowError
 
@@ -70,14 +71,10 @@ def to_aten(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.
         ) from e
 
 
-def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: CompileOptions) -> Any:
+def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: CompileOptions) -> Launch:
     slots = list(dict.fromkeys([*kernel.inputs, *kernel.outputs]))
     if kernel.is_fallback:
         return HostFallback(kernel.name, kernel, slots)
-    try:
-        from spyre_lab.compiler.codegen import generate_kernel
-    except ImportError as e:
-        return UnplannedKernel(kernel.name, kernel, slots, f"codegen unavailable ({e})")
     try:
         return generate_kernel(kernel, buffers, cfg, options)
     except (LXOverflowError, ValueError, NotImplementedError) as e:
@@ -116,11 +113,11 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
     aten_gm = to_aten(fn, example_inputs)
     lowered = lower(aten_gm)
     restickifies = propagate_layouts(lowered, cfg)
-    planned: dict[str, Any] = {}
-    kernels = schedule(lowered, options, cfg, planned)
+    scheduled = schedule(lowered, options, cfg)
+    kernels = scheduled.kernels
     unfused = len(lowered.graph.nodes)
     buffers = lowered.graph.buffers
-    launches = [planned.get(k.name) or _plan(k, buffers, cfg, options) for k in kernels]
+    launches = [scheduled.planned.get(k.name) or _plan(k, buffers, cfg, options) for k in kernels]
     keep = {r.buffer for r in lowered.outputs} | {v.buffer for _, v in lowered.mutations}
     dram_plan, pool = plan_intermediates(kernels, buffers, keep)
     name = getattr(fn, "__name__", None) or type(fn).__name__
@@ -135,8 +132,6 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
     program.cache_note = cache.store(key, structure, signature, program, keep_alive=fn)
     return program
 
-
-# --- torch.compile integration ------------------------------------------------------------------
 
 def options_from(raw: Mapping[str, Any] | CompileOptions | None) -> CompileOptions:
     """``torch.compile(..., options={...})`` dict -> CompileOptions, with errors that name the bad key."""
@@ -157,136 +152,4 @@ def options_from(raw: Mapping[str, Any] | CompileOptions | None) -> CompileOptio
     return CompileOptions(**raw)
 
 
-_last: dict[str, Any] = {}
-
-
-class CompiledGraph:
-    """What the backend hands back to Dynamo: runs its Program through the executor on every call."""
-
-    def __init__(self, gm: fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions,
-                 cfg: SpyreConfig) -> None:
-        self.gm, self.options, self.cfg = gm, options, cfg
-        self._input_refs = [weakref.ref(x) for x in example_inputs if isinstance(x, torch.Tensor)]
-        self.programs: dict[str, Program] = {}
-        self.program: Program | None = None
-        self.last_result: Any = None
-        out_node = next(n for n in gm.graph.nodes if n.op == "output")
-        self.out_leaves, self.out_spec = tree_flatten(out_node.args[0])
-        self.host_values = _host_value_graph(gm, self.out_leaves)   # SymInt outputs: sizes, not device data
-        if all(isinstance(x, torch.Tensor) for x in example_inputs):
-            self.program = compile_graph(gm, example_inputs, options, cfg)
-        _REGISTRY.append(self)
-        del _REGISTRY[:-64]
-
-    def reads_any_of(self, tensor_ids: set[int]) -> bool:
-        """Did Dynamo pass any of these (still alive) tensors, e.g. a module's parameters, to this graph?"""
-        return any(t is not None and id(t) in tensor_ids for t in (r() for r in self._input_refs))
-
-    def program_for(self, args: Sequence[Any]) -> Program:
-        if self.program is not None:
-            return self.program
-        program = compile_graph(self.gm, args, self.options, self.cfg)   # symbolic graph: one program per shape
-        self.programs[program.cache_key] = program
-        return program
-
-    def all_programs(self) -> list[Program]:
-        return ([self.program] if self.program is not None else []) + list(self.programs.values())
-
-    def __call__(self, *args: Any) -> Any:
-        program = self.program_for(args)
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if any(t.device.type == "spyre" for t in tensors):
-            # on the card: the runtime binds the Program to DRAM buffers and launches each kernel as a
-            # JobPlan (program correction -> H2D of the blob -> Compute); outputs stay on the device
-            from spyre_lab.runtime.programs import run_program
-
-            outputs = run_program(program, tensors, mode=self.options.timing)
-            _last["program"] = program
-        else:
-            from spyre_lab.runtime.executor import execute
-
-            result = execute(program, tensors, mode=self.options.timing)
-            self.last_result = result
-            _last["result"], _last["program"] = result, program
-            outputs = result.outputs
-        produced = iter(outputs)
-        values = iter(self.host_values(*args) if self.host_values is not None else ())
-        leaves = [leaf if not isinstance(leaf, fx.Node) else next(produced) if _is_tensor(leaf) else next(values)
-                  for leaf in self.out_leaves]
-        return tree_unflatten(leaves, self.out_spec)
-
-
-def _is_tensor(node: fx.Node) -> bool:
-    """Does the node produce a tensor? (Dynamo records each node's example value; without one, assume so.)"""
-    value = node.meta.get("example_value", node.meta.get("val"))
-    return value is None or isinstance(value, torch.Tensor)
-
-
-def _host_value_graph(gm: fx.GraphModule, out_leaves: list[Any]) -> fx.GraphModule | None:
-    """The part of Dynamo's graph that computes its non-tensor outputs (``n * 2`` for a dynamic int ``n``,
-    ``x.size(0) + 1``): host arithmetic on sizes, which a device program has no output for."""
-    wanted = [leaf for leaf in out_leaves if isinstance(leaf, fx.Node) and not _is_tensor(leaf)]
-    if not wanted:
-        return None
-    needed, stack = set(), list(wanted)
-    while stack:
-        node = stack.pop()
-        if node not in needed:
-            needed.add(node)
-            stack.extend(node.all_input_nodes)
-    if any(_is_tensor(n) and n.op != "placeholder" for n in needed):
-        raise LoweringError(f"graph output {wanted[0].name} is a Python number computed from tensor data; spyre "
-                            "programs return tensors only: return the tensor and call .item() outside the "
-                            "compiled function")
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for node in gm.graph.nodes:
-        if node.op == "placeholder" or node in needed:
-            env[node] = graph.node_copy(node, lambda n: env[n])
-    graph.output(tuple(env[n] for n in wanted))
-    return fx.GraphModule(gm, graph)
-
-
-_REGISTRY: list[CompiledGraph] = []
-
-
-def spyre_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwargs: Any) -> CompiledGraph:
-    """The ``torch.compile`` backend: ``torch.compile(model, backend="spyre", options={"fusion": []})``."""
-    options = options_from(kwargs.pop("options", None))
-    cfg = kwargs.pop("cfg", SPYRE)
-    if kwargs:
-        warnings.warn(f"spyre backend ignores arguments {sorted(kwargs)}", stacklevel=2)
-    return CompiledGraph(gm, example_inputs, options, cfg)
-
-
-def compiled_graphs_for(obj: Any) -> list[CompiledGraph]:
-    """The CompiledGraphs Dynamo produced for a compiled module (matched by its parameters), newest last."""
-    if isinstance(obj, CompiledGraph):
-        return [obj]
-    module = getattr(obj, "_orig_mod", obj)
-    params = {id(p) for p in module.parameters()} if isinstance(module, torch.nn.Module) else set()
-    if params:
-        return [g for g in _REGISTRY if g.reads_any_of(params)]
-    return _REGISTRY[-1:]
-
-
-def last_result() -> Any:
-    """The ExecutionResult (outputs, trace, kernel times) of the last compiled-graph call."""
-    return _last.get("result")
-
-
-def register() -> None:
-    """Make ``backend="spyre"`` resolve. With the package installed, Dynamo finds it through the
-    ``torch_dynamo_backends`` entry point (and registers it itself when loading it, so registering
-    here too would collide); from a plain source checkout, register it directly."""
-    from importlib.metadata import entry_points
-
-    if any(ep.name == "spyre" for ep in entry_points(group="torch_dynamo_backends")):
-        return                                    # Dynamo loads it on first use; importing Dynamo here costs ~1 s
-    from torch._dynamo.backends.registry import _COMPILER_FNS, register_backend
-
-    if "spyre" not in _COMPILER_FNS:
-        register_backend(spyre_backend, name="spyre")
-
-
-__all__ = ["CompiledGraph", "compile_graph", "options_from", "register", "spyre_backend", "to_aten"]
+__all__ = ["compile_graph", "options_from", "to_aten"]

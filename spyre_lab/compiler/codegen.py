@@ -206,13 +206,13 @@ def _reduced_dims(node: IRNode, buffers: Mapping[str, BufferInfo]) -> tuple[str,
     return ()
 
 
-def _input_operand(node: IRNode, i: int, rn: Mapping[str, str], buffers: Mapping[str, BufferInfo],
-                   dims: Mapping[str, int]) -> Operand:
+def _input_operand(node: IRNode, views: Sequence[InputView | None], i: int, rn: Mapping[str, str],
+                   buffers: Mapping[str, BufferInfo], dims: Mapping[str, int]) -> Operand:
     """Input ``i`` of ``node`` in the kernel's dims: through its view when it has one (a transposed or
     expanded read is tiled by the node's iteration space), else the buffer's dims aligned to the node's."""
     b = node.inputs[i]
     item = _itemsize(buffers[b])
-    view = node.input_views[i] if i < len(node.input_views) else None
+    view = views[i] if i < len(views) else None
     if view is not None:
         moved = InputView(view.shape, view.strides, view.offset, tuple(rn.get(a) if a else None for a in view.axes))
         op = view_operand(b, moved, dims, item)
@@ -238,7 +238,7 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
         rn = renamed(n, names)
         for i, b in enumerate(n.inputs):
             if b not in operands:
-                operands[b] = _input_operand(n, i, rn, buffers, dims)
+                operands[b] = _input_operand(n, kernel.views_of(n), i, rn, buffers, dims)
         axes = tuple(rn.get(a) if a else None for a in node_axes(n, buffers[n.output].shape, True))
         operands[n.output] = Operand(n.output, tuple(buffers[n.output].shape), axes, _itemsize(buffers[n.output]))
     for b in [*kernel.inputs, *kernel.outputs]:
@@ -272,9 +272,10 @@ def _out_operand(b: str, buffers: Mapping[str, BufferInfo], sizes: Mapping[str, 
     return Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, list(dims), sizes), _itemsize(buffers[b]))
 
 
-def _viewed(node: IRNode, i: int, buffers: Mapping[str, BufferInfo], sizes: Mapping[str, int]) -> Operand | None:
+def _viewed(node: IRNode, views: Sequence[InputView | None], i: int, buffers: Mapping[str, BufferInfo],
+            sizes: Mapping[str, int]) -> Operand | None:
     """Input ``i`` of ``node`` through its view, when it has one whose every moving axis is a dim of ``sizes``."""
-    view = node.input_views[i] if i < len(node.input_views) else None
+    view = views[i] if i < len(views) else None
     if view is None or any(n > 1 and st > 0 and a not in sizes for n, st, a in zip(view.shape, view.strides,
                                                                                       view.axes)):
         return None
@@ -294,10 +295,11 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
     division = divide_matmul(mm.b, mm.m, mm.n, mm.k, dtype, cfg, options.work_division, options.k_fast_placement)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
-    operands = {a: _viewed(mm, 0, buffers, sizes) or Operand(
+    views = kernel.views_of(mm)
+    operands = {a: _viewed(mm, views, 0, buffers, sizes) or Operand(
                     a, tuple(buffers[a].shape), align_axes(buffers[a].shape, ["B", "M", "K"], sizes),
                     _itemsize(buffers[a])),
-                b: _viewed(mm, 1, buffers, sizes) or Operand(
+                b: _viewed(mm, views, 1, buffers, sizes) or Operand(
                     b, tuple(buffers[b].shape), align_axes(buffers[b].shape, ["B", "K", "N"], sizes),
                     _itemsize(buffers[b]))}
     for n in kernel.nodes:
@@ -324,46 +326,12 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
 
 def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
-    matmuls = [n for n in kernel.nodes if isinstance(n, MatMul)]
-    pointwise = [n for n in kernel.nodes if isinstance(n, Pointwise)]
-    if len(matmuls) not in (2, 3) or matmuls[0].inputs[0] != matmuls[1].inputs[0] or not pointwise:
-        raise ValueError(f"kernel {kernel.name!r}: an mlp kernel is gate and up matmuls sharing their input, "
-                         f"pointwise nodes, and optionally a down matmul; got {[n.op for n in kernel.nodes]}")
-    if len(pointwise) + len(matmuls) != len(kernel.nodes):
-        raise ValueError(f"kernel {kernel.name!r}: an mlp kernel holds only matmuls and pointwise nodes")
-    gate, up = matmuls[0], matmuls[1]
-    down = matmuls[2] if len(matmuls) == 3 else None
-    h = pointwise[-1].output
-    if down is not None and down.inputs[0] != h:
-        raise ValueError(f"kernel {kernel.name!r}: the down matmul must consume the product {h!r}")
-    x = gate.inputs[0]
-    dtype = buffers[x].dtype
-    sizes = {"B": 1, "M": gate.m, "N": gate.n, "K": gate.k}
+    """A fused MLP: check its shape, lay out its operands, divide it, pick tiles that fit LX, emit per core."""
+    gate, up, down, pointwise = _mlp_parts(kernel)
+    mk = _mlp_kernel(kernel.name, gate, up, down, pointwise, buffers)
+    dtype = buffers[gate.inputs[0]].dtype
     eps = cfg.elems_per_stick(dtype)
-    out = down.output if down is not None else h
-    out_cols = down.n if down is not None else 0
-    operands: dict[str, Operand] = {}
-    for n in pointwise:
-        for name in [*n.inputs, n.output]:
-            operands.setdefault(name, _out_operand(name, buffers, sizes))
-    if down is not None:
-        operands[out] = _out_operand(out, buffers, {"M": gate.m, "O": down.n}, ("M", "O"))
-        operands[down.inputs[1]] = _out_operand(down.inputs[1], buffers, {"N": gate.n, "O": down.n}, ("N", "O"))
-    operands[x] = _out_operand(x, buffers, sizes, ("M", "K"))
-    for w in (gate.inputs[1], up.inputs[1]):
-        operands[w] = _out_operand(w, buffers, sizes, ("K", "N"))
-    w_item = _itemsize(buffers[gate.inputs[1]])
-    mk = MlpKernel(kernel.name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
-                   up.output, pointwise, h, out, _itemsize(buffers[x]), w_item, operands, gate.k, out_cols)
-    fits = _fits(cfg, options, kernel.name)
-    chosen: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
-    fitting: dict[tuple, bool] = {}
-
-    def tiles_for(rows: int, i_cols: int, reduce: bool) -> tuple[int, int, int, int]:
-        if (rows, i_cols, reduce) not in chosen:
-            chosen[rows, i_cols, reduce] = choose_mlp_tiles(mk, rows, i_cols, cfg, options.double_buffer, reduce,
-                                                            fits, fitting)
-        return chosen[rows, i_cols, reduce]
+    tiles_for = _mlp_tile_chooser(mk, cfg, options, kernel.name)
 
     def row_tiles(i_split: int, row_split: int) -> int:
         """Row tiles per core under an (I, rows) split: each one re-reads the core's weight slice."""
@@ -373,8 +341,9 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
 
     division = divide_mlp(gate.m, gate.n, gate.k, down is not None, dtype, cfg, options.work_division,
                           options.k_fast_placement, down.n if down is not None else None, row_tiles)
+    sizes = {"B": 1, "M": gate.m, "N": gate.n, "K": gate.k}
     slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
-    mk.shares = {b: share_group(operands[b].dims, division.splits) for b in kernel.inputs}
+    mk.shares = {b: share_group(mk.operands[b].dims, division.splits) for b in kernel.inputs}
     busy = [c for c, s in enumerate(slices) if s]
     ext = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()}
     reduce = down is not None and division.split_reduction_dim is not None
@@ -385,8 +354,62 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     bufs = mlp_lx_buffers(mk, *tiles, cfg, options.double_buffer, reduce, whole_slice)
     tile_dims = {"B": 1, "M": tiles[0], "N": tiles[1], "K": tiles[2], "O": tiles[3]}
     weights = [gate.inputs[1], up.inputs[1]] + ([down.inputs[1]] if down else [])
-    return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, operands,
+    return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, mk.operands,
                  weights)
+
+
+def _mlp_parts(kernel: FusedKernel) -> tuple[MatMul, MatMul, MatMul | None, list[Pointwise]]:
+    """Gate, up, optional down matmul and the pointwise nodes of an mlp kernel, or an error naming what is off."""
+    matmuls = [n for n in kernel.nodes if isinstance(n, MatMul)]
+    pointwise = [n for n in kernel.nodes if isinstance(n, Pointwise)]
+    if len(matmuls) not in (2, 3) or matmuls[0].inputs[0] != matmuls[1].inputs[0] or not pointwise:
+        raise ValueError(f"kernel {kernel.name!r}: an mlp kernel is gate and up matmuls sharing their input, "
+                         f"pointwise nodes, and optionally a down matmul; got {[n.op for n in kernel.nodes]}")
+    if len(pointwise) + len(matmuls) != len(kernel.nodes):
+        raise ValueError(f"kernel {kernel.name!r}: an mlp kernel holds only matmuls and pointwise nodes")
+    down = matmuls[2] if len(matmuls) == 3 else None
+    h = pointwise[-1].output
+    if down is not None and down.inputs[0] != h:
+        raise ValueError(f"kernel {kernel.name!r}: the down matmul must consume the product {h!r}")
+    return matmuls[0], matmuls[1], down, pointwise
+
+
+def _mlp_kernel(name: str, gate: MatMul, up: MatMul, down: MatMul | None, pointwise: list[Pointwise],
+                buffers: Mapping[str, BufferInfo]) -> MlpKernel:
+    """The MLP's operands in its dims: x[M,K], gate and up weights [K,N], the product [M,N], down [N,O]."""
+    x, h = gate.inputs[0], pointwise[-1].output
+    sizes = {"B": 1, "M": gate.m, "N": gate.n, "K": gate.k}
+    out = down.output if down is not None else h
+    operands: dict[str, Operand] = {}
+    for n in pointwise:
+        for b in [*n.inputs, n.output]:
+            operands.setdefault(b, _out_operand(b, buffers, sizes))
+    if down is not None:
+        operands[out] = _out_operand(out, buffers, {"M": gate.m, "O": down.n}, ("M", "O"))
+        operands[down.inputs[1]] = _out_operand(down.inputs[1], buffers, {"N": gate.n, "O": down.n}, ("N", "O"))
+    operands[x] = _out_operand(x, buffers, sizes, ("M", "K"))
+    for w in (gate.inputs[1], up.inputs[1]):
+        operands[w] = _out_operand(w, buffers, sizes, ("K", "N"))
+    return MlpKernel(name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
+                     up.output, pointwise, h, out, _itemsize(buffers[x]), _itemsize(buffers[gate.inputs[1]]),
+                     operands, gate.k, down.n if down is not None else 0)
+
+
+def _mlp_tile_chooser(mk: MlpKernel, cfg: SpyreConfig, options: CompileOptions,
+                      name: str) -> Callable[[int, int, bool], tuple[int, int, int, int]]:
+    """``tiles_for(rows, i_cols, reduce)``: the MLP tiles that fit LX for one core's slice, memoized
+    (work division asks for many candidate splits, several of which share a slice shape)."""
+    fits = _fits(cfg, options, name)
+    chosen: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
+    fitting: dict[tuple, bool] = {}
+
+    def tiles_for(rows: int, i_cols: int, reduce: bool) -> tuple[int, int, int, int]:
+        if (rows, i_cols, reduce) not in chosen:
+            chosen[rows, i_cols, reduce] = choose_mlp_tiles(mk, rows, i_cols, cfg, options.double_buffer, reduce,
+                                                            fits, fitting)
+        return chosen[rows, i_cols, reduce]
+
+    return tiles_for
 
 
 # --- cost comparison ------------------------------------------------------------------------------

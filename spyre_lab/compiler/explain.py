@@ -1,10 +1,12 @@
-"""explain(): graph -> kernels (rule, ops) -> work division -> LX plan -> modeled times, plus cache status."""
+"""A Program as text: graph -> kernels (rule, ops) -> work division -> LX plan -> modeled times, plus cache status."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Sequence
 
-from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
+from spyre_lab.compiler.ir import Fallback
+from spyre_lab.compiler.kernel_spec import KernelSpec
+from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedKernel
 
 
 class Explanation(str):
@@ -19,18 +21,18 @@ class Explanation(str):
         return str(self)
 
 
-def _division_line(launch: Any) -> str:
-    division = getattr(launch, "division", None)
-    if division is None:
+def _division_line(launch: Launch) -> str:
+    if not isinstance(launch, KernelSpec):
         return ""
+    division = launch.division
     splits = " x ".join(f"{d}:{n}" for d, n in division.splits.items() if n > 1) or "one core"
     return f"      division [{division.strategy}] {splits} on {division.cores_used} cores -- {division.reason}"
 
 
-def _lx_line(launch: Any) -> str:
-    plan = getattr(launch, "lx_plan", None)
-    if plan is None:
+def _lx_line(launch: Launch) -> str:
+    if not isinstance(launch, KernelSpec):
         return ""
+    plan = launch.lx_plan
     return (f"      LX plan [{plan.strategy}] peak {plan.peak:,} of {plan.budget:,} B per core "
             f"({len(plan.offsets)} buffers)")
 
@@ -62,14 +64,15 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
     for i, (launch, kernel) in enumerate(zip(program.launches, program.kernels)):
         ops = " -> ".join(n.op for n in kernel.nodes)
         if isinstance(launch, HostFallback):
-            lines.append(f"  [{i:2d}] HOST   {ops}  ({getattr(kernel.nodes[0], 'reason', '')})")
+            node = kernel.nodes[0]
+            lines.append(f"  [{i:2d}] HOST   {ops}  ({node.reason if isinstance(node, Fallback) else ''})")
             continue
         timing = ""
         if not isinstance(launch, UnplannedKernel):
             sim = launch.simulate(mode)
             total += sim.time_us
             by_rule.setdefault(kernel.rule, []).append(sim.time_us)
-            timing = f"  {sim.time_us:8.2f} us modeled ({getattr(sim, 'bottleneck', '')})"
+            timing = f"  {sim.time_us:8.2f} us modeled ({sim.bottleneck})"
         lx = f"  LX-resident: {', '.join(kernel.lx_resident)}" if kernel.lx_resident else ""
         lines.append(f"  [{i:2d}] {kernel.rule:<16} {ops}{timing}")
         lines.append(f"        DRAM in: {', '.join(kernel.inputs)}  out: {', '.join(kernel.outputs)}{lx}")
@@ -89,20 +92,17 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
     return Explanation("\n".join(lines))
 
 
-def explain(obj: Any, mode: str | None = None) -> Explanation:
-    """Explain a Program, a CompiledGraph, or a module compiled with ``torch.compile(backend="spyre")``."""
-    from spyre_lab.compiler import cache
-    from spyre_lab.compiler.backend import compiled_graphs_for
+def explain(what: Program | Sequence[Program], mode: str | None = None) -> Explanation:
+    """Explain one Program or several (the pieces of one model), plus the program cache's counts.
 
-    if isinstance(obj, Program):
-        text = explain_program(obj, mode)
-    else:
-        graphs = compiled_graphs_for(obj)
-        programs = [p for g in graphs for p in g.all_programs()]
-        if not programs:
-            raise ValueError(f"nothing compiled for {type(obj).__name__} yet: call the compiled model once "
-                             "(torch.compile is lazy), or pass a Program from compile_graph")
-        text = "\n\n".join(explain_program(p, mode) for p in programs)
+    ``spyre_lab.explain(model)`` finds the Programs compiled for a ``torch.compile``d model and lands here."""
+    from spyre_lab.compiler import cache
+
+    programs = [what] if isinstance(what, Program) else list(what) if isinstance(what, Sequence) else []
+    if not programs or not all(isinstance(p, Program) for p in programs):
+        raise TypeError(f"compiler.explain takes a Program (or a list of them), got {type(what).__name__}; "
+                        "for a model compiled with torch.compile(backend='spyre') use spyre_lab.explain(model)")
+    text = "\n\n".join(explain_program(p, mode) for p in programs)
     stats = cache.stats()
     return Explanation(f"{text}\n  program cache: {stats['hits']} hits, {stats['misses']} misses, "
                        f"{stats['compiles']} compiles")

@@ -59,7 +59,7 @@ class _Scheduler:
         self.cfg = cfg
         self.decisions: dict[str, str] = {}                    # node name -> why its kernel looks the way it does
         self.estimated: dict[tuple[str, ...], KernelSpec] = {}  # node names -> the spec a cost estimate planned
-        self.planned: dict[str, KernelSpec] = {}                 # final kernel name -> its reusable spec
+        self.unplannable: dict[tuple[str, ...], str] = {}       # node names -> why codegen could not plan them
         self.rules = options.fusion
         self.producer = {n.output: n for n in self.graph.nodes}
         self.users: dict[str, list[IRNode]] = {}
@@ -170,12 +170,15 @@ class _Scheduler:
         total = 0.0
         for nodes, rule in parts:
             key = tuple(n.name for n in nodes)
+            if key in self.unplannable:
+                return math.inf
             if key not in self.estimated:
                 ins, outs, lx = self.dram_tensors(nodes)
                 kernel = FusedKernel(f"{rule}_{nodes[0].output}", list(nodes), rule, ins, outs, lx)
                 try:
                     self.estimated[key] = generate_kernel(kernel, self.graph.buffers, self.cfg, self.options)
-                except (LXOverflowError, ValueError, NotImplementedError):
+                except (LXOverflowError, ValueError, NotImplementedError) as e:
+                    self.unplannable[key] = f"{kernel.name} cannot be planned ({type(e).__name__}: {e})"
                     return math.inf
             total += self.estimated[key].simulate("analytic").time_us
         return total
@@ -194,8 +197,10 @@ class _Scheduler:
         options["separate"] = ([], self.separate_groups(group))
         times = {name: self.estimate_us(parts) for name, (_, parts) in options.items()}
         best = min(times, key=lambda name: times[name])             # ties keep the more fused option
+        why_not = [self.unplannable[key] for _, parts in options.values() for nodes, _ in parts
+                   if (key := tuple(n.name for n in nodes)) in self.unplannable]
         self.decisions[group[0].name] = ("mlp: " + " vs ".join(f"{name} {t:.0f} us" for name, t in times.items())
-                                         + f" -> {best} (modeled)")
+                                         + f" -> {best} (modeled)" + "".join(f"; {w}" for w in why_not))
         return options[best][0] or None
 
     def schedulable(self, group: list[IRNode]) -> bool:
@@ -291,8 +296,18 @@ class _Scheduler:
             middle = [([sub], "single"), ([exp], "single"), ([red], "single")]
         return [([amax], "single"), *middle, ([div], "single")]
 
-    def run(self) -> list[FusedKernel]:
-        patterns: dict[str, tuple[list[IRNode], str]] = {}      # last member name -> group
+    def run(self) -> tuple[list[FusedKernel], dict[str, KernelSpec]]:
+        """The kernels in launch order, and the specs cost estimates already planned for some of them."""
+        patterns, claimed = self.match_patterns()
+        groups = self.bundle(patterns, claimed)
+        for g in groups:
+            if g.rule == "matmul_epilogue":
+                self.align_epilogue_dims(g.nodes)
+        return self.kernels(groups)
+
+    def match_patterns(self) -> tuple[dict[str, tuple[list[IRNode], str]], set[str]]:
+        """Softmax and MLP groups, keyed by the member they run at (their last), and every node they claim."""
+        patterns: dict[str, tuple[list[IRNode], str]] = {}
         claimed: set[str] = set()
         for node in self.graph.nodes:
             if node.name in claimed:
@@ -311,6 +326,10 @@ class _Scheduler:
                 patterns[last.name] = (group, rule)
                 claimed |= {n.name for n in group}
                 break
+        return patterns, claimed
+
+    def bundle(self, patterns: dict[str, tuple[list[IRNode], str]], claimed: set[str]) -> list[_Group]:
+        """Walk the nodes in program order: pattern groups land whole, every other node joins a group or opens one."""
         groups: list[_Group] = []
         group_of: dict[str, int] = {}                           # buffer -> index of the group producing it
 
@@ -333,13 +352,12 @@ class _Scheduler:
             if self.join(groups, group_of, node):
                 continue
             add([node], "restickify" if node.op == "restickify" else "single", True)
-        for g in groups:
-            if g.rule == "matmul_epilogue":
-                self.align_epilogue_dims(g.nodes)
-        for node in self.graph.nodes:
-            access = self.lowered.access.get(node.name)
-            node.input_views = tuple(_view_of(r) for r in access.reads) if access is not None else ()
+        return groups
+
+    def kernels(self, groups: list[_Group]) -> tuple[list[FusedKernel], dict[str, KernelSpec]]:
+        """Name each group's kernel, say how each node reads its inputs, and keep the MLP specs already planned."""
         kernels = []
+        planned: dict[str, KernelSpec] = {}
         for i, g in enumerate(groups):
             nodes, rule = g.nodes, (g.rule if len(g.nodes) > 1 or g.rule == "restickify" else "single")
             ins, outs, lx = self.dram_tensors(nodes)
@@ -347,12 +365,17 @@ class _Scheduler:
                 rule = "restickify"
             name = f"k{i}_{rule}_{'_'.join(dict.fromkeys(n.op for n in nodes))}"[:64]
             decision = next((self.decisions[n.name] for n in nodes if n.name in self.decisions), "")
-            kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx, decision))
+            views = {n.name: self.input_views(n) for n in nodes}
+            kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx, decision, input_views=views))
             spec = self.estimated.get(tuple(n.name for n in nodes))
             if spec is not None and rule == "mlp" and spec.rule == rule:
                 spec.name = spec.tile_kernel.name = name
-                self.planned[name] = spec
-        return kernels
+                planned[name] = spec
+        return kernels, planned
+
+    def input_views(self, node: IRNode) -> tuple[InputView | None, ...]:
+        access = self.lowered.access.get(node.name)
+        return tuple(_view_of(r) for r in access.reads) if access is not None else ()
 
 
 def _view_of(r: Read) -> InputView | None:
@@ -375,14 +398,18 @@ def _combine(current: str, joined: str) -> str:
     return max(current, joined, key=order.index)
 
 
-def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE,
-             planned: dict[str, KernelSpec] | None = None) -> list[FusedKernel]:
+@dataclass
+class Schedule:
+    """The scheduler's answer: the kernels in launch order, and the ones a cost estimate already planned."""
+
+    kernels: list[FusedKernel]
+    planned: dict[str, KernelSpec]
+    """Kernel name -> the KernelSpec its cost estimate planned (a fused MLP), for codegen to reuse."""
+
+
+def schedule(lowered: Lowered, options: CompileOptions, cfg: SpyreConfig = SPYRE) -> Schedule:
     """Group the lowered nodes into fused kernels, in an order that respects every dependency.
 
-    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on. Kernels a cost
-    estimate already planned land in ``planned`` (kernel name -> KernelSpec), for codegen to reuse."""
-    scheduler = _Scheduler(lowered, options, cfg)
-    kernels = scheduler.run()
-    if planned is not None:
-        planned.update(scheduler.planned)
-    return kernels
+    ``cfg`` is the device the cost-based choices (fused or separate MLP) are modeled on."""
+    kernels, planned = _Scheduler(lowered, options, cfg).run()
+    return Schedule(kernels, planned)

@@ -70,8 +70,7 @@ class IRNode:
     """One operation over a named iteration space.
 
     ``dims`` maps dim name -> extent, outermost first; the last entry of ``dims`` that is not a
-    reduction dim is the stick dim unless ``stick_dim`` says otherwise. ``input_views`` (one entry per
-    input, None for a plain read) says how each input is read through views; empty when unknown.
+    reduction dim is the stick dim unless ``stick_dim`` says otherwise.
     """
 
     name: str
@@ -82,7 +81,6 @@ class IRNode:
     compute: Callable[..., torch.Tensor] = field(repr=False)
     reduction_dims: tuple[str, ...] = ()
     stick_dim: str | None = None
-    input_views: tuple[InputView | None, ...] = field(default=(), repr=False, kw_only=True)
 
     @property
     def kind(self) -> str:
@@ -134,6 +132,8 @@ class FusedKernel:
     """One device kernel (a SuperDSC bundle): nodes fused by a named rule.
 
     ``inputs``/``outputs`` travel through DRAM; ``lx_resident`` intermediates never leave LX.
+    ``input_views`` maps a node's name to how it reads each of its inputs through free views (one entry
+    per input, None for a plain read); a node missing from it reads every input plainly.
     """
 
     name: str
@@ -144,6 +144,11 @@ class FusedKernel:
     lx_resident: list[str] = field(default_factory=list)
     decision: str = ""
     """Why the scheduler formed this kernel when it weighed alternatives (e.g. fused vs separate MLP)."""
+    input_views: dict[str, tuple[InputView | None, ...]] = field(default_factory=dict, repr=False, kw_only=True)
+
+    def views_of(self, node: IRNode) -> tuple[InputView | None, ...]:
+        """How ``node`` reads its inputs (an empty tuple: all plain reads)."""
+        return self.input_views.get(node.name, ())
 
     @property
     def is_fallback(self) -> bool:
@@ -166,13 +171,3 @@ class Graph:
     nodes: list[IRNode]
     inputs: list[str]
     outputs: list[str]
-
-    def producers(self) -> dict[str, IRNode]:
-        return {n.output: n for n in self.nodes}
-
-    def users(self) -> dict[str, list[IRNode]]:
-        users: dict[str, list[IRNode]] = {b: [] for b in self.buffers}
-        for n in self.nodes:
-            for i in n.inputs:
-                users.setdefault(i, []).append(n)
-        return users

@@ -1,7 +1,7 @@
 """Layout propagation: every buffer gets a ``StickLayout``; restickify where producer and consumer disagree.
 
 torch-spyre runs ``propagate_spyre_tensor_layouts`` -> ``insert_restickify`` before scheduling. The
-rules it enforces (spyre-facts section 2): pointwise operands share one stick dim; a matmul reads A
+rules it enforces (docs/hardware.md, "Stick layouts"): pointwise operands share one stick dim; a matmul reads A
 sticked on K and B sticked on N and writes C sticked on N; a view is free only when the stick it
 needs already exists in memory -- the consumer's innermost axis must run contiguously through whole
 sticks of the producer's buffer, starting at a stick boundary.

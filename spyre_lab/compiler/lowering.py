@@ -187,9 +187,6 @@ class _Lowerer:
             self.buffers[name] = BufferInfo(name, tuple(t.shape), t.dtype, "constant")
         return self._base_read(name, self.constants[name])
 
-    def _fresh(self, stem: str) -> str:
-        return f"{stem}_{next(self._names)}"
-
     # --- dispatch -----------------------------------------------------------------------------
     def _lower_call(self, node: fx.Node) -> object:
         target = node.target

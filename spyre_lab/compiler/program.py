@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spyre_lab.compiler.access import Access, Read
-from spyre_lab.compiler.ir import BufferInfo, FusedKernel
+from spyre_lab.compiler.ir import BufferInfo, Fallback, FusedKernel
+from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SpyreConfig
 
@@ -40,7 +41,8 @@ class HostFallback:
         return [n.op for n in self.kernel.nodes]
 
     def explain(self) -> str:
-        reason = getattr(self.kernel.nodes[0], "reason", "")
+        node = self.kernel.nodes[0]
+        reason = node.reason if isinstance(node, Fallback) else ""
         return f"{self.name}: host fallback aten.{', '.join(self.ops)} ({reason})"
 
 
@@ -64,6 +66,11 @@ class UnplannedKernel:
 
     def explain(self) -> str:
         return f"{self.name}: rule={self.rule} ops={self.ops} (no tile plan: {self.error})"
+
+
+Launch = KernelSpec | HostFallback | UnplannedKernel
+"""One entry of a Program's launch order: a planned device kernel, a host fallback, or a device kernel
+without a tile plan (numbers known, time not)."""
 
 
 @dataclass(frozen=True)
@@ -116,7 +123,7 @@ class Program:
 
     name: str
     kernels: list[FusedKernel]
-    launches: list[Any]                       # KernelSpec | HostFallback | UnplannedKernel, same order as kernels
+    launches: list[Launch]                    # same order as kernels
     inputs: list[str]
     outputs: list[Read]
     buffers: dict[str, BufferInfo]
@@ -140,7 +147,7 @@ class Program:
         return len(self.launches)
 
     @property
-    def device_launches(self) -> list[Any]:
+    def device_launches(self) -> list[KernelSpec | UnplannedKernel]:
         return [launch for launch in self.launches if not isinstance(launch, HostFallback)]
 
     def address_slots(self) -> list[list[str]]:
@@ -154,7 +161,7 @@ class Program:
         """Sum of the device kernels' modeled times (None if any kernel has no tile plan)."""
         total = 0.0
         for launch in self.device_launches:
-            if not hasattr(launch, "simulate"):
+            if not isinstance(launch, KernelSpec):
                 return None
             total += launch.simulate(mode or self.options.timing).time_us
         return total
@@ -174,7 +181,7 @@ class Program:
             entry: dict[str, Any] = {"name": launch.name, "rule": kernel.rule, "ops": [n.op for n in kernel.nodes],
                                      "host": isinstance(launch, HostFallback), "address_slots": list(
                                          launch.address_slots), "lx_resident": list(kernel.lx_resident)}
-            if hasattr(launch, "to_json"):
+            if isinstance(launch, KernelSpec):
                 entry["superdsc"] = launch.to_json()
             if hasattr(launch, "simulate"):            # what a view of a saved program needs (roofline, tables)
                 sim = launch.simulate(self.options.timing)
@@ -199,11 +206,6 @@ class Program:
     def save_json(self, path: str) -> None:
         with open(path, "w") as f:
             json.dump(self.to_json(), f, indent=1, default=str)
-
-    def explain(self) -> str:
-        from spyre_lab.compiler.explain import explain_program
-
-        return explain_program(self)
 
     def __repr__(self) -> str:
         return (f"Program({self.name!r}: {len(self.launches)} launches, {len(self.inputs)} inputs, "

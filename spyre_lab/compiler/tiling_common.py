@@ -15,7 +15,7 @@ so the scratchpad planner can place them and tile sizes can shrink until they fi
 * **Bytes** are whole sticks: each operand tile is padded along its tensor's last dim (its stick dim)
   to a multiple of ``elems_per_stick``. A keepdim reduction's output (``[..., 1]``) therefore moves one
   stick per value: the sparse "1 value per stick" output of a reduction along the stick dim.
-* **Views**: an input a node reads through a permute, expand or reshape (``IRNode.input_views``) is an
+* **Views**: an input a node reads through a permute, expand or reshape (``FusedKernel.input_views``) is an
   operand over the viewed axes it moves through, outermost stride first (:func:`view_operand`): a tile
   of a transposed read loads the sticks that tile touches, an expanded axis loads nothing more, and
   each core's DRAM start address follows the view's strides.

@@ -131,100 +131,129 @@ def emit_mlp(mk: MlpKernel, mc: int, ic: int, tiles: tuple[int, int, int, int], 
     with the weights and the output is finished (ring-reduced between I-partners, stored) one column
     chunk at a time; otherwise x stays resident and the output accumulates over I chunks.
     """
-    p = CoreProgram()
-    sb = cfg.stick_bytes
-    tm, ti, th, to = tiles
-    eps = sb // mk.w_item
-    h_pad = pad_to_sticks(mk.hidden, sb // mk.x_item)
-    o_pad = pad_to_sticks(mk.out_cols, eps)
-    i_pad = pad_to_sticks(ic, eps)
-    whole_slice = ti >= i_pad
-    i_tiles, h_tiles, o_tiles = chunks(i_pad, ti), chunks(h_pad, th), chunks(o_pad, to)
-    share_x, share_w = mk.shares.get(mk.x, 1), mk.shares.get(mk.w_gate, 1)
-    gap = 2 if double_buffer else 1
-    steps: list[int] = []          # last op of every weight step (for the double-buffer slots)
-    row_done: list[int] = []
-    out_done: list[int] = []       # last op of every finished output tile (for the out_acc slots)
-    rank = partner_info[0] if partner_info else 0
+    emitter = _MlpEmitter(mk, ic, tiles, cfg, double_buffer, partner_info)
+    for mi, row0 in enumerate(range(0, mc, tiles[0])):
+        emitter.row_tile(mi, min(tiles[0], mc - row0))
+    return emitter.p
 
-    def finish_output(acc: int, last: int, rm: int, cols: int, label: str) -> int:
-        if partner_info is not None:
-            last = chain_reduce(p, partner_info, rm * cols * ACC_BYTES, rm * cols, acc, last,
-                                f"{mk.name}:psum:{label}", cfg.cores, "add")
-        if rank == 0:
-            nbytes = rm * cols * mk.operands[mk.out].itemsize
-            last = p.store(nbytes, deps=sorted({last, acc}), name=f"store {mk.out} {label}")
-        out_done.append(last)
-        return last
 
-    for mi, row0 in enumerate(range(0, mc, tm)):
-        rm = min(tm, mc - row0)
+class _MlpEmitter:
+    """What one core's MLP program threads from row tile to row tile: the ops that free each LX slot."""
+
+    def __init__(self, mk: MlpKernel, ic: int, tiles: tuple[int, int, int, int], cfg: SpyreConfig,
+                 double_buffer: bool, partner_info: PartnerInfo | None) -> None:
+        self.p = CoreProgram()
+        self.mk, self.cfg, self.double_buffer, self.partner_info = mk, cfg, double_buffer, partner_info
+        sb = self.sb = cfg.stick_bytes
+        _, ti, th, to = tiles
+        eps = sb // mk.w_item
+        self.h_pad = pad_to_sticks(mk.hidden, sb // mk.x_item)
+        self.o_pad = pad_to_sticks(mk.out_cols, eps)
+        i_pad = pad_to_sticks(ic, eps)
+        self.whole_slice = ti >= i_pad
+        self.i_tiles, self.h_tiles, self.o_tiles = chunks(i_pad, ti), chunks(self.h_pad, th), chunks(self.o_pad, to)
+        self.share_x, self.share_w = mk.shares.get(mk.x, 1), mk.shares.get(mk.w_gate, 1)
+        self.gap = 2 if double_buffer else 1
+        self.steps: list[int] = []      # last op of every weight step (for the double-buffer slots)
+        self.row_done: list[int] = []
+        self.out_done: list[int] = []   # last op of every finished output tile (for the out_acc slots)
+        self.rank = partner_info[0] if partner_info else 0
+
+    def row_tile(self, mi: int, rm: int) -> None:
+        """Rows ``mi``: for each I chunk, gate and up, the pointwise ops, then the down projection."""
+        mk, p = self.mk, self.p
         x_op = None
-        if not whole_slice:
-            wait = [row_done[mi - gap]] if mi >= gap else []
-            x_op = p.load(f"{mk.x}[{mi % 2 if double_buffer else 0}]", rm * h_pad * mk.x_item, deps=wait,
-                          name=f"load {mk.x} m{mi}", share=share_x)
+        if not self.whole_slice:
+            wait = [self.row_done[mi - self.gap]] if mi >= self.gap else []
+            x_op = p.load(f"{mk.x}[{mi % 2 if self.double_buffer else 0}]", rm * self.h_pad * mk.x_item, deps=wait,
+                          name=f"load {mk.x} m{mi}", share=self.share_x)
         acc = acc_prev = None
         last = -1
-        for ii, ri in enumerate(i_tiles):
-            g = u = g_prev = u_prev = None
-            for hi, rh in enumerate(h_tiles):
-                slot, w_wait = slot_wait(steps, double_buffer)
-                nbytes = rh * ri * mk.w_item
-                xk = x_op
-                if whole_slice:
-                    xk = p.load(f"{mk.x}[{slot}]", rm * rh * mk.x_item, deps=w_wait, name=f"load {mk.x} m{mi} h{hi}",
-                                share=share_x)
-                lg = p.load(f"{mk.w_gate}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_gate} i{ii} h{hi}",
-                            share=share_w)
-                lu = p.load(f"{mk.w_up}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_up} i{ii} h{hi}",
-                            share=share_w)
-                if g is None:
-                    g = g_prev = p.matmul(mk.gate_out, rm, ri, rh, deps=[xk, lg], out_bytes=rm * ri * ACC_BYTES,
-                                          name=f"gate m{mi} i{ii} h{hi}")
-                    u = u_prev = p.matmul(mk.up_out, rm, ri, rh, deps=[xk, lu], out_bytes=rm * ri * ACC_BYTES,
-                                          name=f"up m{mi} i{ii} h{hi}")
-                else:
-                    g_prev = p.matmul(None, rm, ri, rh, deps=[xk, lg, g, g_prev], out_bytes=0,
-                                      name=f"gate m{mi} i{ii} h{hi} (accumulate)")
-                    u_prev = p.matmul(None, rm, ri, rh, deps=[xk, lu, u, u_prev], out_bytes=0,
-                                      name=f"up m{mi} i{ii} h{hi} (accumulate)")
-                steps.append(u_prev)
-            produced = {mk.gate_out: g_prev, mk.up_out: u_prev}
-            owners = {mk.gate_out: g, mk.up_out: u}
-            ext = {"B": 1, "M": rm, "N": ri}
-            for n in mk.pointwise:
-                deps = sorted({produced[b] for b in n.inputs if b in produced} |
-                              {owners[b] for b in n.inputs if b in owners})
-                emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
-                op = emit(n.output, rm * ri, deps=deps, out_bytes=mk.operands[n.output].tile_bytes(ext, sb),
-                          name=f"{n.op} m{mi} i{ii}")
-                produced[n.output] = owners[n.output] = op
+        for ii, ri in enumerate(self.i_tiles):
+            h_op = self.gate_up_pointwise(mi, ii, rm, ri, x_op)
             if mk.w_down is None:
-                last = p.store(mk.operands[mk.h].tile_bytes(ext, sb), deps=[produced[mk.h]],
+                last = p.store(mk.operands[mk.h].tile_bytes({"B": 1, "M": rm, "N": ri}, self.sb), deps=[h_op],
                                name=f"store {mk.h} m{mi} i{ii}")
                 continue
-            for oi, ro in enumerate(o_tiles):
-                slot, w_wait = slot_wait(steps, double_buffer)
-                ld = p.load(f"{mk.w_down}[{slot}]", ri * ro * mk.w_item, deps=w_wait,
-                            name=f"load {mk.w_down} i{ii} o{oi}", share=share_w)
-                if whole_slice:
-                    t = len(out_done)
-                    acc_wait = [out_done[t - 2]] if t >= 2 else []
-                    acc = p.matmul(f"out_acc[{t % 2}]", rm, ro, ri, deps=[ld, produced[mk.h], *acc_wait],
-                                   out_bytes=rm * ro * ACC_BYTES, name=f"down m{mi} o{oi}")
-                    steps.append(acc)
-                    last = finish_output(acc, acc, rm, ro, f"m{mi}o{oi}")
-                    continue
-                if acc is None:
-                    acc = acc_prev = p.matmul(f"out_acc[{mi % 2}]", rm, ro, ri, deps=[ld, produced[mk.h]],
-                                              out_bytes=rm * o_pad * ACC_BYTES, name=f"down m{mi} i{ii} o{oi}")
-                else:
-                    acc_prev = p.matmul(None, rm, ro, ri, deps=[ld, produced[mk.h], acc, acc_prev],
-                                        out_bytes=0, name=f"down m{mi} i{ii} o{oi} (accumulate)")
-                steps.append(acc_prev)
-                last = acc_prev
-        if mk.w_down is not None and not whole_slice and acc is not None and acc_prev is not None:
-            last = finish_output(acc, acc_prev, rm, o_pad, f"m{mi}")
-        row_done.append(last)
-    return p
+            acc, acc_prev, last = self.down(mi, ii, rm, ri, h_op, acc, acc_prev, last)
+        if mk.w_down is not None and not self.whole_slice and acc is not None and acc_prev is not None:
+            last = self.finish_output(acc, acc_prev, rm, self.o_pad, f"m{mi}")
+        self.row_done.append(last)
+
+    def gate_up_pointwise(self, mi: int, ii: int, rm: int, ri: int, x_op: int | None) -> int:
+        """Gate and up over the K chunks (sharing each x tile), then SiLU and mul in LX; returns h's op."""
+        mk, p = self.mk, self.p
+        g = u = g_prev = u_prev = None
+        for hi, rh in enumerate(self.h_tiles):
+            slot, w_wait = slot_wait(self.steps, self.double_buffer)
+            nbytes = rh * ri * mk.w_item
+            xk = x_op
+            if self.whole_slice:
+                xk = p.load(f"{mk.x}[{slot}]", rm * rh * mk.x_item, deps=w_wait, name=f"load {mk.x} m{mi} h{hi}",
+                            share=self.share_x)
+            lg = p.load(f"{mk.w_gate}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_gate} i{ii} h{hi}",
+                        share=self.share_w)
+            lu = p.load(f"{mk.w_up}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_up} i{ii} h{hi}",
+                        share=self.share_w)
+            if g is None:
+                g = g_prev = p.matmul(mk.gate_out, rm, ri, rh, deps=[xk, lg], out_bytes=rm * ri * ACC_BYTES,
+                                      name=f"gate m{mi} i{ii} h{hi}")
+                u = u_prev = p.matmul(mk.up_out, rm, ri, rh, deps=[xk, lu], out_bytes=rm * ri * ACC_BYTES,
+                                      name=f"up m{mi} i{ii} h{hi}")
+            else:
+                g_prev = p.matmul(None, rm, ri, rh, deps=[xk, lg, g, g_prev], out_bytes=0,
+                                  name=f"gate m{mi} i{ii} h{hi} (accumulate)")
+                u_prev = p.matmul(None, rm, ri, rh, deps=[xk, lu, u, u_prev], out_bytes=0,
+                                  name=f"up m{mi} i{ii} h{hi} (accumulate)")
+            self.steps.append(u_prev)
+        produced = {mk.gate_out: g_prev, mk.up_out: u_prev}  # the last op writing each buffer
+        owners = {mk.gate_out: g, mk.up_out: u}              # the op that allocated it (frees it when done)
+        ext = {"B": 1, "M": rm, "N": ri}
+        for n in mk.pointwise:
+            deps = sorted({produced[b] for b in n.inputs if b in produced} |
+                          {owners[b] for b in n.inputs if b in owners})
+            emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
+            op = emit(n.output, rm * ri, deps=deps, out_bytes=mk.operands[n.output].tile_bytes(ext, self.sb),
+                      name=f"{n.op} m{mi} i{ii}")
+            produced[n.output] = owners[n.output] = op
+        return produced[mk.h]
+
+    def down(self, mi: int, ii: int, rm: int, ri: int, h_op: int, acc: int | None, acc_prev: int | None,
+             last: int) -> tuple[int | None, int | None, int]:
+        """The down projection of I chunk ``ii``, output-column chunk by chunk: finished per chunk when one I
+        tile is the whole slice, else accumulated into the row tile's full-width tile. Returns the
+        accumulator's first and latest op and the last op emitted."""
+        mk, p = self.mk, self.p
+        for oi, ro in enumerate(self.o_tiles):
+            slot, w_wait = slot_wait(self.steps, self.double_buffer)
+            ld = p.load(f"{mk.w_down}[{slot}]", ri * ro * mk.w_item, deps=w_wait,
+                        name=f"load {mk.w_down} i{ii} o{oi}", share=self.share_w)
+            if self.whole_slice:
+                t = len(self.out_done)
+                acc_wait = [self.out_done[t - 2]] if t >= 2 else []
+                acc = p.matmul(f"out_acc[{t % 2}]", rm, ro, ri, deps=[ld, h_op, *acc_wait],
+                               out_bytes=rm * ro * ACC_BYTES, name=f"down m{mi} o{oi}")
+                self.steps.append(acc)
+                last = self.finish_output(acc, acc, rm, ro, f"m{mi}o{oi}")
+                continue
+            if acc is None:
+                acc = acc_prev = p.matmul(f"out_acc[{mi % 2}]", rm, ro, ri, deps=[ld, h_op],
+                                          out_bytes=rm * self.o_pad * ACC_BYTES, name=f"down m{mi} i{ii} o{oi}")
+            else:
+                acc_prev = p.matmul(None, rm, ro, ri, deps=[ld, h_op, acc, acc_prev],
+                                    out_bytes=0, name=f"down m{mi} i{ii} o{oi} (accumulate)")
+            self.steps.append(acc_prev)
+            last = acc_prev
+        return acc, acc_prev, last
+
+    def finish_output(self, acc: int, last: int, rm: int, cols: int, label: str) -> int:
+        """Reduce a finished output tile over the ring between I-partners; the first partner stores it."""
+        mk, p = self.mk, self.p
+        if self.partner_info is not None:
+            last = chain_reduce(p, self.partner_info, rm * cols * ACC_BYTES, rm * cols, acc, last,
+                                f"{mk.name}:psum:{label}", self.cfg.cores, "add")
+        if self.rank == 0:
+            nbytes = rm * cols * mk.operands[mk.out].itemsize
+            last = p.store(nbytes, deps=sorted({last, acc}), name=f"store {mk.out} {label}")
+        self.out_done.append(last)
+        return last

@@ -44,8 +44,6 @@ PT_PASS_ROWS = 8
 MLP_PATH_SLACK = 0.01
 """MLP splits whose modeled critical paths are within 1% of the shortest count as ties."""
 
-MATMUL_DIMS = ("B", "M", "N", "K")
-
 
 def _divisors(n: int) -> list[int]:
     """Divisors of ``n`` in increasing order (O(sqrt n))."""

@@ -112,7 +112,11 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
 def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: float, drain_rate: float,
               last_load: int, stretch: float, send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
-    """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled."""
+    """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled.
+
+    The loop places each op (its cost by kind, then its start on its unit, backfilling idle gaps) inline:
+    it runs once per op, where a call per op would cost as much as the placement itself.
+    """
     ops = kernel.programs[core].ops
     n = len(ops)
     fin = [0.0] * n
@@ -204,19 +208,29 @@ def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: 
     tot.busy = busy
     tot.counts = counts
     tot.first_start = [max(0.0, f) for f in first]
-    schedule_end = max(fin, default=0.0)
-    if load_bytes or store_bytes:  # no faster than this core's streams move at their (stretched) share
-        moving = max(busy[LOAD], busy[STORE])
-        schedule_end = max(schedule_end, max(0.0, first[LOAD]) + moving + (schedule_end - last_dram_fin))
-    tot.finish = schedule_end
+    tot.finish = _finish(fin, busy, first[LOAD], last_dram_fin, bool(load_bytes or store_bytes))
     tot.load_bytes, tot.store_bytes, tot.ring_bytes, tot.flops, tot.macs = (load_bytes, store_bytes, ring_bytes,
                                                                             flops, macs)
+    tot.lx_peak = _lx_peak(claims, last_use, n)
+    return tot, late
+
+
+def _finish(fin: list[float], busy: list[float], first_load: float, last_dram_fin: float, moves_bytes: bool) -> float:
+    """The core's end: its schedule's end, and no earlier than its (stretched) DRAM streams allow (bound 2)."""
+    schedule_end = max(fin, default=0.0)
+    if moves_bytes:  # no faster than this core's streams move at their (stretched) share
+        moving = max(busy[LOAD], busy[STORE])
+        schedule_end = max(schedule_end, max(0.0, first_load) + moving + (schedule_end - last_dram_fin))
+    return schedule_end
+
+
+def _lx_peak(claims: list[tuple[int, int]], last_use: list[int], n: int) -> int:
+    """LX footprint of running the ops one at a time: each buffer lives from its op to its last user."""
     delta = [0] * (n + 1)
     for i, ob in claims:
         delta[i] += ob
         delta[last_use[i] + 1] -= ob
-    tot.lx_peak = max(accumulate(delta), default=0)
-    return tot, late
+    return max(accumulate(delta), default=0)
 
 
 def _backfill(gaps: list[tuple[float, float]], ready: float, cycles: float) -> float:

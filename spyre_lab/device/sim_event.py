@@ -108,26 +108,59 @@ class _Graph:
 
 def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
     """Simulate ``kernel`` op by op; raises :class:`LXOverflowError` when LX cannot hold what it needs."""
+    graph = _Graph(kernel, cfg, capacity)
+    timing = _Timing(len(kernel.programs), len(graph.unit))
+    _simulate(kernel, graph, timing, cfg, capacity)
+    return _result(kernel, graph, timing, want_events, cfg)
+
+
+class _Timing:
+    """What the simulation finds out: when each op ran, each unit's busy cycles, each core's LX peak."""
+
+    def __init__(self, ncores: int, total: int) -> None:
+        self.start = [0.0] * total
+        self.end = [0.0] * total
+        self.busy_cycles = [[0.0] * 5 for _ in range(ncores)]
+        self.peak = [0] * ncores
+        self.recv_xfer_start: dict[int, float] = {}  # receive -> when its send started moving bytes
+
+
+def _result(kernel: Kernel, graph: _Graph, timing: _Timing, want_events: bool, cfg: SpyreConfig) -> EngineRun:
     programs = kernel.programs
     ncores = len(programs)
-    graph = _Graph(kernel, cfg, capacity)
+    busy = {(c, u): timing.busy_cycles[c][u] for c in range(ncores) if len(programs[c]) for u in range(5)}
+    compute_busy = _compute_union(ncores, graph.unit, graph.core_of, timing.start, timing.end)
+    run = EngineRun(makespan=max(timing.end, default=0.0), busy=busy, compute_busy=compute_busy,
+                    lx_peak={c: timing.peak[c] for c in range(ncores) if len(programs[c])},
+                    bytes_loaded=graph.bytes_loaded, bytes_stored=graph.bytes_stored, ring_bytes=graph.ring_bytes,
+                    dram_bytes=graph.dram_bytes,
+                    flops=graph.flops, macs=graph.macs, matmul_cores=graph.matmul_cores)
+    if want_events:
+        run.events = _events(programs, graph.unit, timing.start, timing.end, timing.recv_xfer_start,
+                             graph.deps_of, graph.dependents, 1e6 / cfg.clock_hz)
+    return run
+
+
+def _simulate(kernel: Kernel, graph: _Graph, timing: _Timing, cfg: SpyreConfig, capacity: int) -> None:
+    """The event loop: (1) fire what may start, (2) advance to the next completion, (3) retire it; repeat.
+
+    Written as one flat loop with local names, no helper calls: it runs once per op, and a call per
+    phase would cost more than the phase does (the benchmark counts tile ops simulated per second).
+    """
+    ncores = len(kernel.programs)
     unit, cost, out_b, core_of, weight = graph.unit, graph.cost, graph.out_b, graph.core_of, graph.weight
     deps_of, deps_left, dependents = graph.deps_of, graph.deps_left, graph.dependents
     send_of, recv_of = graph.send_of, graph.recv_of
     total = len(unit)
+    start, end, busy_cycles, peak = timing.start, timing.end, timing.busy_cycles, timing.peak
+    recv_xfer_start = timing.recv_xfer_start
 
-    # --- state ----------------------------------------------------------------------------------------
     # Per core: a heap of ready op ids per unit (index RECV holds posted-receive candidates), which
-    # unit is busy, the busy cycles so far, and LX in use. The loop below is written flat (no helper
-    # calls) because it runs once per op.
+    # unit is busy, and LX in use.
     ready = [[[] for _ in range(6)] for _ in range(ncores)]
     busy_unit = [[False] * 5 for _ in range(ncores)]
-    busy_cycles = [[0.0] * 5 for _ in range(ncores)]
     lx = [0] * ncores
-    peak = [0] * ncores
     consumers = [len(ds) for ds in dependents]
-    start = [0.0] * total
-    end = [0.0] * total
     events: list[tuple[float, int]] = []  # fixed-duration completions: (end cycle, op)
     xfers: list[tuple[float, int]] = []  # DRAM transfers: (virtual service at completion, op)
     service = rate = 0.0
@@ -143,7 +176,6 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
 
     t = t_last = 0.0
     done = 0
-    recv_xfer_start: dict[int, float] = {}
     while True:
         # 1. fire: on every core something changed on, start what may start, earliest op first
         while dirty:
@@ -248,17 +280,6 @@ def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool
                 if not dirty_flag[c]:
                     dirty_flag[c] = True
                     dirty.append(c)
-
-    busy = {(c, u): busy_cycles[c][u] for c in range(ncores) if len(programs[c]) for u in range(5)}
-    compute_busy = _compute_union(ncores, unit, core_of, start, end)
-    run = EngineRun(makespan=max(end, default=0.0), busy=busy, compute_busy=compute_busy,
-                    lx_peak={c: peak[c] for c in range(ncores) if len(programs[c])},
-                    bytes_loaded=graph.bytes_loaded, bytes_stored=graph.bytes_stored, ring_bytes=graph.ring_bytes,
-                    dram_bytes=graph.dram_bytes,
-                    flops=graph.flops, macs=graph.macs, matmul_cores=graph.matmul_cores)
-    if want_events:
-        run.events = _events(programs, unit, start, end, recv_xfer_start, deps_of, dependents, 1e6 / cfg.clock_hz)
-    return run
 
 
 def _compute_union(ncores: int, unit: list[int], core_of: list[int], start: list[float],

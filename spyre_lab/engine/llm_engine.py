@@ -17,7 +17,7 @@ from spyre_lab.engine.kv_cache import BlockManager
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from spyre_lab.engine.platforms.base import resolve_platform
+from spyre_lab.engine.platforms.registry import resolve_platform
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.scheduler import Scheduler
 from spyre_lab.engine.sequence import Sequence

@@ -39,7 +39,6 @@ class Scheduler:
         self.one_prefill_per_step = one_prefill_per_step
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
-        self.num_preemptions = 0
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -91,7 +90,6 @@ class Scheduler:
         self.block_manager.free(seq)
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
     def finish(self, seq: Sequence, reason: str) -> None:

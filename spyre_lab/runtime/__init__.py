@@ -34,7 +34,7 @@ _EXPORTS = {
     "Stream": "spyre_lab.runtime.streams",
     "last_trace": "spyre_lab.runtime.streams",
     "recording": "spyre_lab.runtime.streams",
-    "configure": "spyre_lab.runtime.device_module",
+    "configure": "spyre_lab.runtime.devices",
 }
 
 __all__ = sorted(_EXPORTS)

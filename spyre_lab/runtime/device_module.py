@@ -71,9 +71,6 @@ __all__ = [
     "synchronize",
 ]
 
-_count_from_env = devices._count_from_env   # the name the device-count check had before devices.py
-
-
 def _device_index(device: Any = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device / Stream to a device index."""
     return device.device_index if isinstance(device, Stream) else devices.device_index(device)
@@ -226,9 +223,9 @@ def empty_cache(device: Any = None) -> None:
     caching allocator, so tensor memory is returned the moment a tensor dies). To wipe the card,
     use :func:`reset_device`."""
     _device_index(device)
-    from spyre_lab.runtime import ops
+    from spyre_lab.runtime import eager_programs
 
-    ops.clear_program_cache()
+    eager_programs.clear_program_cache()
 
 
 def reset_device(device: Any = None) -> None:
@@ -239,10 +236,7 @@ def reset_device(device: Any = None) -> None:
     """
     index = _device_index(device)
     synchronize(index)
-    get_device(index).reset()
-    from spyre_lab.runtime import ops
-
-    ops.clear_program_cache()
+    get_device(index).reset()          # the eager program cache is dropped by its reset hook
 
 
 def manual_seed(seed: int) -> None:

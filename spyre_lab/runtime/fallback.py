@@ -20,12 +20,11 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.user_line import caller_frame, user_frame, warn_at_user_line, where
-from spyre_lab.runtime.device_module import get_device
+from spyre_lab.runtime.devices import get_device
 from spyre_lab.runtime.jobplan import dma_us
 from spyre_lab.runtime.op_schema import to_cpu_kwargs, written_leaves
-from spyre_lab.runtime.ops_special import pcie_lane, resize
-from spyre_lab.runtime.streams import TIMELINE, current_stream
-from spyre_lab.runtime.tensor import device_nbytes, from_host, host_view, write_into
+from spyre_lab.runtime.streams import TIMELINE, current_stream, pcie_lane
+from spyre_lab.runtime.tensor import device_nbytes, from_host, host_view, resize, write_into
 
 # estimates (documented nowhere): one host core doing the CPU fallback's work.
 # estimates (measured nowhere): one host core doing a fallback's work, plus its dispatch cost.

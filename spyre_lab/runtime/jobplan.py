@@ -18,13 +18,21 @@ in three ordered steps per kernel, as torch-spyre's ``SpyreStream::launch`` does
 * ``dispatch="rebuild"``: the host rebuilds the execution graph at every launch
   (``cfg.host_rebuild_per_node_us`` per node) and waits for the card: host and device serialised.
 
-Both give the same numbers; only the trace differs. Any object with ``kernels`` (or ``launches``),
-each kernel having ``name``, ``address_slots``, a modeled ``time_us`` and ``run(operands)``, can be
-launched; :class:`ProgramKernel` adapts anything that computes with a plain function.
+Both give the same numbers; only the trace differs.
+
+The names a launch goes through, from compiler to card:
+
+* a :class:`Launchable` is what gets launched: a name, its :class:`RuntimeKernel` s in order, the node
+  count a "rebuild" reconstructs, and the in-place updates it must land. A compiler ``Program`` becomes
+  one as a :class:`~spyre_lab.runtime.programs.LoadedProgram` (its kernels are ``CompiledKernel`` s);
+  an eager op is an :class:`~spyre_lab.runtime.eager_programs.EagerProgram`; a hand-made program needs
+  only those four attributes, with :class:`FunctionKernel` s for kernels that compute with a plain function;
+* a :class:`CorrectionArea` is what a launch patches: the program's correction areas in the card's
+  program segment and the pinned host buffer, made once per program and card (:func:`correction_area`).
 
 **In-place updates.** A compiled graph is functional: ``x.add_(1)`` becomes a new buffer plus a
 *mutation* (``program.mutations``: input slot <- value read) that must land in the caller's tensor.
-:func:`program_kernels`, which every launch reads its kernels from, appends one :class:`WriteBack`
+:func:`launch_kernels`, which every launch reads its kernels from, appends one :class:`WriteBack`
 copy kernel per mutation, so no launch path can run a program and drop its in-place updates.
 :func:`launch` is the one way to launch (eager one-op programs, compiled programs, engine pieces).
 """
@@ -40,10 +48,13 @@ from typing import Any, Literal, Protocol
 
 import torch
 
+from spyre_lab.compiler.access import Read
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.device.roofline import roofline_us
 from spyre_lab.device.trace import Trace
-from spyre_lab.runtime.device_module import SpyreDevice, get_device
+from spyre_lab.runtime.devices import SpyreDevice, get_device
 from spyre_lab.runtime.streams import CALLBACK_LANE, PCIE_LANE, TIMELINE, Stream, current_stream, device_lane
-from spyre_lab.runtime.tensor import buffer_of, device_nbytes
+from spyre_lab.runtime.tensor import DeviceBuffer, buffer_of, device_nbytes
 
 Dispatch = Literal["rebuild", "aot_patch"]
 ADDRESS_BYTES = 8
@@ -168,6 +179,10 @@ def dma_us(nbytes: int, device: SpyreDevice) -> float:
 
 
 # --- kernels and programs ---------------------------------------------------------------------
+Window = tuple[DeviceBuffer, tuple[int, ...], tuple[int, ...], int]
+"""An operand as a kernel sees it: the live buffer at its patched address, and its size, stride and offset."""
+
+
 class Operands:
     """What a kernel's prologue hands its body: operands found through their patched addresses.
 
@@ -175,7 +190,7 @@ class Operands:
     tensor and ``operands.write(slot, values)`` writes it back into the buffer's DRAM payload.
     """
 
-    def __init__(self, windows: Mapping[str, tuple[Any, tuple[int, ...], tuple[int, ...], int]]) -> None:
+    def __init__(self, windows: Mapping[str, Window]) -> None:
         self._windows = dict(windows)
 
     def __getitem__(self, slot: str) -> torch.Tensor:
@@ -190,15 +205,46 @@ class Operands:
         return slot in self._windows
 
 
-class LaunchableKernel(Protocol):
-    name: str
-    address_slots: Sequence[str]
+class RuntimeKernel(Protocol):
+    """What a launch runs: its operands by symbolic slot, its modeled time and where that comes from,
+    whether it runs on the host (a CPU fallback inside a program), and the computation itself."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def address_slots(self) -> Sequence[str]: ...
+    @property
+    def output_slots(self) -> Sequence[str]: ...
+    @property
+    def time_us(self) -> float: ...
+    @property
+    def timing(self) -> str: ...
+    @property
+    def sim_trace(self) -> Trace | None: ...
+    @property
+    def args(self) -> Mapping[str, Any]: ...
+    @property
+    def host(self) -> bool: ...
 
     def run(self, operands: Operands) -> None: ...
 
 
+class Launchable(Protocol):
+    """What :func:`launch` accepts: a name, kernels in launch order, the node count a "rebuild" dispatch
+    reconstructs, and the in-place updates (input slot <- compiler ``Read`` of a value) to land."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kernels(self) -> Sequence[RuntimeKernel]: ...
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def mutations(self) -> Sequence[tuple[str, Read]]: ...
+
+
 @dataclass
-class ProgramKernel:
+class FunctionKernel:
     """A kernel from a plain function: ``compute(operands)`` reads ``operands[slot]`` and writes outputs.
 
     ``time_us`` is its modeled device time; ``sim_trace`` (optional) holds per-core events relative to
@@ -213,15 +259,21 @@ class ProgramKernel:
     timing: str = "given"
     sim_trace: Trace | None = None
     args: dict[str, Any] = field(default_factory=dict)
+    host: bool = False
+
+    @property
+    def output_slots(self) -> list[str]:
+        return list(self.address_slots)
 
     def run(self, operands: Operands) -> None:
         self.compute(operands)
 
 
-class ProgramImage:
-    """A program loaded on one card: its correction areas in DRAM and the reused pinned buffer."""
+class CorrectionArea:
+    """What a launch patches: a program's correction areas in the card's program segment (one address
+    per slot per kernel) and the pinned host buffer the correction blob is written to, reused every launch."""
 
-    def __init__(self, kernels: Sequence[Any], device: SpyreDevice) -> None:
+    def __init__(self, kernels: Sequence[RuntimeKernel], device: SpyreDevice) -> None:
         self.device = device
         self.slot_counts = [len(k.address_slots) for k in kernels]
         self.offsets = [sum(self.slot_counts[:i]) for i in range(len(kernels))]
@@ -239,7 +291,7 @@ class ProgramImage:
         return self._generation == self.device.generation
 
 
-_IMAGES: weakref.WeakKeyDictionary[Any, dict[int, ProgramImage]] = weakref.WeakKeyDictionary()
+_AREAS: weakref.WeakKeyDictionary[Launchable, dict[int, CorrectionArea]] = weakref.WeakKeyDictionary()
 
 
 @dataclass(eq=False)
@@ -251,10 +303,11 @@ class WriteBack:
     a compiler that re-used the input's buffer for the value would save this kernel."""
 
     target: str
-    read: Any                                 # compiler Read: buffer + views; anything with .buffer and .apply
+    read: Read                                # the value: a buffer seen through views
     time_us: float
     timing: str = "roofline, in-place update copy"
     sim_trace: Trace | None = None
+    host: bool = False
 
     @property
     def name(self) -> str:
@@ -276,55 +329,43 @@ class WriteBack:
         operands.write(self.target, self.read.apply(operands[self.read.buffer]))
 
 
-def writebacks(program: Any) -> list[WriteBack]:
-    """One :class:`WriteBack` per in-place update the program declares (``program.mutations``)."""
-    mutations = list(getattr(program, "mutations", None) or ())
-    if not mutations:
-        return []
-    from spyre_lab.device.config import SPYRE
-
-    cfg = getattr(program, "cfg", None) or SPYRE
-    launch_us = cfg.cycles_to_us(cfg.kernel_launch_cycles)
+def writebacks(program: Launchable, cfg: SpyreConfig) -> list[WriteBack]:
+    """One :class:`WriteBack` per in-place update the program declares (``program.mutations``), timed on ``cfg``."""
     out = []
-    for target, read in mutations:
+    for target, read in program.mutations:
         if read.buffer == target and read.is_identity:
             continue                          # the value is the input itself: nothing to write
-        meta = getattr(read, "meta", None)
-        nbytes = device_nbytes(meta) if isinstance(meta, torch.Tensor) else 0
-        out.append(WriteBack(target, read, 2 * nbytes / cfg.dram_bandwidth * 1e6 + launch_us))
+        time_us, _ = roofline_us(2 * device_nbytes(read.meta), 0, "sfu", cfg)   # read it, write it
+        out.append(WriteBack(target, read, time_us))
     return out
 
 
-def program_kernels(program: Any) -> list[Any]:
+def launch_kernels(program: Launchable, cfg: SpyreConfig) -> list[RuntimeKernel]:
     """What a launch of ``program`` runs, in order: its kernels, then a write-back per in-place update."""
-    kernels = getattr(program, "kernels", None)
-    if kernels is None:
-        kernels = getattr(program, "launches", None)
-    if kernels is None:
-        raise TypeError(f"{type(program).__name__} is not launchable: it needs a 'kernels' or 'launches' list")
-    return [*kernels, *writebacks(program)]
+    return [*program.kernels, *writebacks(program, cfg)]
 
 
-def load_program(program: Any, device: SpyreDevice) -> ProgramImage:
-    """The program's image on ``device`` (loaded once, kept while the program object lives)."""
-    per_device = _IMAGES.setdefault(program, {})
-    image = per_device.get(device.index)
-    if image is None or not image.valid():
-        image = per_device[device.index] = ProgramImage(program_kernels(program), device)
-    return image
+def correction_area(program: Launchable, device: SpyreDevice) -> CorrectionArea:
+    """The program's correction areas on ``device`` (made once, kept while the program object lives)."""
+    per_device = _AREAS.setdefault(program, {})
+    area = per_device.get(device.index)
+    if area is None or not area.valid():
+        area = per_device[device.index] = CorrectionArea(launch_kernels(program, device.config), device)
+    return area
 
 
-def plan_launch(program: Any, bindings: Mapping[str, torch.Tensor], device: SpyreDevice | None = None) -> JobPlan:
+def plan_launch(program: Launchable, bindings: Mapping[str, torch.Tensor],
+                device: SpyreDevice | None = None) -> JobPlan:
     """The JobPlan of one launch of ``program`` with slots bound to spyre tensors."""
-    kernels = program_kernels(program)
     if device is None:
         first = next(iter(bindings.values()), None)
         device = get_device(first.device.index if first is not None else None)
+    kernels = launch_kernels(program, device.config)
     elsewhere = {slot: str(t.device) for slot, t in bindings.items() if t.device != torch.device("spyre", device.index)}
     if elsewhere:
         raise ValueError(f"a launch on spyre:{device.index} needs every bound tensor there; {elsewhere} are not "
                          f"(move them with .to('spyre:{device.index}'))")
-    image = load_program(program, device)
+    area = correction_area(program, device)
     cfg = device.config
     steps: list[Step] = []
     for k, kernel in enumerate(kernels):
@@ -333,75 +374,73 @@ def plan_launch(program: Any, bindings: Mapping[str, torch.Tensor], device: Spyr
         if missing:
             raise KeyError(f"kernel {kernel.name!r} needs address slot(s) {missing} but the launch binds only "
                            f"{sorted(bindings)}")
-        steps.extend(_kernel_steps(kernel, k, slots, bindings, image, cfg))
-    nodes = getattr(program, "num_nodes", None) or len(kernels)
-    return JobPlan(getattr(program, "name", type(program).__name__), steps, nodes=nodes)
+        steps.extend(_kernel_steps(kernel, k, slots, bindings, area, cfg))
+    return JobPlan(program.name, steps, nodes=program.num_nodes or len(kernels))
 
 
-def _kernel_steps(kernel: Any, k: int, slots: list[str], bindings: Mapping[str, torch.Tensor],
-                  image: ProgramImage, cfg: Any) -> list[Step]:
-    n, offset = len(slots), image.offsets[k]
+def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Mapping[str, torch.Tensor],
+                  area: CorrectionArea, cfg: SpyreConfig) -> list[Step]:
+    n, offset = len(slots), area.offsets[k]
     views = {s: bindings[s] for s in slots}
 
     def correct() -> None:
         addresses = [buffer_of(views[s]).address for s in slots]
-        image.pinned[:n] = torch.tensor(addresses, dtype=torch.int64)
+        area.pinned[:n] = torch.tensor(addresses, dtype=torch.int64)
 
     def copy_blob() -> None:
-        image.region_data[offset:offset + n] = image.pinned[:n]
+        area.region_data[offset:offset + n] = area.pinned[:n]
 
     def patch_and_run() -> None:
-        addresses = image.region_data[offset:offset + n].tolist()
-        image.last_patched[k] = dict(zip(slots, addresses))
-        resolved = {s: _resolve(image.device, a, views[s]) for s, a in zip(slots, addresses)}
+        addresses = area.region_data[offset:offset + n].tolist()
+        area.last_patched[k] = dict(zip(slots, addresses))
+        resolved = {s: _resolve(area.device, a, views[s]) for s, a in zip(slots, addresses)}
         kernel.run(Operands(resolved))
-        if k == len(image.slot_counts) - 1:
-            image.launches += 1
+        if k == len(area.slot_counts) - 1:
+            area.launches += 1
 
     def place_sim_trace(start: float) -> None:
-        sim = getattr(kernel, "sim_trace", None)
+        sim = kernel.sim_trace
         if sim is not None:
-            index = image.device.index
+            index = area.device.index
             TIMELINE.emit_shifted(sim.events, start, None if index == 0 else lambda lane: device_lane(lane, index))
 
-    time_us = float(getattr(kernel, "time_us", 0.0))
-    timing = getattr(kernel, "timing", "given")
-    if getattr(kernel, "host", False):
-        return _host_kernel_steps(kernel, slots, views, image, time_us, timing)
+    time_us, timing = float(kernel.time_us), kernel.timing
+    if kernel.host:
+        return _host_kernel_steps(kernel, slots, views, area, time_us, timing)
     blob = n * ADDRESS_BYTES
     return [
         Step(StepKind.HOST_COMPUTE, f"correct {kernel.name}",
              cfg.host_correction_base_us + cfg.host_correction_per_slot_us * n, correct,
-             args={"slots": n, "pinned_buffer": image.pinned.data_ptr()}),
-        Step(StepKind.H2D, f"correction blob -> {kernel.name}", dma_us(blob, image.device), copy_blob, nbytes=blob,
-             args={"region_address": image.region_address + offset * ADDRESS_BYTES}),
+             args={"slots": n, "pinned_buffer": area.pinned.data_ptr()}),
+        Step(StepKind.H2D, f"correction blob -> {kernel.name}", dma_us(blob, area.device), copy_blob, nbytes=blob,
+             args={"region_address": area.region_address + offset * ADDRESS_BYTES}),
         Step(StepKind.COMPUTE, kernel.name, time_us, patch_and_run, on_start=place_sim_trace,
-             args={"timing": f"modeled ({timing})", **getattr(kernel, "args", {})}),
+             args={"timing": f"modeled ({timing})", **kernel.args}),
     ]
 
 
-def _host_kernel_steps(kernel: Any, slots: list[str], views: Mapping[str, torch.Tensor], image: ProgramImage,
+def _host_kernel_steps(kernel: RuntimeKernel, slots: list[str], views: Mapping[str, torch.Tensor], area: CorrectionArea,
                        time_us: float, timing: str) -> list[Step]:
     """A launch the device cannot run: its operands cross PCIe to the host and its results come back."""
-    outputs = set(getattr(kernel, "output_slots", slots))
+    outputs = set(kernel.output_slots)
     bytes_in = sum(device_nbytes(views[s]) for s in slots if s not in outputs)
     bytes_out = sum(device_nbytes(views[s]) for s in slots if s in outputs)
 
     def run_on_host() -> None:
-        windows = {s: _resolve(image.device, buffer_of(views[s]).address, views[s]) for s in slots}
+        windows = {s: _resolve(area.device, buffer_of(views[s]).address, views[s]) for s in slots}
         kernel.run(Operands(windows))
 
     return [
-        Step(StepKind.D2H, f"{kernel.name} inputs -> host", dma_us(bytes_in, image.device), nbytes=bytes_in,
+        Step(StepKind.D2H, f"{kernel.name} inputs -> host", dma_us(bytes_in, area.device), nbytes=bytes_in,
              args={"fallback": True}),
         Step(StepKind.HOST_COMPUTE, f"{kernel.name} on host", time_us, run_on_host,
              args={"fallback": True, "timing": f"modeled ({timing})"}),
-        Step(StepKind.H2D, f"{kernel.name} results -> device", dma_us(bytes_out, image.device), nbytes=bytes_out,
+        Step(StepKind.H2D, f"{kernel.name} results -> device", dma_us(bytes_out, area.device), nbytes=bytes_out,
              args={"fallback": True}),
     ]
 
 
-def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> tuple[Any, tuple, tuple, int]:
+def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
     """The operand window at a patched ``address``: the live buffer there, with the kernel's static
     size/stride/offset (compiled into the program; only base addresses are patched)."""
     buffer = device.buffer_at(address)
@@ -412,7 +451,7 @@ def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> tu
     return buffer, tuple(static_view.size()), tuple(static_view.stride()), static_view.storage_offset()
 
 
-def launch(program: Any, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
+def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
            options: RuntimeOptions | None = None, **trace_args: Any) -> JobPlan:
     """Plan and submit one launch of ``program``, in-place updates included; returns the JobPlan that
     ran (its trace: ``last_trace()``). Every device launch goes through here."""

@@ -12,18 +12,17 @@ from typing import Any
 
 import torch
 
-from spyre_lab.device.layout import contiguous_strides
-from spyre_lab.runtime.device_module import _device_index, get_device
+from spyre_lab.runtime.devices import device_index, get_device
+from spyre_lab.runtime.eager_programs import launch_eager
 from spyre_lab.runtime.jobplan import dma_us
-from spyre_lab.runtime.streams import PCIE_LANE, TIMELINE, current_stream, device_lane
+from spyre_lab.runtime.streams import TIMELINE, current_stream, pcie_lane
 from spyre_lab.runtime.tensor import (
     SpyreUsageError,
-    buffer_of,
     check_convertible,
     device_nbytes,
     empty_spyre,
     host_view,
-    storage_numel,
+    resize,
     warn_if_narrowed,
     write_into,
 )
@@ -32,28 +31,18 @@ _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 aten = torch.ops.aten
 
 
-def pcie_lane(index: int) -> str:
-    return device_lane(PCIE_LANE, index)
-
-
-def _launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    from spyre_lab.runtime.ops import launch_eager
-
-    return launch_eager(op, args, kwargs)
-
-
 def _empty_memory_format(size: Any, dtype: Any = None, layout: Any = None, device: Any = None,
                          pin_memory: Any = None, memory_format: Any = None) -> torch.Tensor:
     dtype = dtype or torch.get_default_dtype()
     stride = None
     if memory_format in (torch.channels_last, torch.channels_last_3d):
         stride = torch.empty(size, device="meta").contiguous(memory_format=memory_format).stride()
-    return empty_spyre(size, stride, dtype, _device_index(device))
+    return empty_spyre(size, stride, dtype, device_index(device))
 
 
 def _empty_strided(size: Any, stride: Any, dtype: Any = None, layout: Any = None, device: Any = None,
                    pin_memory: Any = None) -> torch.Tensor:
-    return empty_spyre(size, stride, dtype or torch.get_default_dtype(), _device_index(device))
+    return empty_spyre(size, stride, dtype or torch.get_default_dtype(), device_index(device))
 
 
 def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
@@ -84,7 +73,7 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         return dst
     # spyre -> spyre
     if src.device.index == dst.device.index:
-        return _launch_eager(aten.copy_.default, (dst, src), {})
+        return launch_eager(aten.copy_.default, (dst, src), {})
     with TIMELINE.launch("D2D copy between cards"):
         values = host_view(src).clone()
         nbytes = device_nbytes(src)
@@ -109,7 +98,7 @@ def _copy_from_and_resize(src: torch.Tensor, dst: torch.Tensor) -> torch.Tensor:
 def _copy_(dst: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
     if src.device.type != "spyre" or dst.device.type != "spyre" or src.device.index != dst.device.index:
         return _copy_from(src, dst, non_blocking)
-    return _launch_eager(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
+    return launch_eager(aten.copy_.default, (dst, src), {"non_blocking": non_blocking})
 
 
 def _local_scalar_dense(t: torch.Tensor) -> Any:
@@ -120,23 +109,6 @@ def _local_scalar_dense(t: torch.Tensor) -> Any:
                        bytes=nbytes, kind="D2H")
         stream.synchronize()
         return host_view(t).item()
-
-
-def resize(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...] | None) -> None:
-    """Give ``t`` a new shape; grow its storage (a new DRAM block, old contents kept) if needed."""
-
-    stride = contiguous_strides(size) if stride is None else tuple(stride)
-    need = storage_numel(size, stride, t.storage_offset())
-    buffer = buffer_of(t)
-    if need <= buffer.numel:
-        aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, t.untyped_storage(), t.storage_offset(),
-                                                           size, stride)
-        return
-    grown = empty_spyre((need,), None, t.dtype, t.device.index)
-    if buffer.numel:
-        write_into(grown[: buffer.numel], buffer.host_flat())
-    aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, grown.untyped_storage(), t.storage_offset(),
-                                                       size, stride)
 
 
 def _resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Tensor:

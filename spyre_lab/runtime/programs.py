@@ -1,4 +1,4 @@
-"""Compiled Programs on the card: bind a compiler ``Program`` to DRAM buffers and launch it as JobPlans.
+"""A compiler Program on the card: loaded once (:class:`LoadedProgram`), bound to DRAM buffers, launched.
 
 The compiler hands over a ``Program``: ordered launches (``KernelSpec``, ``HostFallback`` or
 ``UnplannedKernel``), each naming its DRAM operands by symbolic ``address_slots``, plus graph
@@ -13,9 +13,10 @@ does with it:
   ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.jobplan.WriteBack`),
 * returns the outputs as spyre tensors.
 
-Each device kernel's numerics are the compiler's own (``IRNode.compute`` through the executor's
-per-kernel routine, so they equal ``executor.execute``); its modeled time and per-core events come
-from ``KernelSpec.simulate``.
+:func:`load` makes the runtime's form of a Program once (per timing mode): a :class:`LoadedProgram`
+whose kernels are :class:`CompiledKernel` s. Each device kernel's numerics are the compiler's own
+(``IRNode.compute`` through the reference interpreter's per-kernel routine, so they equal
+``compiler.executor.execute``); its modeled time and per-core events come from ``KernelSpec.simulate``.
 """
 
 from __future__ import annotations
@@ -27,19 +28,25 @@ from typing import Any
 
 import torch
 
+from spyre_lab.compiler.access import Read
+from spyre_lab.compiler.executor import run_kernel
+from spyre_lab.compiler.ir import FusedKernel
+from spyre_lab.compiler.kernel_spec import KernelSpec
+from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
-from spyre_lab.runtime.device_module import get_device
-from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, program_kernels
+from spyre_lab.runtime.devices import get_device
+from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, launch_kernels
 from spyre_lab.runtime.streams import Stream
 
 
 @dataclass(eq=False)
 class CompiledKernel:
-    """One launch of a compiler Program in the shape the JobPlan path launches."""
+    """One launch of a compiler Program as the runtime runs it (a :class:`~spyre_lab.runtime.jobplan.RuntimeKernel`):
+    the compiler's numerics for its fused kernel, its modeled time from the simulator."""
 
-    program: Any
-    kernel: Any                     # FusedKernel: nodes, inputs, outputs, lx_resident
-    spec: Any                       # KernelSpec | HostFallback | UnplannedKernel
+    program: Program
+    kernel: FusedKernel
+    spec: Launch                    # KernelSpec | HostFallback | UnplannedKernel
     mode: str
     host: bool = False
     _timing: tuple[float, str, Trace | None, dict[str, Any]] | None = field(default=None, repr=False)
@@ -61,18 +68,18 @@ class CompiledKernel:
             if self.host:
                 cfg = self.program.cfg
                 self._timing = (cfg.host_launch_us, "host estimate", None, {"ops": [n.op for n in self.kernel.nodes]})
-            elif not hasattr(self.spec, "simulate"):
+            elif not isinstance(self.spec, KernelSpec):
                 self._timing = (0.0, "unplanned kernel: no tile plan, no time", None, {})
             else:
                 sim = self.spec.simulate(self.mode)
                 trace = sim.trace
                 if trace is None:
                     trace = Trace()
-                    for (core, unit), busy in sorted(getattr(sim, "busy_us", {}).items()):
+                    for (core, unit), busy in sorted(sim.busy_us.items()):
                         if busy > 0:
                             trace.add(f"core{core}.{unit}", self.name, 0.0, busy, summary=True)
                 args = {"rule": self.kernel.rule, "ops": [n.op for n in self.kernel.nodes],
-                        "bottleneck": getattr(sim, "bottleneck", "")}
+                        "bottleneck": sim.bottleneck}
                 self._timing = (sim.time_us, f"simulated, {self.mode}", trace, args)
         return self._timing
 
@@ -92,45 +99,34 @@ class CompiledKernel:
     def args(self) -> dict[str, Any]:
         return self._time()[3]
 
-    def _slices_that_matter(self) -> Any:
+    def _slices_that_matter(self) -> list[dict[str, tuple[int, int]]] | None:
         """Per-core slices only when a reduction is split across cores: then the partial sums are
         added in core order, which changes the rounding. Without such a split each core computes
         exactly its part of the whole-tensor result, so the whole tensor is computed at once."""
-        slices = getattr(self.spec, "slices", None)
-        return slices if slices and _splits_a_reduction(self.spec) else None
+        if not isinstance(self.spec, KernelSpec):
+            return None
+        return self.spec.slices if self.spec.slices and _splits_a_reduction(self.spec) else None
 
     def run(self, operands: Operands) -> None:
         env: dict[str, torch.Tensor] = {b: operands[b] for b in self.kernel.inputs if b in operands}
         env.update({b: t for b, t in self.program.constants.items() if b not in env})
-        _compute_kernel(self.kernel, self.program, env, self._slices_that_matter())
+        run_kernel(self.kernel, self.program, env, self._slices_that_matter())
         for b in self.kernel.outputs:
             operands.write(b, env[b])
 
 
-def _splits_a_reduction(spec: Any) -> bool:
-    division = getattr(spec, "division", None)
-    if division is None:
-        return True  # unknown: keep the per-core computation
-    reduced = set(getattr(division, "reduction_dims", ())) | {"K"}
+def _splits_a_reduction(spec: KernelSpec) -> bool:
+    division = spec.division
+    reduced = set(division.reduction_dims) | {"K"}
     return any(division.splits.get(d, 1) > 1 for d in reduced)
-
-
-def _compute_kernel(kernel: Any, program: Any, env: dict[str, torch.Tensor], slices: Any) -> None:
-    """The compiler's numerics for one kernel (the executor's routine when it has one)."""
-    try:
-        from spyre_lab.runtime.executor import _run_kernel
-    except ImportError:
-        for node in kernel.nodes:
-            env[node.output] = node.compute(*(env[b] for b in node.inputs))
-        return
-    _run_kernel(kernel, program, env, slices)
 
 
 @dataclass(eq=False)
 class LoadedProgram:
-    """A compiler Program adapted for the runtime, plus its constants uploaded per card."""
+    """A compiler Program as the runtime launches it (a :class:`~spyre_lab.runtime.jobplan.Launchable`): its
+    kernels timed in one mode, and its constants uploaded once per card."""
 
-    program: Any
+    program: Program
     kernels: list[CompiledKernel]
     constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
 
@@ -139,18 +135,14 @@ class LoadedProgram:
         return self.program.name
 
     @property
-    def mutations(self) -> list[tuple[str, Any]]:
+    def mutations(self) -> list[tuple[str, Read]]:
         """The program's in-place updates (input <- value): the launch writes them back."""
         return list(self.program.mutations)
 
     @property
-    def cfg(self) -> Any:
-        return self.program.cfg
-
-    @property
     def num_nodes(self) -> int:
         """Nodes of the execution graph a "rebuild" dispatch reconstructs: the graph's ATen ops."""
-        return getattr(self.program, "aten_ops", 0) or sum(len(k.kernel.nodes) for k in self.kernels)
+        return self.program.aten_ops or sum(len(k.kernel.nodes) for k in self.kernels)
 
     def constants(self, device_index: int) -> dict[str, torch.Tensor]:
         """The program's constants on card ``device_index``, uploaded once (again after a device reset)."""
@@ -165,15 +157,13 @@ class LoadedProgram:
 _LOADED: dict[tuple[int, str], LoadedProgram] = {}
 
 
-def load(program: Any, mode: str | None = None) -> LoadedProgram:
+def load(program: Program, mode: str | None = None) -> LoadedProgram:
     """The runtime's view of ``program`` timed in ``mode`` (default: the program's own timing mode),
     built once and kept while the program lives."""
     mode = mode or program.options.timing
     key = (id(program), mode)
     loaded = _LOADED.get(key)
     if loaded is None or loaded.program is not program:
-        from spyre_lab.compiler.program import HostFallback
-
         kernels = [CompiledKernel(program, k, spec, mode, host=isinstance(spec, HostFallback))
                    for spec, k in zip(program.launches, program.kernels)]
         loaded = _LOADED[key] = LoadedProgram(program, kernels)
@@ -181,7 +171,7 @@ def load(program: Any, mode: str | None = None) -> LoadedProgram:
     return loaded
 
 
-def run_program(program: Any, inputs: Sequence[torch.Tensor], *, outputs: Sequence[torch.Tensor | None] = (),
+def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Sequence[torch.Tensor | None] = (),
                 stream: Stream | None = None, options: RuntimeOptions | None = None,
                 mode: str | None = None) -> list[torch.Tensor]:
     """Launch a compiled ``Program`` on spyre tensors; returns its outputs as spyre tensors.
@@ -210,10 +200,10 @@ def run_program(program: Any, inputs: Sequence[torch.Tensor], *, outputs: Sequen
     direct = {}
     for read, target in zip(program.outputs, outputs):
         info = program.buffers[read.buffer]
-        if (target is not None and getattr(read, "is_identity", False) and read.buffer not in bound
+        if (target is not None and read.is_identity and read.buffer not in bound
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
-    for kernel in program_kernels(loaded):
+    for kernel in launch_kernels(loaded, get_device(index).config):
         for slot in kernel.address_slots:
             if slot not in bound:
                 info = program.buffers[slot]

@@ -41,6 +41,11 @@ def device_lane(lane: str, device_index: int) -> str:
     return lane if device_index == 0 else f"{lane}@spyre{device_index}"
 
 
+def pcie_lane(device_index: int) -> str:
+    """The PCIe lane of card ``device_index``."""
+    return device_lane(PCIE_LANE, device_index)
+
+
 class Timeline:
     """The modeled clock of the process: host time, when each unit is next free, and the trace.
 

@@ -29,7 +29,7 @@ import torch
 from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.layout import StickLayout, contiguous_strides, stickify, unstickify
 from spyre_lab.device.layout import device_dtype as layout_device_dtype
-from spyre_lab.runtime.device_module import SpyreDevice, get_device
+from spyre_lab.runtime.devices import SpyreDevice, get_device
 
 if TYPE_CHECKING:
     from spyre_lab.device.memory import Allocation
@@ -276,3 +276,20 @@ def from_host(cpu: torch.Tensor, device_index: int) -> torch.Tensor:
 def device_nbytes(t: torch.Tensor) -> int:
     """Bytes a DMA of ``t``'s elements moves in the device format (fp16 for floats, int32 for int64)."""
     return t.numel() * layout_device_dtype(storage_dtype(t.dtype)).itemsize
+
+
+def resize(t: torch.Tensor, size: tuple[int, ...], stride: tuple[int, ...] | None) -> None:
+    """Give ``t`` a new shape; grow its storage (a new DRAM block, old contents kept) if needed."""
+
+    stride = contiguous_strides(size) if stride is None else tuple(stride)
+    need = storage_numel(size, stride, t.storage_offset())
+    buffer = buffer_of(t)
+    if need <= buffer.numel:
+        torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, t.untyped_storage(), t.storage_offset(),
+                                                           size, stride)
+        return
+    grown = empty_spyre((need,), None, t.dtype, t.device.index)
+    if buffer.numel:
+        write_into(grown[: buffer.numel], buffer.host_flat())
+    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, grown.untyped_storage(), t.storage_offset(),
+                                                       size, stride)

@@ -58,8 +58,9 @@ class FusionView(View):
             self._programs[frozenset(program.options.fusion)] = program
 
     def _adopt(self, source: Any, example_inputs: Sequence[Any] | None) -> Any:
-        from spyre_lab.compiler.backend import compile_graph, compiled_graphs_for
+        from spyre_lab.compiler.backend import compile_graph
         from spyre_lab.compiler.program import Program
+        from spyre_lab.runtime.dynamo_backend import compiled_graphs_for
 
         if isinstance(source, dict):
             if "launches" not in source:

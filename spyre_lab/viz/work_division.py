@@ -356,7 +356,7 @@ def _program_of(source: Any) -> Any:
 
     if isinstance(source, Program):
         return source
-    from spyre_lab.compiler.backend import compiled_graphs_for
+    from spyre_lab.runtime.dynamo_backend import compiled_graphs_for
 
     programs = [p for g in compiled_graphs_for(source) for p in g.all_programs()]
     if not programs:

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import spyre_lab.compiler  # noqa: F401
 from spyre_lab.compiler import cache
 from spyre_lab.compiler.backend import compile_graph
-from spyre_lab.compiler.explain import explain
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SPYRE
+from spyre_lab.runtime.dynamo_backend import explain
 
 
 def fn(x):
@@ -78,6 +79,13 @@ def test_updating_a_modules_weights_in_place_recompiles():
         model.weight.mul_(2)
     second = compile_graph(model, [x])
     assert second is not first
-    from spyre_lab.runtime.executor import execute
+    from spyre_lab.compiler.executor import execute
 
     torch.testing.assert_close(execute(second, [x]).outputs[0], model(x).detach(), atol=1e-2, rtol=1e-2)
+
+
+def test_the_compilers_explain_points_a_compiled_model_to_spyre_lab_explain():
+    from spyre_lab.compiler import explain as explain_programs
+
+    with pytest.raises(TypeError, match=r"spyre_lab.explain\(model\)"):
+        explain_programs(torch.nn.Linear(2, 2))

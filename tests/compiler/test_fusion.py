@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.runtime.executor import execute
 
 ALL = CompileOptions()
 NONE = CompileOptions(fusion=frozenset())

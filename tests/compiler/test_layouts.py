@@ -5,11 +5,12 @@ from __future__ import annotations
 import torch
 
 from spyre_lab.compiler.backend import compile_graph, to_aten
+from spyre_lab.compiler.executor import execute
+from spyre_lab.compiler.explain import explain_program
 from spyre_lab.compiler.layouts import propagate_layouts, stick_conflict
 from spyre_lab.compiler.lowering import lower
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.layout import StickLayout
-from spyre_lab.runtime.executor import execute
 
 X = torch.randn(64, 256).half()
 W = torch.randn(128, 256).half()
@@ -71,5 +72,5 @@ def test_views_that_split_sticks_need_restickify():
 
 def test_explain_shows_restickify():
     program = compile_graph(lambda x, w: x @ w.t(), [X, W])
-    text = program.explain()
+    text = explain_program(program)
     assert "restickify" in text and "stride 256" in text

@@ -10,9 +10,9 @@ import torch.nn.functional as F
 
 from spyre_lab.compiler import lowering
 from spyre_lab.compiler.backend import compile_graph, to_aten
+from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.ir import Fallback, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.lowering import lower
-from spyre_lab.runtime.executor import execute
 
 torch.manual_seed(0)
 X = torch.randn(4, 24, 80).half()

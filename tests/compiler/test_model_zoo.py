@@ -19,8 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import spyre_lab.compiler  # noqa: F401  (registers the backend)
-from spyre_lab.compiler.backend import compiled_graphs_for
-from spyre_lab.compiler.explain import explain
+from spyre_lab.runtime.dynamo_backend import compiled_graphs_for, explain
 
 TOL = {"atol": 2e-2, "rtol": 2e-2}
 
@@ -172,7 +171,7 @@ def test_cnn_convolution_falls_back_to_host(zoo):
 
 def test_granite_layer_every_kernel_is_planned_and_tile_by_tile_is_exact():
     from spyre_lab.compiler.backend import compile_graph
-    from spyre_lab.runtime.executor import execute
+    from spyre_lab.compiler.executor import execute
 
     model, inputs = build("granite")
     program = compile_graph(model, list(inputs))

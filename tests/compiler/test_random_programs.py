@@ -8,8 +8,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.runtime.executor import execute
 
 UNARY = {
     "tanh": torch.tanh, "sigmoid": torch.sigmoid, "silu": F.silu, "gelu": F.gelu, "relu": torch.relu,

@@ -7,8 +7,8 @@ import textwrap
 import pytest
 
 from spyre_lab.engine import LLM, SamplingParams
-from spyre_lab.engine.platforms.base import PLUGIN_GROUP, available_platforms, resolve_platform
 from spyre_lab.engine.platforms.cpu import CpuPlatform
+from spyre_lab.engine.platforms.registry import PLUGIN_GROUP, available_platforms, resolve_platform
 
 
 def install_toy_distribution(root, name: str = "toy_accel") -> None:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from spyre_lab.engine import LLM, SamplingParams
-from spyre_lab.engine.platforms.base import available_platforms, resolve_platform
+from spyre_lab.engine.platforms.registry import available_platforms, resolve_platform
 from spyre_lab.engine.sampling_params import SamplingParams as Params
 from spyre_lab.engine.sequence import Sequence
 
@@ -155,3 +155,14 @@ def test_compiled_blocks_need_static_shapes():
     with pytest.raises(ValueError, match="compile_blocks=True needs static_shapes=True"):
         SpyrePlatform(static_shapes=False)
     assert SpyrePlatform(static_shapes=False, compile_blocks=False).dispatch_mode == "eager-ops"
+
+
+def test_dynamo_recompile_limit_is_raised_only_while_a_step_runs(compiled):
+    """Every bucket of every compiled model needs room in Dynamo's cache; the user's limit is back after."""
+    before = torch._dynamo.config.recompile_limit
+    platform = compiled.llm_engine.platform
+    with platform.device_timer("decode", 2, 2):
+        during = torch._dynamo.config.recompile_limit
+    compiled.generate(["3 + 4 ="], GREEDY, use_tqdm=False)
+    assert during >= before + platform.num_buckets
+    assert torch._dynamo.config.recompile_limit == before

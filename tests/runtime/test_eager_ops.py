@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from spyre_lab.runtime import last_trace, ops
+from spyre_lab.runtime import eager_programs, last_trace, one_op_compile
 from spyre_lab.runtime.tensor import SpyreUsageError
 
 
@@ -65,6 +65,7 @@ def test_ops_the_compiler_does_not_take_use_a_labelled_roofline_kernel():
     y = torch.sign(x)                                          # the compiler has no sign: reference kernel
     (compute,) = last_trace().on("stream0")
     assert compute.name == "aten::sign" and compute.args["timing"] == "modeled (roofline, no compiled program)"
+    assert compute.args["not_compiled"] and compute.args["not_compiled"] == one_op_compile.not_compiled()["aten::sign"]
     cfg = torch.spyre.get_device(0).config
     assert compute.args["bytes"] == 2 * 64 * 64 * 2
     assert compute.dur_us == pytest.approx(compute.args["launch_us"] + max(
@@ -76,19 +77,19 @@ def test_ops_the_compiler_does_not_take_use_a_labelled_roofline_kernel():
 def test_one_op_programs_are_cached_per_op_shape_and_dtype():
     x, y = half(32, 8).to("spyre"), half(8, 8).to("spyre")
     torch.sigmoid(x)
-    size = ops.program_cache_size()
+    size = eager_programs.program_cache_size()
     torch.sigmoid(x)
     torch.sigmoid(half(32, 8, seed=5).to("spyre"))          # same signature, other data
-    assert ops.program_cache_size() == size
+    assert eager_programs.program_cache_size() == size
     torch.sigmoid(y)                                         # new shape: a new program
-    assert ops.program_cache_size() == size + 1
+    assert eager_programs.program_cache_size() == size + 1
 
 
 def test_roofline_matmul_counts_two_flops_per_multiply_add():
     cfg = torch.spyre.get_device(0).config
     a, b = torch.empty(128, 256, device="meta"), torch.empty(256, 64, device="meta")
     c = torch.empty(128, 64, device="meta")
-    time_us, detail = ops.roofline_us("mm", [a, b], [c], cfg)
+    time_us, detail = eager_programs.op_roofline_us("mm", [a, b], [c], cfg)
     assert detail["flops"] == 2 * 128 * 64 * 256
     assert detail["bytes"] == (128 * 256 + 256 * 64 + 128 * 64) * 2      # fp32 is held as fp16
     expected = max(detail["bytes"] / cfg.dram_bandwidth, detail["flops"] / cfg.peak_flops) * 1e6

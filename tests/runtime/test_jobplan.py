@@ -10,11 +10,11 @@ import torch
 
 from spyre_lab.runtime import last_trace, recording
 from spyre_lab.runtime.jobplan import (
-    ProgramKernel,
+    FunctionKernel,
     RuntimeOptions,
     StepKind,
+    correction_area,
     launch,
-    load_program,
     plan_launch,
 )
 from spyre_lab.runtime.tensor import buffer_of
@@ -37,9 +37,11 @@ class TwoKernelProgram:
     """A hand-made program: t = a + b; out = t * c, with symbolic address slots."""
 
     name: str = "add_then_mul"
+    num_nodes: int = 2
+    mutations: tuple = ()
     kernels: list = field(default_factory=lambda: [
-        ProgramKernel("k0_add", ["a", "b", "t"], _add, time_us=30.0),
-        ProgramKernel("k1_mul", ["t", "c", "out"], _mul, time_us=50.0),
+        FunctionKernel("k0_add", ["a", "b", "t"], _add, time_us=30.0),
+        FunctionKernel("k1_mul", ["t", "c", "out"], _mul, time_us=50.0),
     ])
 
 
@@ -55,7 +57,7 @@ def test_patched_addresses_are_the_bound_tensors_and_results_are_right():
     program = TwoKernelProgram()
     first, second = _bindings(0), _bindings(10)
     launch(program, first)
-    image = load_program(program, torch.spyre.get_device(0))
+    image = correction_area(program, torch.spyre.get_device(0))
     assert image.last_patched[0] == {s: first[s].data_ptr() for s in ("a", "b", "t")}
     assert image.last_patched[1] == {s: first[s].data_ptr() for s in ("t", "c", "out")}
     expected = (first["a"].cpu() + first["b"].cpu()) * first["c"].cpu()
@@ -102,7 +104,7 @@ def test_a_freed_operand_cannot_be_patched_silently():
     bindings = _bindings(0)
     plan = plan_launch(program, bindings)
     address = bindings["a"].data_ptr()
-    load_program(program, torch.spyre.get_device(0)).region_data.fill_(address + 128 * 1024 * 1024)
+    correction_area(program, torch.spyre.get_device(0)).region_data.fill_(address + 128 * 1024 * 1024)
     # corrupt blob: run only the Compute step of kernel 0 after overwriting the region
     with pytest.raises(RuntimeError, match="no live buffer"):
         plan.steps[2].action()
@@ -188,8 +190,8 @@ def test_bindings_resolve_through_buffers():
 
 
 def test_a_compiled_program_runs_through_the_jobplan_path():
-    backend = pytest.importorskip("spyre_lab.compiler.backend")
-    from spyre_lab.runtime.executor import execute
+    from spyre_lab.compiler import backend
+    from spyre_lab.compiler.executor import execute
     from spyre_lab.runtime.programs import load, run_program
 
     a, b = half(64, 64, seed=1), half(64, 64, seed=2)
@@ -204,12 +206,11 @@ def test_a_compiled_program_runs_through_the_jobplan_path():
     assert [e.name for e in trace.on("stream0")] == device_launches
     assert len(trace.on("host.callback")) == len(program.launches)          # one correction per launch
     assert any(lane.startswith("core") for lane in trace.lanes())            # per-core events placed
-    image = load_program(load(program), torch.spyre.get_device(0))
+    image = correction_area(load(program), torch.spyre.get_device(0))
     assert image.launches == 1
 
 
 def test_torch_compile_of_a_spyre_model_matches_cpu():
-    pytest.importorskip("spyre_lab.compiler.backend")
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.SiLU(), torch.nn.Linear(64, 32)).half().eval()
     x = half(8, 64)
@@ -224,7 +225,7 @@ def test_torch_compile_of_a_spyre_model_matches_cpu():
 
 
 def test_a_compiled_program_survives_a_device_reset():
-    backend = pytest.importorskip("spyre_lab.compiler.backend")
+    from spyre_lab.compiler import backend
     from spyre_lab.runtime.programs import run_program
 
     a = half(16, 16)

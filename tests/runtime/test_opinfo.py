@@ -28,7 +28,7 @@ CLAIMED = frozenset({
     "max", "min", "softmax", "log_softmax", "nn.functional.layer_norm", "nn.functional.rms_norm", "var", "std",
     "prod", "all", "any", "mm", "bmm", "addmm", "baddbmm", "dot", "mv", "matmul", "nn.functional.linear",
 })
-"""OpInfo names whose ATen kernels spyre runs as device ops (see spyre_lab.runtime.ops.DEVICE_OPS)."""
+"""OpInfo names whose ATen kernels spyre runs as device ops (see spyre_lab.runtime.eager_programs.DEVICE_OPS)."""
 
 # fp16 tolerances: two units in the last place relative (fp16 eps = 2**-10), and 1e-3 absolute near zero.
 # Compiled kernels round once from fp32 where the CPU op may round per step, so results can differ by an ulp.

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import spyre_lab.runtime as runtime
-from spyre_lab.runtime import device_module
+from spyre_lab.runtime import devices
 
 _PROBE = textwrap.dedent("""
     import json, torch                      # no spyre_lab import: the entry point must do it
@@ -116,6 +116,6 @@ def test_register_is_idempotent():
 
 
 def test_bad_devices_env_is_explained(monkeypatch):
-    monkeypatch.setenv(device_module.DEVICES_ENV, "many")
+    monkeypatch.setenv(devices.DEVICES_ENV, "many")
     with pytest.raises(ValueError, match="not an integer"):
-        device_module._count_from_env()
+        devices._count_from_env()

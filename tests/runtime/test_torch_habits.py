@@ -233,7 +233,6 @@ def test_amp_supported_dtypes_tell_the_truth_and_bf16_autocast_is_refused_by_nam
 
 
 def test_compiled_autocast_casts_the_same_ops_as_eager():
-    pytest.importorskip("spyre_lab.compiler")
 
     def f(a, b, w):
         with torch.autocast("spyre"):

@@ -1,1 +1,1 @@
-"""spyre_lab.engine.layers"""
+"""Portable layers: plain-torch building blocks a model is written in, which a platform may replace (CustomOp)."""

@@ -2,9 +2,11 @@
 
 Each layer writes `forward_native` in plain torch. A platform may register a subclass for a layer
 name (`platform.register_oot("RMSNorm", SpyreRMSNorm)`); when a model is built inside
-`set_current_platform(platform)`, constructing `RMSNorm(...)` returns a `SpyreRMSNorm` instead.
-The model file never mentions a platform, and the replacement keeps the same parameters, so
-weight loading and state dicts are unchanged. This is vLLM's `CustomOp.register_oot` pattern.
+`layer_overrides(...)` (which `set_current_platform(platform)` enters), constructing `RMSNorm(...)`
+returns a `SpyreRMSNorm` instead. The model file never mentions a platform, and the replacement
+keeps the same parameters, so weight loading and state dicts are unchanged. This is vLLM's
+`CustomOp.register_oot` pattern. The dependency points one way: platforms know layers, layers only
+know the table of overrides they are handed.
 
 Dispatch costs nothing per call: when a class is defined, its `forward` is bound to
 `forward_oot` if the class defines one, else to `forward_native`.
@@ -12,11 +14,30 @@ Dispatch costs nothing per call: when a class is defined, its `forward` is bound
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import Any, ClassVar
 
 from torch import nn
 
-from spyre_lab.engine.platforms.base import current_platform
+# The overrides in force while a model is being built, and who registered them (for error messages).
+_active_overrides: Mapping[str, type] = {}
+_active_owner: str = ""
+
+
+@contextlib.contextmanager
+def layer_overrides(owner: str, overrides: Mapping[str, type]) -> Iterator[None]:
+    """Inside this block, building the CustomOp named ``name`` builds ``overrides[name]`` instead.
+
+    ``overrides`` is read at construction time, so entries added while the block is open count too.
+    """
+    global _active_overrides, _active_owner
+    previous = _active_overrides, _active_owner
+    _active_overrides, _active_owner = overrides, owner
+    try:
+        yield
+    finally:
+        _active_overrides, _active_owner = previous
 
 
 class CustomOp(nn.Module):
@@ -24,13 +45,12 @@ class CustomOp(nn.Module):
     op_name: ClassVar[str] = ""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> CustomOp:
-        platform = current_platform()
-        override = platform.oot_ops.get(cls.op_name) if platform is not None else None
+        override = _active_overrides.get(cls.op_name)
         if override is not None and override is not cls and issubclass(override, cls):
             cls = override
         elif override is not None and not issubclass(override, cls):
             raise TypeError(
-                f"platform {platform.name!r} registered {override.__name__} for {cls.op_name!r}, "
+                f"{_active_owner} registered {override.__name__} for {cls.op_name!r}, "
                 f"but it must subclass {cls.__name__} so it keeps the same parameters"
             )
         return super().__new__(cls)

@@ -1,1 +1,1 @@
-"""spyre_lab.engine.models"""
+"""Models: decoders written only with the portable layers, and the shipped tiny-granite checkpoint."""

@@ -1,34 +1,25 @@
-"""What the engine asks of a hardware platform, and how platforms are found.
+"""Platform: what the engine asks of a hardware platform (device, dtypes, layer overrides, shapes).
 
 A platform is the only place that knows about a device. The model code in `engine/models` and
 `engine/layers` never asks "which platform am I on?"; instead the platform registers
 out-of-tree (OOT) replacements for layers (`register_oot`), and `CustomOp` picks them up when the
 model is built under `set_current_platform`. This mirrors vLLM's `Platform` + `CustomOp.register_oot`.
-
-Platforms are discovered through the entry-point group ``spyre_lab.platform_plugins`` (as vLLM
-uses ``vllm.platform_plugins``), so a third-party package can add one without touching spyre_lab.
+Platforms import layers, never the reverse. How a platform is found by name: `registry.py`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.metadata
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
+from spyre_lab.engine.layers.custom_op import layer_overrides
+
 if TYPE_CHECKING:
     from torch import nn
-
-PLUGIN_GROUP = "spyre_lab.platform_plugins"
-
-_BUILTIN = {
-    "cpu": "spyre_lab.engine.platforms.cpu:CpuPlatform",
-    "spyre": "spyre_lab.engine.platforms.spyre:SpyrePlatform",
-}
-
 
 def default_prefill_buckets(max_model_len: int, smallest: int = 64) -> tuple[int, ...]:
     """Powers of two from `smallest` up to (and always including) max_model_len."""
@@ -156,39 +147,7 @@ def set_current_platform(platform: Platform) -> Iterator[Platform]:
     global _current
     previous, _current = _current, platform
     try:
-        yield platform
+        with layer_overrides(f"platform {platform.name!r}", platform.oot_ops):
+            yield platform
     finally:
         _current = previous
-
-
-# ---- discovery --------------------------------------------------------------------------------
-def available_platforms() -> dict[str, importlib.metadata.EntryPoint]:
-    """Name -> entry point for every platform plugin installed (plus the built-in cpu and spyre)."""
-    found = {
-        name: importlib.metadata.EntryPoint(name=name, value=value, group=PLUGIN_GROUP)
-        for name, value in _BUILTIN.items()
-    }
-    for entry_point in importlib.metadata.entry_points(group=PLUGIN_GROUP):
-        found[entry_point.name] = entry_point
-    return found
-
-
-def resolve_platform(platform: str | Platform, **options) -> Platform:
-    """A Platform instance from a name (looked up in the plugin group) or an instance (returned as is)."""
-    if isinstance(platform, Platform):
-        if options:
-            raise ValueError(f"platform options {sorted(options)} need a platform name, not an instance")
-        return platform
-    plugins = available_platforms()
-    if platform not in plugins:
-        raise ValueError(
-            f"unknown platform {platform!r}; installed: {sorted(plugins)}. A package adds one with an entry point "
-            f'in group "{PLUGIN_GROUP}", e.g. mine = "my_pkg.platform:MyPlatform"'
-        )
-    try:
-        platform_class = plugins[platform].load()
-    except ImportError as error:
-        raise ValueError(f"platform {platform!r} is installed but cannot be imported: {error}") from error
-    if not (isinstance(platform_class, type) and issubclass(platform_class, Platform)):
-        raise ValueError(f"entry point {platform!r} must name a Platform subclass, got {platform_class!r}")
-    return platform_class(**options)

@@ -6,8 +6,8 @@ between them and runs attention itself eagerly. This module does the same for th
 
 * ``spyre_engine::paged_attention`` runs `grouped_paged_attention` (KV write by slot mapping, page
   gather by block tables, masked softmax·V) on whatever device its tensors live on; on spyre those
-  are 11 to 15 eager ops (11 in a decode step; the two KV writes, ``index_copy_``, run as CPU
-  fallbacks until the runtime has a scatter kernel). Its fake implementation only says "the output
+  are 11 to 15 eager device ops (11 in a decode step), the two KV writes (``index_copy_``) included,
+  so the KV cache never crosses PCIe. Its fake implementation only says "the output
   looks like q", so Dynamo never traces into the KV-cache writes (which functionalization would
   drop: the cache is a module attribute, not a graph output).
 * `OpaqueAttention` is the `Attention` layer a platform registers to call that op.

@@ -22,8 +22,8 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from spyre_lab.compiler.backend import CompiledGraph, spyre_backend
 from spyre_lab.engine.platforms.paged_attention_op import is_paged_attention
+from spyre_lab.runtime.dynamo_backend import CompiledGraph, spyre_backend
 
 
 class CompiledPiece(torch.nn.Module):

@@ -23,6 +23,7 @@ runs (host program correction, PCIe copies, kernels).
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -32,12 +33,12 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from spyre_lab.compiler import cache as program_cache
-from spyre_lab.compiler.backend import CompiledGraph
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
 from spyre_lab.engine.platforms.paged_attention_op import OpaqueAttention
 from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_backend
 from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
+from spyre_lab.runtime.dynamo_backend import CompiledGraph
 from spyre_lab.runtime.streams import recording, synchronize
 
 
@@ -86,12 +87,13 @@ class SpyrePlatform(Platform):
         for module in model.modules():
             if isinstance(module, TransposedWeight):
                 module.store_transposed()
-        # Dynamo keeps one graph per bucket per model on the shared forward code object; with fullgraph=True,
-        # reaching its recompile limit (default 8) is an error, so every compiled model raises it by its buckets
-        buckets = len(self.prefill_buckets or ()) + len(self.batch_buckets or ())
-        torch._dynamo.config.recompile_limit += buckets
+        _COMPILED.add(self)
         model.compile(backend=self._backend, fullgraph=True, dynamic=False)
         return model
+
+    @property
+    def num_buckets(self) -> int:
+        return len(self.prefill_buckets or ()) + len(self.batch_buckets or ())
 
     def _backend(self, gm: fx.GraphModule, example_inputs: list[Any]) -> fx.GraphModule:
         """Dynamo calls this once per bucket (the first run of each shape) and per model."""
@@ -114,7 +116,7 @@ class SpyrePlatform(Platform):
         timing = DeviceTime()
         self._bucket = (kind, num_tokens)  # a decode step's num_tokens is its (padded) batch
         try:
-            with recording() as trace:
+            with _room_for_every_bucket(), recording() as trace:
                 yield timing
         finally:
             self._bucket = None
@@ -123,3 +125,16 @@ class SpyrePlatform(Platform):
 
     def synchronize(self) -> None:
         synchronize()
+
+
+# Dynamo keeps one graph per bucket per model on the forward code object all models share; with
+# fullgraph=True, reaching its recompile limit (default 8) is an error. Each step runs with the limit
+# raised by the buckets of every live compiled model, and the user's setting is back after the step.
+_COMPILED: weakref.WeakSet[SpyrePlatform] = weakref.WeakSet()
+
+
+@contextlib.contextmanager
+def _room_for_every_bucket() -> Iterator[None]:
+    extra = sum(p.num_buckets for p in list(_COMPILED))
+    with torch._dynamo.config.patch(recompile_limit=torch._dynamo.config.recompile_limit + extra):
+        yield

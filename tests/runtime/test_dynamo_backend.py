@@ -8,11 +8,11 @@ from importlib.metadata import entry_points
 import pytest
 import torch
 
-import spyre_lab.compiler  # noqa: F401
-from spyre_lab.compiler.backend import compile_graph, last_result, options_from, spyre_backend
-from spyre_lab.compiler.explain import Explanation, explain
+from spyre_lab.compiler.backend import compile_graph, options_from
+from spyre_lab.compiler.explain import Explanation
 from spyre_lab.compiler.lowering import LoweringError
 from spyre_lab.compiler.options import CompileOptions
+from spyre_lab.runtime.dynamo_backend import explain, last_result, spyre_backend
 
 
 def pair(x, y):
@@ -105,9 +105,6 @@ def test_data_dependent_shapes_run_eagerly_between_graphs():
 
 
 def test_spyre_device_tensors_in_spyre_tensors_out():
-    runtime = pytest.importorskip("spyre_lab.runtime")
-    if not hasattr(torch, "spyre"):
-        pytest.skip(f"spyre device not registered by {runtime.__name__}")
     model = torch.nn.Linear(64, 32).half()
     x = torch.randn(8, 64).half()
     ref = model(x).detach()

@@ -1,4 +1,4 @@
-"""Executor: run a compiled Program kernel by kernel -- real numbers from torch, modeled time from the simulator.
+"""The reference interpreter: run a Program kernel by kernel on CPU tensors -- real numbers from torch, modeled time.
 
 Numerics: every buffer is held at its graph dtype (fp16 on the device), elementwise ops and
 reductions run the ATen op on the CPU (fp32 inside, one rounding), matmuls accumulate in fp32.
@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul, Reduction
-from spyre_lab.compiler.lowering import Access
+from spyre_lab.compiler.access import Access
+from spyre_lab.compiler.ir import Fallback, FusedKernel, IRNode, MatMul, Reduction
+from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
 from spyre_lab.device.trace import Trace
 
@@ -216,8 +217,6 @@ def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tenso
     return []
 
 
-_run_kernel = run_kernel
-
 
 # --- timing ------------------------------------------------------------------------------------
 
@@ -265,7 +264,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
             clock = _host_fallback(program, kernel, env, trace, clock)
             times[launch.name] = None
             continue
-        slices = getattr(launch, "slices", None)
+        slices = launch.slices if isinstance(launch, KernelSpec) else None
         core_tiles = run_kernel(kernel, program, env, slices)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
@@ -276,11 +275,11 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
         if sim.trace is not None:
             trace.extend(sim.trace, offset_us=clock)
         else:                                  # analytic mode: one summary event per busy unit per core
-            for (core, unit), busy in sorted(getattr(sim, "busy_us", {}).items()):
+            for (core, unit), busy in sorted(sim.busy_us.items()):
                 if busy > 0:
                     trace.add(f"core{core}.{unit}", launch.name, clock, busy, summary=True)
         trace.add(KERNEL_LANE, launch.name, clock, sim.time_us, rule=kernel.rule,
-                  ops=[n.op for n in kernel.nodes], bottleneck=getattr(sim, "bottleneck", ""))
+                  ops=[n.op for n in kernel.nodes], bottleneck=sim.bottleneck)
         times[launch.name] = sim.time_us
         clock += sim.time_us
     outputs = [r.apply(env[r.buffer]).clone() for r in program.outputs]
@@ -302,8 +301,13 @@ def _host_fallback(program: Program, kernel: FusedKernel, env: dict[str, torch.T
     measured_us = (time.perf_counter() - start) * 1e6
     host_us = program.cfg.host_launch_us
     trace.add("host", f"fallback {', '.join(n.op for n in kernel.nodes)}", clock, host_us,
-              modeled=True, measured_cpu_us=round(measured_us, 1), reason=getattr(kernel.nodes[0], "reason", ""))
+              modeled=True, measured_cpu_us=round(measured_us, 1), reason=_fallback_reason(kernel))
     clock += host_us
     h2d = _pcie_us(program, bytes_out)
     trace.add("pcie", f"H2D {kernel.name}", clock, h2d, bytes=bytes_out, modeled=True)
     return clock + h2d
+
+
+def _fallback_reason(kernel: FusedKernel) -> str:
+    node = kernel.nodes[0]
+    return node.reason if isinstance(node, Fallback) else ""

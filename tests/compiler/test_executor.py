@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.program import HostFallback
-from spyre_lab.runtime.executor import execute
 
 
 def softmax_fn(x):

@@ -1,0 +1,316 @@
+"""Eager ops as one-op programs: which card an op runs on, its program built once per signature, launched.
+
+A device op (:data:`DEVICE_OPS`) becomes an :class:`EagerProgram`: built once per (op, shapes, strides,
+dtypes, constants) and kept in a cache of :data:`PROGRAM_CACHE_SIZE` programs (least recently used
+dropped first). When the compiler takes the op whole and its program agrees with the CPU op
+(:mod:`~spyre_lab.runtime.one_op_compile`), the launch runs the compiler's Program, timed by the
+simulator; otherwise a reference kernel computes with torch on the host mirror of the operands it finds
+through its patched addresses, timed by a roofline (:func:`~spyre_lab.device.roofline.roofline_us`)
+and labelled so. Either way it is one launch through the JobPlan path (correction, H2D of the blob,
+Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~spyre_lab.runtime.fallback`).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from spyre_lab.compiler.program import Program
+from spyre_lab.device.config import SpyreConfig
+from spyre_lab.device.roofline import roofline_us
+from spyre_lab.runtime.devices import device_index, get_device, on_reset
+from spyre_lab.runtime.fallback import run_on_host
+from spyre_lab.runtime.jobplan import FunctionKernel, Operands, launch
+from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
+from spyre_lab.runtime.op_schema import packet_name, to_cpu_kwargs, written_leaves
+from spyre_lab.runtime.programs import run_program
+from spyre_lab.runtime.streams import TIMELINE, current_stream
+from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre, resize
+
+DEVICE_OPS = frozenset({
+    # pointwise arithmetic and math
+    "add", "sub", "rsub", "mul", "div", "neg", "abs", "reciprocal", "pow", "sqrt", "rsqrt", "exp", "log",
+    "tanh", "sigmoid", "relu", "silu", "gelu", "erf", "maximum", "minimum", "clamp", "clamp_min", "clamp_max",
+    "ceil", "floor", "sign", "square", "hardtanh", "leaky_relu", "elu", "softplus", "mish", "lerp",
+    # comparisons and selection
+    "eq", "ne", "lt", "le", "gt", "ge", "where", "masked_fill", "logical_not", "logical_and", "logical_or",
+    "bitwise_and", "bitwise_not",
+    # data movement the device does itself
+    "clone", "fill", "zero", "cat", "index_select", "index_copy", "_to_copy", "copy",
+    # reductions and normalisations
+    "sum", "mean", "amax", "amin", "max", "min", "_softmax", "_log_softmax", "native_layer_norm", "var", "std",
+    "rms_norm", "_fused_rms_norm", "prod", "all", "any",
+    # matmuls
+    "mm", "bmm", "addmm", "baddbmm", "dot", "mv",
+})
+"""ATen op packets run as one-op device programs; everything else takes the CPU fallback."""
+
+HOST_BY_DESIGN = frozenset({
+    "nonzero", "masked_select", "unique", "_unique2", "unique_consecutive", "unique_dim", "equal", "is_nonzero",
+    "_local_scalar_dense", "item",
+})
+"""Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
+
+REFERENCE_ONLY = frozenset({"rms_norm", "_fused_rms_norm", "native_layer_norm", "var", "std", "lerp"})
+"""Device ops whose compiled programs round fp16 intermediates (as the card does: no fp32 upcast), so
+squares of large inputs overflow (norms, var/std) or a cancellation loses digits (lerp) where the CPU
+op, computing in fp32, does not. In eager mode they run the reference kernel so eager results equal
+the CPU's; under torch.compile the compiled numerics apply."""
+
+_TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
+                             "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
+                             "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
+_MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "dot", "mv"})
+
+
+def device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict, host_op: bool) -> int:
+    """The card an op runs on. Its spyre operands must share one card; CPU operands are accepted as
+    0-dim scalars, and by host ops (they run on the CPU anyway, e.g. indexing with CPU indices)."""
+    indices = {x.device.index for x in leaves if isinstance(x, torch.Tensor) and x.device.type == "spyre"}
+    if len(indices) > 1:
+        listed = ", ".join(f"spyre:{i}" for i in sorted(indices))
+        raise SpyreUsageError(
+            f"{op} got tensors on several spyre devices ({listed}); an op runs on one card. Move operands to one "
+            "device first, e.g. b = b.to(a.device)"
+        )
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            if x.dtype.is_complex:
+                raise TypeError(f"{op}: spyre has no complex dtypes (got {x.dtype}); compute this on the CPU")
+            if x.device.type not in ("spyre", "meta") and x.dim() > 0 and not host_op:
+                raise SpyreUsageError(
+                    f"{op} mixes a {x.device} tensor of shape {tuple(x.shape)} with spyre tensors; move it first "
+                    "with .to('spyre') (only 0-dim CPU tensors are accepted as scalars)"
+                )
+    if indices:
+        return indices.pop()
+    device = kwargs.get("device")
+    return device_index(device if device is not None and torch.device(device).type == "spyre" else None)
+
+
+def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
+    """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU."""
+    leaves, spec = tree_flatten((args, kwargs))
+    name = packet_name(op)
+    index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
+    if name in DEVICE_OPS:
+        try:
+            program = _eager_program(op, leaves, spec, index, _shape_of_call(args, kwargs))
+        except _NeedsHost:
+            program = None
+        if program is not None:
+            return _run_program(program, leaves, spec, index)
+    return run_on_host(op, leaves, spec, index, warn=name not in HOST_BY_DESIGN)
+
+
+class _NeedsHost(Exception):
+    """The op cannot be sized ahead of running it (data-dependent output): take the host road."""
+
+
+@dataclass(eq=False)
+class EagerProgram:
+    """A one-kernel program for one op signature (a :class:`~spyre_lab.runtime.jobplan.Launchable`): what it
+    reads, writes and allocates."""
+
+    name: str
+    kernels: list[FunctionKernel]
+    input_leaves: list[int]                  # leaf positions of spyre inputs, slot in<i>
+    mutated_leaves: list[int]                # leaf positions written in place (subset of input_leaves)
+    out_meta: tuple[list[tuple[str, int]], Any]  # ("arg", leaf) / ("new", j) per output leaf, and the out spec
+    new_outputs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]]   # size, stride, dtype per out<j>
+    resize: dict[int, tuple[tuple[int, ...], tuple[int, ...]]]                # out= args that must grow
+    num_nodes: int = 1
+    compiled: Program | None = None          # the compiler's Program for this op, when it has one
+    mutations: tuple = ()                    # in-place updates run inside the kernel: none to write back
+
+
+_PROGRAMS: OrderedDict[Any, EagerProgram] = OrderedDict()
+PROGRAM_CACHE_SIZE = 1024
+"""One-op programs kept (least recently used dropped first), like a compile cache with a size limit."""
+
+
+def program_cache_size() -> int:
+    return len(_PROGRAMS)
+
+
+def _shape_of_call(args: tuple, kwargs: dict) -> tuple:
+    """What fixes the pytree spec of an ATen call (cheaper to hash than the TreeSpec itself): the
+    number of positional args, the keyword names, and the length of every list argument."""
+    def arity(v: Any) -> int:
+        return len(v) if isinstance(v, (list, tuple)) else -1
+
+    return len(args), tuple(arity(a) for a in args), tuple((k, arity(v)) for k, v in kwargs.items())
+
+
+def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> Any:
+    parts: list[Any] = [op, call_shape]
+    for x in leaves:
+        if isinstance(x, torch.Tensor):
+            if x.device.type == "spyre":
+                parts.append((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype))
+            else:
+                parts.append(("cpu", x.dtype, x.item()))
+        elif isinstance(x, (list, tuple)):
+            parts.append(tuple(x))
+        else:
+            parts.append((type(x), x))
+    return tuple(parts)
+
+
+def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
+                   call_shape: tuple) -> EagerProgram:
+    try:
+        key = _signature(op, leaves, call_shape)
+        hash(key)
+    except TypeError:
+        key = None
+    program = _PROGRAMS.get(key) if key is not None else None
+    if program is None:
+        program = _build_program(op, leaves, spec, get_device(index).config)
+        if key is not None:
+            _PROGRAMS[key] = program
+            if len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+                _PROGRAMS.popitem(last=False)
+    else:
+        _PROGRAMS.move_to_end(key)
+    return program
+
+
+def _to_meta(x: Any) -> Any:
+    if isinstance(x, torch.Tensor) and x.device.type == "spyre":
+        return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
+    return x
+
+
+def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg: SpyreConfig) -> EagerProgram:
+    meta_leaves = [_to_meta(x) for x in leaves]
+    meta_args, meta_kwargs = tree_unflatten(meta_leaves, spec)
+    meta_kwargs = to_cpu_kwargs(meta_kwargs)
+    if "device" in meta_kwargs:
+        meta_kwargs["device"] = torch.device("meta")
+    try:
+        out = op(*meta_args, **meta_kwargs)
+    except (NotImplementedError, RuntimeError) as exc:
+        if "data-dependent" in str(exc) or "meta" in str(exc).lower():
+            raise _NeedsHost from exc
+        raise
+    input_leaves = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.device.type == "spyre"]
+    by_identity = {id(meta_leaves[i]): i for i in input_leaves}
+    written = written_leaves(op, leaves, spec)
+    out_leaves, out_spec = tree_flatten(out)
+    markers: list[Any] = []
+    new_outputs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = []
+    for o in out_leaves:
+        if isinstance(o, torch.Tensor) and id(o) in by_identity:
+            markers.append(("arg", by_identity[id(o)]))
+        elif isinstance(o, torch.Tensor):
+            stride = o.stride() if _dense(o) else None
+            markers.append(("new", len(new_outputs)))
+            new_outputs.append((tuple(o.shape), stride, o.dtype))
+        else:
+            raise _NeedsHost
+    resize = {i: (tuple(meta_leaves[i].shape), meta_leaves[i].stride()) for i in written
+              if tuple(meta_leaves[i].shape) != tuple(leaves[i].shape)}
+    name = f"aten::{op.overloadpacket.__name__}"
+    write_only = set(written_leaves(op, leaves, spec, only_out=True))
+    in_metas = [meta_leaves[i] for i in input_leaves if i not in write_only]
+    out_metas = [o for o in out_leaves if isinstance(o, torch.Tensor)]
+    time_us, detail = op_roofline_us(packet_name(op), in_metas, out_metas, cfg)
+    slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
+    compute = _make_compute(op, leaves, spec, input_leaves, written, markers, out_spec)
+    kernel = FunctionKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
+    out_args = set(written_leaves(op, leaves, spec, only_out=True))
+    compiled = None
+    if packet_name(op) in REFERENCE_ONLY:
+        detail["not_compiled"] = "reference kernel by design (fp16 intermediates would differ from the CPU op)"
+    elif set(written) != out_args:
+        detail["not_compiled"] = "writes an input in place"
+    else:  # functional or out=
+        compiled = compile_one_op(op, leaves, spec, [i for i in input_leaves if i not in out_args], out_metas)
+        if compiled is None:
+            detail["not_compiled"] = not_compiled().get(name, "")
+    return EagerProgram(name, [kernel], input_leaves, written, (markers, out_spec), new_outputs, resize,
+                        compiled=compiled)
+
+
+def _dense(t: torch.Tensor) -> bool:
+    return t.is_contiguous() or t.is_non_overlapping_and_dense()
+
+def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input_leaves: list[int],
+                  written: list[int], markers: list[Any], out_spec: Any) -> Callable[[Operands], None]:
+    constants = [None if i in input_leaves else x for i, x in enumerate(leaves)]
+    slot_of_leaf = {leaf: f"in{k}" for k, leaf in enumerate(input_leaves)}
+
+    def compute(operands: Operands) -> None:
+        host = list(constants)
+        for leaf, slot in slot_of_leaf.items():
+            value = operands[slot]
+            host[leaf] = value.clone() if leaf in written else value
+        args, kwargs = tree_unflatten(host, spec)
+        result = op(*args, **to_cpu_kwargs(kwargs))
+        for leaf in written:
+            operands.write(slot_of_leaf[leaf], host[leaf])
+        for (kind, j), value in zip(markers, tree_flatten(result)[0]):
+            if kind == "new":
+                operands.write(f"out{j}", value)
+
+    return compute
+
+
+def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int) -> Any:
+    markers, out_spec = program.out_meta
+    for leaf, (size, stride) in program.resize.items():
+        resize(leaves[leaf], size, stride)
+    if program.compiled is not None:
+        written = set(program.mutated_leaves)
+        targets = [leaves[ref] if kind == "arg" else None for kind, ref in markers]
+        with TIMELINE.launch(program.name, eager=True, compiled=True):
+            produced = run_program(program.compiled,
+                                   [leaves[leaf] for leaf in program.input_leaves if leaf not in written],
+                                   outputs=targets)
+        results = [leaves[ref] if kind == "arg" else value for (kind, ref), value in zip(markers, produced)]
+        return tree_unflatten(results, out_spec)
+    outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
+    bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
+    bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
+    launch(program, bindings, stream=current_stream(index), eager=True)
+    results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
+    return tree_unflatten(results, out_spec)
+
+
+
+
+def clear_program_cache() -> None:
+    """Drop every cached one-op program (after a device reset their images are stale)."""
+    _PROGRAMS.clear()
+
+
+on_reset(clear_program_cache)
+
+
+# --- modeled device time of a one-op reference kernel ----------------------------------------------
+def op_roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
+                   cfg: SpyreConfig) -> tuple[float, dict[str, Any]]:
+    """Modeled time of one op as a device kernel: its operands' bytes in the device format, its work
+    (2 FLOPs per multiply-add on the PE arrays, else element passes on the SFUs), on the roofline."""
+    nbytes = sum(device_nbytes(t) for t in (*inputs, *outputs))
+    if name in _MATMULS:
+        return roofline_us(nbytes, _matmul_flops(name, inputs, outputs), "pt", cfg)
+    elems = max([t.numel() for t in (*inputs, *outputs)] or [0])
+    passes = cfg.transcendental_factor if name in _TRANSCENDENTAL else 1
+    return roofline_us(nbytes, elems * passes, "sfu", cfg)
+
+
+def _matmul_flops(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
+    out = outputs[0] if outputs else inputs[0]
+    if name == "dot":
+        return 2 * inputs[0].numel()
+    operands = inputs[-2:] if name in ("mm", "bmm", "mv") else inputs[1:3]
+    k = operands[0].shape[-1] if operands[0].dim() else 1
+    return 2 * out.numel() * k
+

@@ -1,0 +1,100 @@
+"""One op through the compiler: its Program, used only if it runs whole on the card and agrees with the CPU op.
+
+An eager device op first asks the compiler for a one-op Program (``compile_graph`` on the op's functional
+form). The Program is used only when every launch in it is a planned device kernel and, run once on
+sample data by the reference interpreter, it matches the CPU op; otherwise the eager op runs a reference
+kernel (right numbers, roofline time). Why an op was not compiled is kept: :func:`not_compiled` lists it
+per op, and an op whose compiled program disagrees with the CPU op is reported once with a warning (that
+is a compiler bug worth knowing about, not a coverage gap).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.executor import execute
+from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
+from spyre_lab.runtime.op_schema import functional_variant, mutated_args, to_cpu_kwargs
+
+_NOT_COMPILED: dict[str, str] = {}
+
+
+def not_compiled() -> dict[str, str]:
+    """Op name -> why its eager form runs the reference kernel instead of a compiled program."""
+    return dict(_NOT_COMPILED)
+
+
+def _skip(op: torch._ops.OpOverload, reason: str) -> None:
+    _NOT_COMPILED.setdefault(f"aten::{op.overloadpacket.__name__}", reason)
+
+
+def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input_leaves: list[int],
+                    out_metas: list[torch.Tensor]) -> Program | None:
+    """The compiler's Program for this single op, or None (the reason kept in :func:`not_compiled`) when
+    the op has no functional form, the compiler cannot take it, or would not run it whole on the device."""
+    functional = functional_variant(op)
+    if functional is None:
+        _skip(op, "no functional variant to compile")
+        return None
+    out_names = {name for _, name, kwarg_only in mutated_args(op) if kwarg_only}
+    inputs = set(input_leaves)
+    constants = [None if i in inputs else x for i, x in enumerate(leaves)]
+
+    def one_op(*tensors: torch.Tensor) -> Any:
+        values = list(constants)
+        for leaf, t in zip(input_leaves, tensors):
+            values[leaf] = t
+        args, kwargs = tree_unflatten(values, spec)
+        kwargs = {k: v for k, v in kwargs.items() if k not in out_names}
+        return functional(*args, **to_cpu_kwargs(kwargs))
+
+    examples = [torch.zeros_like(torch.empty_strided(leaves[i].shape, leaves[i].stride(), dtype=leaves[i].dtype))
+                for i in input_leaves]
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # a compiler warning here only means: not this op, see below
+            program = compile_graph(one_op, examples)
+    except Exception as exc:                  # any compiler failure: the reference kernel is always right
+        _skip(op, f"the compiler failed: {type(exc).__name__}: {exc}")
+        return None
+    off_device = [launch.explain() for launch in program.launches
+                  if isinstance(launch, (HostFallback, UnplannedKernel))]
+    if off_device:
+        _skip(op, f"not whole on the device: {'; '.join(off_device)}")
+        return None
+    if len(program.outputs) != len(out_metas) or not program.launches:
+        _skip(op, f"{len(program.outputs)} outputs compiled for {len(out_metas)} expected")
+        return None
+    return program if _agrees_with_reference(op, program, one_op, examples) else None
+
+
+def _agrees_with_reference(op: torch._ops.OpOverload, program: Program, one_op: Callable[..., Any],
+                           examples: list[torch.Tensor]) -> bool:
+    """Run the compiled program once on sample data against the CPU op: a program that disagrees
+    is not used (the reference kernel runs instead), so a compiler gap never becomes a wrong value."""
+    g = torch.Generator().manual_seed(0)
+    samples = [torch.randn(x.shape, generator=g).to(x.dtype) if x.dtype.is_floating_point else x for x in examples]
+    try:
+        expected = [t for t in tree_flatten(one_op(*samples))[0] if isinstance(t, torch.Tensor)]
+        got = execute(program, samples).outputs
+        for e, o in zip(expected, got, strict=True):
+            torch.testing.assert_close(o, e, atol=1e-3, rtol=1e-3, equal_nan=True)
+    except Exception as exc:
+        name = f"aten::{op.overloadpacket.__name__}"
+        if name not in _NOT_COMPILED:
+            warnings.warn(f"spyre: the compiled program for {name} disagrees with the CPU op on sample data "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0]}); the op runs its reference "
+                          "kernel instead", RuntimeWarning, stacklevel=2)
+        _skip(op, f"compiled program disagrees with the CPU op: {type(exc).__name__}")
+        return False
+    return True
+
+
+_disagreements: set[str] = set()
+
