@@ -19,7 +19,6 @@ What is drawn, current configuration against the baseline (the configuration the
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -88,61 +87,30 @@ class Outcome:
         return self.layers * self.span_us("decode") / 1e3 if "decode" in self.traces else float("nan")
 
 
-class _TimedKernel:
-    """A loaded kernel as the launch path sees it (name, slots, modeled time, host or device), minus its numerics."""
-
-    sim_trace = None
-
-    def __init__(self, kernel: Any) -> None:
-        self.kernel = kernel
-        self.name, self.address_slots = kernel.name, list(kernel.address_slots)
-        self.time_us, self.timing = kernel.time_us, getattr(kernel, "timing", "given")
-        self.host, self.args = bool(getattr(kernel, "host", False)), getattr(kernel, "args", {})
-        self.output_slots = list(getattr(kernel, "output_slots", self.address_slots))
-
-    def run(self, operands: Any) -> None:
-        """No numerics: no modeled time depends on them."""
-
-
-class _TimingOnly:
-    """A loaded Program whose kernels keep their launch records and drop their numerics (one per Program)."""
-
-    def __init__(self, loaded: Any) -> None:
-        self.name = getattr(loaded, "name", "program")
-        self.num_nodes = getattr(loaded, "num_nodes", None)
-        self.kernels = [_TimedKernel(k) for k in loaded.kernels]
-
-
-_TIMING_ONLY: weakref.WeakKeyDictionary[Any, _TimingOnly] = weakref.WeakKeyDictionary()
-
-
 def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str) -> Trace:
     """One launch of ``program`` on the card under ``dispatch``: its modeled events, host waits included.
 
     The launch goes through the runtime's one launch path (``jobplan.launch``: real DRAM buffers, correction
-    blobs, the same JobPlan steps as ``run_program``) with each kernel's numerics left out, because no modeled
-    time depends on them; that keeps a what-if change fast.
+    blobs, the same JobPlan steps as ``run_program``) in the runtime's ``timing_only()`` mode, which leaves each
+    kernel's numerics out because no modeled time depends on them; that keeps a what-if change fast.
     """
-    from spyre_lab.runtime.jobplan import RuntimeOptions, launch
+    from spyre_lab.runtime.jobplan import RuntimeOptions, launch, timing_only
     from spyre_lab.runtime.programs import load
     from spyre_lab.runtime.streams import current_stream, recording, synchronize
 
     options = RuntimeOptions(dispatch=dispatch)  # type: ignore[arg-type]
     index = inputs[0].device.index or 0
     loaded = load(program, program.options.timing)
-    timed = _TIMING_ONLY.get(loaded)
-    if timed is None:
-        timed = _TIMING_ONLY[loaded] = _TimingOnly(loaded)
     bound = dict(zip(program.inputs, inputs))
     bound.update(loaded.constants(index))
-    for kernel in timed.kernels:
+    for kernel in loaded.kernels:
         for slot in kernel.address_slots:
             if slot not in bound:
                 info = program.buffers[slot]
                 bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
     synchronize()
-    with recording() as trace:
-        launch(timed, bound, stream=current_stream(index), options=options)
+    with timing_only(), recording() as trace:
+        launch(loaded, bound, stream=current_stream(index), options=options)
         synchronize()
     return trace
 

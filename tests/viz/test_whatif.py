@@ -101,3 +101,18 @@ def test_bad_arguments_name_the_fix():
         WhatIf(fn, [torch.ones(4, dtype=torch.float16)], layers=0)
     with pytest.raises(ValueError, match="dispatch must be"):
         WhatIf(fn, [torch.ones(4, dtype=torch.float16)], dispatch="fast")
+
+
+def test_a_function_with_in_place_updates_times_its_write_backs():
+    """A what-if launch goes through the runtime's timing-only mode, write-back kernels included, without numerics."""
+
+    def step(cache, x):
+        cache.add_(x)
+        return cache * 2
+
+    cache = torch.zeros(64, 64, dtype=torch.float16, device="spyre")
+    x = torch.ones(64, 64, dtype=torch.float16, device="spyre")
+    view = WhatIf(step, (cache, x))
+    names = [e.name for e in view.baseline.traces["prefill"].events]
+    assert any("write back" in n for n in names)
+    assert torch.equal(cache.cpu(), torch.zeros(64, 64, dtype=torch.float16))   # timing only: nothing computed
