@@ -33,6 +33,8 @@ from spyre_lab.compiler.tiling_attention import (
     divide_attention,
     emit_attention,
     node_reads,
+    row_ranges,
+    unmasked_keys,
 )
 from spyre_lab.compiler.tiling_common import (
     Operand,
@@ -290,17 +292,23 @@ def _attention_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg:
     item = _itemsize(buffers[node.inputs[0]])
     streamed = sum(1 for x in node.extras if x not in node.const_extras)
     shape = AttentionShape(kernel.name, d["B"], d["M"], d["N"], d["K"], d["E"], item, len(node.extras),
-                           len(node.score_ops), block_state_fn(node.const_extras, streamed, node.additive_only))
+                           len(node.score_ops), block_state_fn(node.const_extras, streamed, node.additive_only),
+                           unmasked_keys(node.const_extras, node.additive_only))
     splits, why = divide_attention(shape, cfg.cores)
-    ranges = {dim: [(i * math.ceil(d[dim] / splits[dim]), min(d[dim], (i + 1) * math.ceil(d[dim] / splits[dim])))
-                    for i in range(splits[dim])] for dim in ("B", "M")}
+    per_head = math.ceil(d["B"] / splits["B"])
+    ranges = {"B": [(min(d["B"], i * per_head), min(d["B"], (i + 1) * per_head)) for i in range(splits["B"])],
+              "M": row_ranges(shape, splits["M"])}
     slices: list[dict[str, tuple[int, int]]] = []
     for bi in ranges["B"]:
         for mi in ranges["M"]:
             slices.append({"B": bi, "M": mi} if bi[1] > bi[0] and mi[1] > mi[0] else {})
     slices += [{} for _ in range(cfg.cores - len(slices))]
-    mc = max((s["M"][1] - s["M"][0] for s in slices if s), default=1)
-    tq, tk, tile_why = choose_attention_tiles(shape, mc, cfg, options.double_buffer, _fits(cfg, options, kernel.name))
+    keys = shape.row_keys or [d["N"]] * d["M"]
+    busiest = max((s["M"] for s in slices if s), key=lambda r: (sum(keys[r[0]:r[1]]), r[1] - r[0]))
+    tq, tk, tile_why = choose_attention_tiles(shape, busiest, cfg, options.double_buffer,
+                                              _fits(cfg, options, kernel.name),
+                                              max(s["M"][1] - s["M"][0] for s in slices if s),
+                                              sum(1 for s in slices if s))
     division = WorkDivision(dict(splits), tuple(range(math.prod(splits.values()))), "attention", f"{why}; {tile_why}")
     programs = [emit_attention(shape, s["B"], s["M"], tq, tk, cfg, options.double_buffer) if s else CoreProgram()
                 for s in slices]

@@ -16,6 +16,7 @@ tiles (fp32 scores, fp16 probabilities into the PV matmul, fp32 accumulation). I
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,6 +112,8 @@ class AttentionShape:
     score_passes: int                # SFU passes of the score ops per score element
     block_state: Callable[[int, int, int, int, int, int], str] | None = None
     """(b0, b1, m0, m1, n0, n1) -> "skip" (every score -inf), "plain" (mask all zero, no load) or "load"."""
+    row_keys: list[int] | None = None
+    """Per query row, the keys a constant mask leaves unmasked (None: all of them): what balances the rows."""
 
 
 def attention_lx_buffers(a: AttentionShape, tq: int, tk: int, cfg: SpyreConfig,
@@ -128,24 +131,69 @@ def attention_lx_buffers(a: AttentionShape, tq: int, tk: int, cfg: SpyreConfig,
     return bufs
 
 
-def choose_attention_tiles(a: AttentionShape, mc: int, cfg: SpyreConfig, double_buffer: bool,
-                           fits: Callable[[list[LXBuffer]], bool]) -> tuple[int, int, str]:
-    """(tq, tk, why): K and V are re-read once per query tile, so the tallest query tile that fits wins,
-    then the widest key tile (fewer, longer PE ops)."""
+def estimate_cycles(a: AttentionShape, m_range: tuple[int, int], tq: int, tk: int, cfg: SpyreConfig,
+                    active_cores: int) -> float:
+    """Modeled cycles of one core's rows ``m_range`` (one head) at tiles ``tq`` x ``tk``: the slowest of its PE
+    array, its SFU and its share of DRAM bandwidth, each summed over the blocks it does not skip (an estimate
+    for choosing tiles; the simulator times the chosen program)."""
+    pe = sfu = nbytes = 0.0
+    passes = a.score_passes + 2 + cfg.transcendental_factor + 2      # score ops, max, exp, sum, rescale
+    for m0 in range(m_range[0], m_range[1], tq):
+        m1 = min(m_range[1], m0 + tq)
+        rq = m1 - m0
+        nbytes += rq * (a.k + a.e) * a.item                             # Q in, O out
+        for n0 in range(0, a.n, tk):
+            n1 = min(a.n, n0 + tk)
+            state = a.block_state(0, 1, m0, m1, n0, n1) if a.block_state else "load"
+            if state == "skip":
+                continue
+            cells = rq * (n1 - n0)
+            pe += cells * (a.k + a.e) / cfg.macs_per_cycle_per_core
+            sfu += cells * passes / cfg.sfu_elems_per_cycle_per_core
+            nbytes += (n1 - n0) * (a.k + a.e) * a.item + (cells * a.item * a.extras if state == "load" else 0)
+    return max(pe, sfu, nbytes / (cfg.dram_bytes_per_cycle / max(1, active_cores)))
+
+
+def choose_attention_tiles(a: AttentionShape, m_range: tuple[int, int], cfg: SpyreConfig, double_buffer: bool,
+                           fits: Callable[[list[LXBuffer]], bool], max_rows: int | None = None,
+                           active_cores: int = 1) -> tuple[int, int, str]:
+    """(tq, tk, why): the fitting tile shape with the lowest :func:`estimate_cycles` on the busiest core (rows
+    ``m_range``). Tall query tiles re-read K and V less often; under a constant (causal) mask, shorter tiles
+    let more blocks be skipped. Ties go to the bigger tiles (fewer ops). ``max_rows``: the most rows a core holds."""
     eps = cfg.stick_bytes // a.item
+    mc = max_rows or m_range[1] - m_range[0]
     tq_options = sorted({min(mc, t) for t in (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)}, reverse=True)
     tk_options = sorted({min(pad_to_sticks(a.n, eps), t) for t in (1024, 512, 256, 128, 64)}, reverse=True)
-    tried = 0
-    for tq in tq_options:
-        for tk in tk_options:
-            tried += 1
-            if fits(attention_lx_buffers(a, tq, tk, cfg, double_buffer)):
-                lx = sum(b.size for b in attention_lx_buffers(a, tq, tk, cfg, double_buffer))
-                return tq, tk, (f"query tile {tq} rows x key tile {tk}: tallest query tile whose buffers fit LX "
-                                f"({lx:,} B of {cfg.lx_budget_bytes:,}; K/V re-read once per query tile); "
-                                f"{tried - 1} larger shape(s) did not fit")
+    ranked = sorted((estimate_cycles(a, m_range, tq, tk, cfg, active_cores), -tq, -tk)
+                    for tq in tq_options for tk in tk_options)
+    for rejected, (cycles, ntq, ntk) in enumerate(ranked):
+        tq, tk = -ntq, -ntk
+        bufs = attention_lx_buffers(a, tq, tk, cfg, double_buffer)
+        if fits(bufs):
+            return tq, tk, (f"query tile {tq} rows x key tile {tk}: lowest estimate of {len(ranked)} shapes "
+                            f"({cfg.cycles_to_us(cycles):,.1f} us on the busiest core; K/V re-read once per query "
+                            f"tile, masked blocks skipped) whose buffers fit LX ({sum(b.size for b in bufs):,} B of "
+                            f"{cfg.lx_budget_bytes:,}); {rejected} cheaper shape(s) did not fit")
     need = sum(b.size for b in attention_lx_buffers(a, 1, eps, cfg, double_buffer))
     raise LXOverflowError(a.name, 0, need, 0, cfg.lx_budget_bytes)
+
+
+def row_ranges(a: AttentionShape, parts: int) -> list[tuple[int, int]]:
+    """The query rows cut into ``parts`` contiguous ranges of equal work: equal row counts without a constant
+    mask, equal unmasked keys with one (under a causal mask the early rows are cheap, so their ranges are longer)."""
+    if a.row_keys is None:
+        size = math.ceil(a.m / parts)
+        return [(min(a.m, i * size), min(a.m, (i + 1) * size)) for i in range(parts)]
+    total = sum(a.row_keys) or 1
+    cuts, acc, r = [0], 0, 0
+    for i in range(1, parts):
+        goal = total * i / parts
+        while r < a.m and acc + a.row_keys[r] / 2 < goal:
+            acc += a.row_keys[r]
+            r += 1
+        cuts.append(max(r, cuts[-1]))
+    cuts.append(a.m)
+    return list(itertools.pairwise(cuts))
 
 
 def divide_attention(a: AttentionShape, cores: int) -> tuple[dict[str, int], str]:
@@ -154,14 +202,18 @@ def divide_attention(a: AttentionShape, cores: int) -> tuple[dict[str, int], str
     best: tuple[tuple[int, int], dict[str, int]] | None = None
     for sb in range(1, min(a.b, cores) + 1):
         for sm in range(1, min(a.m, cores // sb) + 1):
-            work = math.ceil(a.b / sb) * math.ceil(a.m / sm)
+            rows = row_ranges(a, sm)
+            per_row = a.row_keys or [a.n] * a.m
+            work = math.ceil(a.b / sb) * max(sum(per_row[lo:hi]) + (hi > lo) * a.n // 8 for lo, hi in rows)
             key = (work, sm)
             if best is None or key < best[0]:
                 best = (key, {"B": sb, "M": sm})
     assert best is not None
     splits = best[1]
     return splits, (f"heads over {splits['B']} and query rows over {splits['M']} core group(s): "
-                    f"{math.ceil(a.b / splits['B'])} head(s) x {math.ceil(a.m / splits['M'])} rows on the busiest core")
+                    f"{math.ceil(a.b / splits['B'])} head(s) x up to "
+                    f"{max(hi - lo for lo, hi in row_ranges(a, splits['M']))} rows per core"
+                    + (" (row ranges balanced by the unmasked keys of the constant mask)" if a.row_keys else ""))
 
 
 def emit_attention(a: AttentionShape, b_range: tuple[int, int], m_range: tuple[int, int], tq: int, tk: int,
@@ -214,6 +266,17 @@ def emit_attention(a: AttentionShape, b_range: tuple[int, int], m_range: tuple[i
             fin = p.vector(None, rq * a.e, deps=[last, *([stat] if stat else [])], name=f"O/=l h{h} m{m0}")
             q_done.append(p.store(rq * ep * a.item, deps=[fin], name=f"store O h{h} m{m0}"))
     return p
+
+
+def unmasked_keys(consts: Mapping[str, torch.Tensor], additive_only: bool) -> list[int] | None:
+    """Per query row, the keys no constant mask sets to -inf (over all heads); None without constants."""
+    if not consts or not additive_only:
+        return None
+    dead = None
+    for t in consts.values():
+        d = (t == -math.inf).all(dim=0)
+        dead = d if dead is None else dead | d
+    return (~dead).sum(dim=-1).tolist()
 
 
 def block_state_fn(consts: Mapping[str, torch.Tensor], streamed: int, additive_only: bool):
