@@ -7,7 +7,7 @@ max ``m`` and row sum ``l`` are kept, and the output accumulator is rescaled by 
 whenever the max grows. So the score matrix never leaves LX, and DRAM sees Q, K, V (and the mask)
 once per query tile plus the output once. A constant mask (the causal one SDPA builds) is read at
 compile time: key tiles that are wholly masked for a query tile are skipped, tiles that are wholly
-zero need no mask load.
+zero need no mask, and a causal mask is made on the SFU from row and column indices instead of loaded.
 
 :func:`online_attention` is the kernel's numerics: the same tile loop, computed with torch on CPU
 tiles (fp32 scores, fp16 probabilities into the PV matmul, fp32 accumulation). It is not a call to
@@ -151,6 +151,7 @@ def estimate_cycles(a: AttentionShape, m_range: tuple[int, int], tq: int, tk: in
             pe += cells * (a.k + a.e) / cfg.macs_per_cycle_per_core
             sfu += cells * passes / cfg.sfu_elems_per_cycle_per_core
             nbytes += (n1 - n0) * (a.k + a.e) * a.item + (cells * a.item * a.extras if state == "load" else 0)
+            sfu += cells * (1 if state == "causal" else 0) / cfg.sfu_elems_per_cycle_per_core
     return max(pe, sfu, nbytes / (cfg.dram_bytes_per_cycle / max(1, active_cores)))
 
 
@@ -248,7 +249,10 @@ def emit_attention(a: AttentionShape, b_range: tuple[int, int], m_range: tuple[i
                          for i in range(a.extras if state == "load" else 0)]
                 s = p.matmul("s", rq, rk, a.k, deps=[lq, lk], out_bytes=rq * rk * ACC_BYTES,
                              name=f"S=QK^T h{h} m{m0} n{n0}")
-                for i in range(a.score_passes if state == "load" else max(0, a.score_passes - a.extras)):
+                if state == "causal":                    # the mask from row and column indices, on the SFU
+                    masks = [p.vector(f"mask0[{slot}]", rq * rk, deps=w, out_bytes=rq * pad_to_sticks(rk, eps) * a.item,
+                                      name=f"causal mask m{m0} n{n0}")]
+                for i in range(a.score_passes if state in ("load", "causal") else max(0, a.score_passes - a.extras)):
                     s = p.vector(None, rq * rk, deps=[s, *masks], name=f"score op {i} m{m0} n{n0}")
                 mx = p.vector(None, rq * rk, deps=[s, *([stat] if stat else [])], name=f"row max m{m0} n{n0}")
                 ex = p.special("p", rq * rk, deps=[mx], out_bytes=rq * rk * a.item, name=f"exp m{m0} n{n0}")
@@ -279,13 +283,26 @@ def unmasked_keys(consts: Mapping[str, torch.Tensor], additive_only: bool) -> li
     return (~dead).sum(dim=-1).tolist()
 
 
+def causal_offset(t: torch.Tensor) -> int | None:
+    """``d`` if the [B or 1, M, N] mask is 0 where ``key <= query + d`` and -inf elsewhere (what ``is_causal`` builds):
+    then a core makes a block's mask from its indices on the SFU instead of loading it. None otherwise."""
+    m, n = t.shape[-2], t.shape[-1]
+    d = n - m
+    rows, cols = torch.arange(m).unsqueeze(1), torch.arange(n).unsqueeze(0)
+    want = torch.where(cols <= rows + d, 0.0, -math.inf)
+    return d if bool((t == want).all()) else None
+
+
 def block_state_fn(consts: Mapping[str, torch.Tensor], streamed: int, additive_only: bool):
     """From the constant extras ([B or 1, M, N] tensors), what a (heads, rows, keys) block needs.
 
-    None without constants (or with score ops other than scale and add): every block loads its mask."""
+    "skip" (every score masked), "plain" (mask all zero: nothing to load or add), "causal" (a causal mask,
+    made from indices on the SFU), "load". None without constants (or with score ops other than scale and
+    add): every block loads its mask."""
     if not consts or not additive_only:
         return None
     tensors = list(consts.values())
+    generated = streamed == 0 and len(tensors) == 1 and causal_offset(tensors[0]) is not None
     cache: dict[tuple, str] = {}
 
     def state(b0: int, b1: int, m0: int, m1: int, n0: int, n1: int) -> str:
@@ -297,6 +314,6 @@ def block_state_fn(consts: Mapping[str, torch.Tensor], streamed: int, additive_o
             elif streamed == 0 and all(bool((blk == 0).all()) for blk in blocks):
                 cache[key] = "plain"
             else:
-                cache[key] = "load"
+                cache[key] = "causal" if generated else "load"
         return cache[key]
     return state

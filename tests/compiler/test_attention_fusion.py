@@ -78,11 +78,27 @@ def test_explain_shows_the_division_and_the_tile_choice():
 
 
 def test_causal_blocks_above_the_diagonal_are_skipped():
-    q, k, v = (torch.empty(1, 32, 1024, 64, dtype=torch.float16, device="meta") for _ in range(3))
+    q, k, v = (torch.empty(1, 32, 1024, 128, dtype=torch.float16, device="meta") for _ in range(3))
     causal = compile_graph(_causal, [q, k, v])
     full = compile_graph(_plain, [q, k, v])
     spec_c, spec_f = (next(x for x in p.launches if getattr(x, "rule", "") == "attention") for p in (causal, full))
-    assert spec_c.flops < 0.8 * spec_f.flops
+    assert spec_c.flops < 0.8 * spec_f.flops and spec_c.simulate().time_us < spec_f.simulate().time_us
+    names = [op.name for prog in spec_c.tile_kernel.programs for op in prog.ops]
+    assert any(n.startswith("causal mask") for n in names), "diagonal blocks make their mask from indices"
+    assert not any(n.startswith("load mask") for n in names), "a causal mask is never loaded"
+
+
+def test_a_non_causal_constant_mask_is_loaded_tile_by_tile():
+    def banded(q, k, v):
+        i = torch.arange(q.shape[-2]).unsqueeze(1)
+        mask = torch.where((i - torch.arange(k.shape[-2])).abs() < 8, 0.0, -math.inf).to(q.dtype)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    q, k, v = _qkv(1, 2, 2, 64, 64, 32)
+    program = compile_graph(banded, [q, k, v])
+    spec = next(x for x in program.launches if getattr(x, "rule", "") == "attention")
+    assert any(op.name.startswith("load mask") for prog in spec.tile_kernel.programs for op in prog.ops)
+    torch.testing.assert_close(execute(program, [q, k, v]).outputs[0].float(),
+                               banded(q.float(), k.float(), v.float()), atol=ATOL, rtol=0)
 
 
 def test_hand_written_attention_with_an_additive_mask_is_matched():
