@@ -312,8 +312,18 @@ def _attention_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg:
     division = WorkDivision(dict(splits), tuple(range(math.prod(splits.values()))), "attention", f"{why}; {tile_why}")
     programs = [emit_attention(shape, s["B"], s["M"], tq, tk, cfg, options.double_buffer) if s else CoreProgram()
                 for s in slices]
-    operands = {r.buffer: Operand(r.buffer, tuple(buffers[r.buffer].shape), tuple(r.axes), _itemsize(buffers[r.buffer]))
-                for r in node_reads(node)}
+    operands: dict[str, Operand] = {}
+    for i, r in enumerate(node_reads(node)):           # Q [B,M,K], K^T [B,K,N], V [B,N,E] (named as its matmul did)
+        shape_b, item_b = tuple(buffers[r.buffer].shape), _itemsize(buffers[r.buffer])
+        axes = tuple({"K": "N", "N": "E"}.get(a, a) if i == 2 and a else a for a in r.axes)
+        op = None
+        if i < 3 and not r.is_identity:
+            m = r.meta
+            op = view_operand(r.buffer, InputView(tuple(m.shape), tuple(m.stride()), m.storage_offset(), axes), d,
+                              item_b)
+        elif i < 3 and len(axes) == len(shape_b):
+            op = Operand(r.buffer, shape_b, axes, item_b)
+        operands.setdefault(r.buffer, op or Operand(r.buffer, shape_b, (None,) * len(shape_b), item_b))
     operands[node.output] = _out_operand(node.output, buffers, d, ("B", "M", "E"))
     bufs = attention_lx_buffers(shape, tq, tk, cfg, options.double_buffer)
     spec = _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, d,
