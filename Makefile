@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test lint bench lab clean
+.PHONY: demo test nbval notebooks measure-notebooks lab lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,15 +17,34 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/spyre-lab demo
 
+# Notebooks run the way they were committed: one thread, plotly's mimetype renderer (no plotly.js embedded).
+NB_ENV   := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 PLOTLY_RENDERER=plotly_mimetype PYTHONHASHSEED=0
+NB_DIRS  := tutorials notebooks
+
 test: $(STAMP)
 	$(BIN)/ruff check spyre_lab tests benchmarks scripts
 	$(BIN)/python -m pytest -q
+	$(MAKE) --no-print-directory nbval
+
+# Every committed notebook re-executed and compared cell by cell with its stored outputs (strict; volatile
+# text is normalised by tutorials/nbval_sanitize.cfg, never by skipping a cell).
+nbval: $(STAMP)
+	$(NB_ENV) $(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-cell-timeout=300 \
+		--nbval-sanitize-with tutorials/nbval_sanitize.cfg -p no:cacheprovider $(NB_DIRS)
+
+# Re-execute every notebook in place, ready to commit; then measure each one on one core.
+notebooks: $(STAMP)
+	$(NB_ENV) $(BIN)/python scripts/run_notebooks.py $(NB_DIRS)
+
+measure-notebooks: $(STAMP)
+	$(BIN)/python scripts/measure_notebooks.py $(NB_DIRS)
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done
 
+# JupyterLab with the file browser on tutorials/ (the workshop starts at 01_tour.ipynb).
 lab: $(STAMP)
-	$(BIN)/jupyter lab --no-browser
+	$(BIN)/python -m jupyterlab --LabApp.default_url=/lab/tree/tutorials
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .ruff_cache

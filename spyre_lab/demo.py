@@ -127,6 +127,7 @@ def engine_section(out: Path, trace_path: Path) -> list[str]:
                  f"host {summary['host_s'] * 1e3:.0f} ms measured")
     lines += ["  last steps:", *("    " + row for row in llm.stats.table(last=4).splitlines())]
     llm.stats.to_trace().to_chrome_trace(trace_path)
+    llm.stats.save_json(out / "engine_stats.json")  # replayed by the views in out/report.html
     return lines
 
 
@@ -186,4 +187,8 @@ def run_demo(out_dir: str = "out", cfg: SpyreConfig = SPYRE, engine: bool = True
     (out / "report.txt").write_text("\n".join(report))
     print(f"\nwrote {out / 'trace.json'} ({len(trace)} events; open in https://ui.perfetto.dev)")
     print(f"wrote {out / 'report.txt'}")
+    if engine:
+        from spyre_lab.viz.report import write_report  # the run's figures: one HTML file that opens offline
+
+        write_report(out, run=False)
     return 0

@@ -135,6 +135,18 @@ class BlockManager:
         seq.block_hashes.clear()
         seq.num_computed_tokens = 0
 
+    def snapshot(self, seqs: list[Sequence]):
+        """A KVSnapshot of every block now, with the block tables of ``seqs`` (for stats and views)."""
+        from spyre_lab.engine.stats import KVSnapshot
+
+        return KVSnapshot(
+            block_size=self.block_size,
+            ref_counts=[b.ref_count for b in self.blocks],
+            cached=[b.hash is not None for b in self.blocks],
+            tables={seq.request_id: list(seq.block_table) for seq in seqs if seq.block_table},
+            cached_tokens={seq.request_id: seq.num_cached_tokens for seq in seqs if seq.block_table},
+        )
+
     def _take_free_block(self) -> int:
         if not self.free_block_ids:
             raise RuntimeError("no free KV blocks; the scheduler should have preempted a request first")

@@ -152,10 +152,13 @@ class LLMEngine:
         outputs, self._aborted = self._aborted, []
         if not self.scheduler.has_unfinished():
             return outputs
+        scheduled_at = time.perf_counter()
         scheduled = self.scheduler.schedule()
+        schedule_ms = (time.perf_counter() - scheduled_at) * 1e3
         if not scheduled.seqs:  # everything running was preempted; the next step prefills again
             return outputs
         result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+        kv = self.block_manager.snapshot(list(self.scheduler.running))
         for seq, token_id in zip(scheduled.seqs, result.token_ids):
             seq.num_computed_tokens = len(seq)
             self.block_manager.commit(seq)
@@ -166,6 +169,8 @@ class LLMEngine:
             outputs.append(self._output(seq))
         self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
                           len(scheduled.preempted))
+        self.stats.record_detail(self.stats.steps[-1].step, schedule_ms, scheduled.seqs, scheduled.preempted,
+                                 result, kv, scheduled.is_prefill)
         return outputs
 
     def _check_stop(self, seq: Sequence, token_id: int) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm.auto import tqdm
@@ -44,6 +44,9 @@ class StepResult:
     padded_tokens: int
     bucket: tuple[str, int] | None
     on_demand: bool
+    tokens_per_seq: list[int] = field(default_factory=list)  # real tokens fed per sequence, batch order
+    phases_ms: dict[str, float] = field(default_factory=dict)  # measured: prepare inputs, forward, sample
+    device_trace: object | None = None  # the step's modeled events, when the platform records them
 
 
 def _pick_bucket(buckets: tuple[int, ...], size: int) -> int:
@@ -168,7 +171,9 @@ class ModelRunner:
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
         start = time.perf_counter()
+        tokens_per_seq = [len(s) - s.num_computed_tokens for s in seqs] if is_prefill else [1] * len(seqs)
         model_input = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        prepared = time.perf_counter()
         on_demand = model_input.bucket is not None and model_input.bucket not in self.warmed_buckets
         if on_demand:
             logger.warning(
@@ -180,9 +185,11 @@ class ModelRunner:
         num_fed = model_input.input_ids.numel()
         with self.platform.device_timer(kind, num_fed, len(seqs)) as device_time:
             logits = self.execute(model_input)
+            forwarded = time.perf_counter()
             token_ids = self.sampler(logits, seqs)
             self.platform.synchronize()
-        num_real = sum(len(s) - s.num_computed_tokens for s in seqs) if is_prefill else len(seqs)
+        sampled = time.perf_counter()
+        num_real = sum(tokens_per_seq)
         return StepResult(
             token_ids=token_ids,
             start=start,
@@ -192,6 +199,10 @@ class ModelRunner:
             padded_tokens=num_fed - num_real,
             bucket=model_input.bucket,
             on_demand=on_demand,
+            tokens_per_seq=tokens_per_seq,
+            phases_ms={"prepare inputs": (prepared - start) * 1e3, "forward": (forwarded - prepared) * 1e3,
+                       "sample": (sampled - forwarded) * 1e3},
+            device_trace=device_time.trace,
         )
 
     # ---- warmup ---------------------------------------------------------------------------------

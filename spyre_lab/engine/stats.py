@@ -6,9 +6,12 @@ device model; a platform without one (cpu) reports None, shown as "n/a".
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
 
-from spyre_lab.device.trace import Trace
+from spyre_lab.device.trace import Trace, TraceEvent
 
 
 @dataclass
@@ -41,6 +44,55 @@ class RequestStats:
     cached_tokens: int
 
 
+@dataclass
+class KVSnapshot:
+    """The KV cache's blocks at one moment: who holds each block, which free blocks still hold a cached prefix."""
+
+    block_size: int
+    ref_counts: list[int]  # per block: how many running requests hold it (0 = free)
+    cached: list[bool]  # per block: it holds a full, hashed block (a prefix a new request can reuse)
+    tables: dict[str, list[int]]  # request id -> its block table, for every request holding blocks
+    cached_tokens: dict[str, int]  # request id -> prompt tokens found by prefix caching at its last prefill
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.ref_counts)
+
+    def state(self, block_id: int) -> str:
+        """``"used"`` (held), ``"cached"`` (free, keeps a reusable prefix) or ``"free"``."""
+        if self.ref_counts[block_id] > 0:
+            return "used"
+        return "cached" if self.cached[block_id] else "free"
+
+    def counts(self) -> dict[str, int]:
+        out = {"used": 0, "cached": 0, "free": 0}
+        for block_id in range(self.num_blocks):
+            out[self.state(block_id)] += 1
+        return out
+
+
+@dataclass
+class StepDetail:
+    """What one served step did beyond its row: the batch, measured host phases, the KV cache, modeled events.
+
+    Kept apart from `StepStats` so rows and tables stay flat; the views (`spyre_lab.viz`) replay a run from these.
+    """
+
+    step: int
+    batch: list[tuple[str, int]]  # (request id, real tokens fed this step), in batch order
+    phases_ms: dict[str, float]  # measured wall ms: schedule, prepare inputs, forward, sample
+    arrived: list[str] = field(default_factory=list)  # prefilled this step (new, or again after a preemption)
+    preempted: list[str] = field(default_factory=list)
+    finished: list[str] = field(default_factory=list)
+    kv: KVSnapshot | None = None  # blocks after scheduling, before finished requests free theirs
+    device_trace: Trace | None = None  # modeled events of the step (core lanes dropped); None without a device model
+
+
+#: Lanes a step's device trace keeps: host-side and stream lanes (per-core unit lanes are dropped: thousands a step).
+def _keep_lane(lane: str) -> bool:
+    return not lane.startswith("core")
+
+
 def _format(value: object) -> str:
     if value is None:
         return "n/a"
@@ -65,6 +117,33 @@ def format_table(rows: list[dict]) -> str:
 class EngineStats:
     steps: list[StepStats] = field(default_factory=list)
     requests: list[RequestStats] = field(default_factory=list)
+    #: step number -> StepDetail for served steps (batch, host phases, KV snapshot, modeled device events)
+    details: dict[int, StepDetail] = field(default_factory=dict)
+    #: device traces are kept for the most recent this many steps (older ones are dropped to bound memory)
+    max_device_traces: int = 128
+
+    def record_detail(self, step: int, schedule_ms: float, seqs: list, preempted: list, result: Any,
+                      kv: KVSnapshot | None, is_prefill: bool) -> StepDetail:
+        """Called by the engine after each served step (``seqs`` are the scheduled Sequences, ``result`` the
+        runner's StepResult)."""
+        fed = getattr(result, "tokens_per_seq", None) or [1] * len(seqs)
+        batch = [(s.request_id, int(n)) for s, n in zip(seqs, fed)]
+        trace = getattr(result, "device_trace", None)
+        if trace is not None:
+            trace = Trace([e for e in trace.events if _keep_lane(e.lane)], meta=dict(trace.meta))
+        detail = StepDetail(
+            step=step, batch=batch,
+            phases_ms={"schedule": schedule_ms, **getattr(result, "phases_ms", {})},
+            arrived=[s.request_id for s in seqs] if is_prefill else [],
+            preempted=[s.request_id for s in preempted],
+            finished=[s.request_id for s in seqs if s.is_finished],
+            kv=kv, device_trace=trace,
+        )
+        self.details[step] = detail
+        traced = [n for n, d in self.details.items() if d.device_trace is not None]
+        for n in traced[:-self.max_device_traces] if len(traced) > self.max_device_traces else ():
+            self.details[n].device_trace = None
+        return detail
 
     def to_rows(self, what: str = "steps") -> list[dict]:
         """Plain dicts, one per step (`what="steps"`) or per finished request (`what="requests"`)."""
@@ -96,19 +175,74 @@ class EngineStats:
             "preemptions": sum(s.num_preempted for s in served),
         }
 
-    def to_trace(self) -> Trace:
-        """The steps as events on the `engine` lane of a Trace (measured host time), for timelines and Perfetto."""
+    def to_trace(self, device: bool = False) -> Trace:
+        """The steps as events on the `engine` lane of a Trace (measured host time), for timelines and Perfetto.
+
+        With ``device=True`` each served step's modeled device events (host enqueue, program correction, PCIe,
+        kernels) follow, shifted to start where the step starts and tagged ``step=n``: two clocks on one axis
+        (measured step start, modeled durations), so the lanes say so in the trace's meta.
+        """
         trace = Trace(meta={"time": "measured host microseconds (engine lane)"})
         for s in self.steps:
+            detail = self.details.get(s.step)
+            extra = {}
+            if detail is not None:
+                extra = {"batch": [list(b) for b in detail.batch], "phases_ms": detail.phases_ms,
+                         "arrived": detail.arrived, "preempted": detail.preempted, "finished": detail.finished}
             trace.add("engine", f"{s.kind} x{s.num_seqs}", s.start_ms * 1e3, s.host_ms * 1e3,
+                      step=s.step, kind=s.kind, num_seqs=s.num_seqs,
                       num_tokens=s.num_tokens, padded_tokens=s.padded_tokens, batch_bucket=s.batch_bucket,
                       token_bucket=s.token_bucket, kv_blocks_used=s.kv_blocks_used, dispatch=s.dispatch,
-                      device_ms_modeled=s.device_ms_modeled)
+                      device_ms_modeled=s.device_ms_modeled, host_ms=s.host_ms, **extra)
+            if device and detail is not None and detail.device_trace is not None and len(detail.device_trace):
+                offset = s.start_ms * 1e3 - detail.device_trace.start_us
+                for e in detail.device_trace:
+                    trace.add(e.lane, e.name, e.start_us + offset, e.dur_us, **e.args, step=s.step)
+        if device:
+            trace.meta["device_lanes"] = "modeled microseconds, each step's events placed at the step's measured start"
         return trace
+
+    # ---- saving and replaying ---------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        """Everything recorded, as plain JSON (views replay a run from it: ``EngineStats.from_json``)."""
+        details = []
+        for d in self.details.values():
+            entry = {k: v for k, v in asdict(d).items() if k not in ("kv", "device_trace")}
+            entry["kv"] = asdict(d.kv) if d.kv is not None else None
+            entry["device_trace"] = None if d.device_trace is None else [
+                [e.lane, e.name, e.start_us, e.dur_us, e.args] for e in d.device_trace]
+            details.append(entry)
+        return {"format": "spyre_lab.engine_stats/1", "steps": self.to_rows("steps"),
+                "requests": self.to_rows("requests"), "details": details}
+
+    def save_json(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_json(), default=str, separators=(",", ":")))
+        return path
+
+    @classmethod
+    def from_json(cls, source: str | Path | dict[str, Any]) -> EngineStats:
+        """Read back what :meth:`save_json` wrote (a path or the dict)."""
+        doc = source if isinstance(source, dict) else json.loads(Path(source).read_text())
+        if doc.get("format") != "spyre_lab.engine_stats/1":
+            raise ValueError("not an EngineStats JSON file (written by EngineStats.save_json); "
+                             f"its format field is {doc.get('format')!r}")
+        stats = cls([StepStats(**row) for row in doc["steps"]], [RequestStats(**row) for row in doc["requests"]])
+        for entry in doc["details"]:
+            kv = KVSnapshot(**entry.pop("kv")) if entry.get("kv") else None
+            raw = entry.pop("device_trace", None)
+            trace = None if raw is None else Trace(TraceEvent(lane, name, start, dur, args)
+                                                   for lane, name, start, dur, args in raw)
+            entry.pop("kv", None)
+            entry["batch"] = [tuple(b) for b in entry["batch"]]
+            stats.details[entry["step"]] = StepDetail(**entry, kv=kv, device_trace=trace)
+        return stats
 
     def reset(self) -> None:
         self.steps.clear()
         self.requests.clear()
+        self.details.clear()
 
     def __str__(self) -> str:
         summary = "\n".join(f"{k}: {_format(v)}" for k, v in self.summary().items())

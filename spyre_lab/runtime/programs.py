@@ -37,6 +37,11 @@ from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
 from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, launch_kernels
 from spyre_lab.runtime.streams import Stream
+from spyre_lab.runtime.tensor import empty_spyre
+
+EXACT_INTERMEDIATE_DTYPES = (torch.float32,)
+"""Intermediate dtypes a compiled program keeps as they are in DRAM: the card's fp32 format (32 values
+per 128-byte stick), which the compiler's decompositions use for norms, variances and lerp."""
 
 
 @dataclass(eq=False)
@@ -203,11 +208,13 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
         if (target is not None and read.is_identity and read.buffer not in bound
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
+    visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
     for kernel in launch_kernels(loaded, get_device(index).config):
         for slot in kernel.address_slots:
-            if slot not in bound:
-                info = program.buffers[slot]
-                bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
+            if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
+                info = program.buffers[slot]     # (a norm's fp32 sum of squares); outputs follow the fp16 policy
+                bound[slot] = empty_spyre(info.shape, None, info.dtype, index, exact=slot not in visible
+                                          and info.dtype in EXACT_INTERMEDIATE_DTYPES)
     launch(loaded, bound, stream=stream, options=options)
     for name, x in zip(program.inputs, inputs):
         if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):

@@ -9,16 +9,22 @@ built from, and where each aggregates big inputs.
 from spyre_lab.viz.base import View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
 from spyre_lab.viz.fusion import FusionView
+from spyre_lab.viz.kv_cache import KVCacheView
 from spyre_lab.viz.layout import LayoutView
 from spyre_lab.viz.roofline import Roofline
+from spyre_lab.viz.timeline import DecodeTimeline
+from spyre_lab.viz.whatif import WhatIf
 from spyre_lab.viz.work_division import WorkDivisionView
 
 __all__ = [
     "DataflowView",
+    "DecodeTimeline",
     "FusionView",
+    "KVCacheView",
     "LayoutView",
     "Roofline",
     "View",
+    "WhatIf",
     "WorkDivisionView",
     "aggregation_note",
     "sync_figure",

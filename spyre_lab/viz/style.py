@@ -63,6 +63,52 @@ def kernel_color(kernel: str | int) -> str:
     digest = hashlib.blake2s(kernel.encode(), digest_size=2).digest()
     return KERNEL_PALETTE[int.from_bytes(digest, "big") % len(KERNEL_PALETTE)]
 
+#: Measured host phases of one engine step (wall clock), light to dark in step order.
+HOST_PHASE_COLORS: dict[str, str] = {
+    "schedule": "#D8C3A5",
+    "prepare inputs": "#B89B72",
+    "forward": "#9D755D",
+    "sample": "#5E4634",
+}
+
+#: The host rebuilding a launch's execution graph (``RuntimeOptions(dispatch="rebuild")``).
+REBUILD_COLOR = "#8C2D04"
+
+#: Engine step kinds, and the padding a static-shape bucket adds.
+STEP_KIND_COLORS: dict[str, str] = {
+    "prefill": "#72B7B2",
+    "decode": "#EECA3B",
+    "warmup-prefill": "#C6E3E1",
+    "warmup-decode": "#F7E6A6",
+    "padding": "#D9D9D9",
+}
+
+#: KV-cache block states (a used block takes its request's color instead).
+KV_STATE_COLORS: dict[str, str] = {
+    "free": "#F2F2F2",
+    "cached": "#C7E9C0",   # free, but holds a full hashed block a new request can reuse
+    "used": "#6B6ECF",     # held (when no per-request color applies)
+}
+
+#: Requests (batch composition, block tables); a pastel set so requests never look like kernels.
+REQUEST_PALETTE: tuple[str, ...] = (
+    "#8DD3C7", "#BEBADA", "#FB8072", "#80B1D3", "#FDB462", "#B3DE69", "#FCCDE5", "#BC80BD",
+    "#CCEBC5", "#FFED6F", "#A6CEE3", "#FDBF6F",
+)
+
+#: Baseline vs changed configuration (what-if comparisons).
+BASELINE_COLOR = "#9A9A9A"
+CHANGED_COLOR = "#E45756"
+
+
+def request_color(request_id: str | int) -> str:
+    """A request's color: by number when the id is an integer string (request 0, 1, ...), else hashed."""
+    text = str(request_id)
+    if text.isdigit():
+        return REQUEST_PALETTE[int(text) % len(REQUEST_PALETTE)]
+    digest = hashlib.blake2s(text.encode(), digest_size=2).digest()
+    return REQUEST_PALETTE[int.from_bytes(digest, "big") % len(REQUEST_PALETTE)]
+
 
 def core_color(core: int, cores: int = 32) -> str:
     """A core's color in views that color work by core: hues in core order, so ring neighbours look related.

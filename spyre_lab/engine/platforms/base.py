@@ -46,6 +46,7 @@ class DeviceTime:
     """Modeled device time of one step, filled in by the platform; None = no device model."""
 
     modeled_ms: float | None = None
+    trace: object | None = None  # the step's modeled events (a device Trace), when the platform records them
 
 
 class Platform:

@@ -121,6 +121,7 @@ class SpyrePlatform(Platform):
         finally:
             self._bucket = None
         timing.modeled_ms = trace.duration_us / 1e3 if len(trace) else 0.0
+        timing.trace = trace
 
     def synchronize(self) -> None:
         synchronize()

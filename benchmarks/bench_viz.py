@@ -1,0 +1,148 @@
+"""View speed: build time of every spyre_lab.viz view and the time one control change takes to redraw it.
+
+The data is tiny-granite-sized: the engine serving a few prompts on the spyre platform (DecodeTimeline,
+KVCacheView), one tiny-granite decoder layer compiled for the card (WhatIf, Roofline, FusionView, ...), and a
+softmax kernel event-simulated on 32 cores (DataflowView). The goal is under 0.3 s per control change on this
+machine; a row says whether it met it. Times are wall clock: the first change of each control (a new
+state; WhatIf recompiles) and the median of ``--repeat`` changes (WhatIf caches states); setting up the
+data (engine warmup, compiles of the baseline) is not counted. Run:
+
+    .venv/bin/python benchmarks/bench_viz.py [--views DecodeTimeline,WhatIf] [--repeat 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+GOAL_S = 0.3
+
+
+def next_value(control: Any) -> None:
+    """Move a control one notch: the next option of a selection, the other state of a switch, a slider step."""
+    if hasattr(control, "index") and getattr(control, "options", None):
+        control.index = (control.index + 1) % len(control.options)
+    elif isinstance(control.value, bool):
+        control.value = not control.value
+    elif hasattr(control, "max"):
+        step = getattr(control, "step", 1) or 1
+        value = control.value + step
+        control.value = control.min if value > control.max else value
+    else:
+        raise TypeError(f"do not know how to move a {type(control).__name__}")
+
+
+def measure(name: str, make: Callable[[], Any], repeat: int) -> dict[str, Any]:
+    started = time.perf_counter()
+    view = make()
+    view.figure  # noqa: B018
+    build_s = time.perf_counter() - started
+    started = time.perf_counter()
+    view.widget  # noqa: B018
+    widget_s = time.perf_counter() - started
+    changes: dict[str, float] = {}
+    for control_name, control in view.controls.items():
+        if getattr(control, "disabled", False):
+            continue
+        times = []
+        for _ in range(repeat):
+            started = time.perf_counter()
+            next_value(control)
+            times.append(time.perf_counter() - started)
+        changes[control_name] = (times[0], statistics.median(times))
+    json_kb = len(view.figure.to_json()) / 1e3
+    return {"view": name, "build_s": build_s, "widget_s": widget_s, "changes": changes, "json_kb": json_kb}
+
+
+# ---- the data ------------------------------------------------------------------------------------------
+@functools.cache
+def engine_stats() -> Any:
+    from spyre_lab.engine import LLM, SamplingParams
+    from spyre_lab.engine.platforms.spyre import SpyrePlatform
+
+    llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[64], batch_buckets=[1, 2, 4]),
+              max_model_len=64, max_num_seqs=4, num_kv_blocks=12, block_size=8)
+    llm.warmup(show_progress=False)
+    prompts = ["count from 5 to 12:", "count from 5 to 9:", "letters from c to h:", "3 + 4 ="]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=12), use_tqdm=False)
+    return llm.stats
+
+
+@functools.cache
+def layer_program() -> Any:
+    from spyre_lab.compiler.backend import compile_graph
+    from spyre_lab.compiler.examples import granite_layer, layer_inputs
+
+    torch.manual_seed(0)
+    fn = functools.partial(granite_layer, heads=4, kv_heads=2)
+    fn.__name__ = "tiny-granite layer"  # type: ignore[attr-defined]
+    return compile_graph(fn, layer_inputs(128, 4, 2, 256, 64))
+
+
+@functools.cache
+def softmax_trace() -> Any:
+    from spyre_lab.device.config import SPYRE
+    from spyre_lab.device.kernels import softmax_kernel
+    from spyre_lab.device.sim import simulate
+
+    return simulate(softmax_kernel(1024, 1024, cores=32, cfg=SPYRE, fused=True), SPYRE, mode="event").trace
+
+
+def builders() -> dict[str, Callable[[], Any]]:
+    """Every view on this branch, fed tiny-granite-sized data."""
+    from spyre_lab import viz
+
+    found: dict[str, Callable[[], Any]] = {
+        "DecodeTimeline": lambda: viz.DecodeTimeline(engine_stats()),
+        "KVCacheView": lambda: viz.KVCacheView(engine_stats()),
+        "WhatIf": lambda: viz.WhatIf.granite_layer("tiny-granite"),
+        "Roofline": lambda: viz.Roofline(layer_program()),
+        "DataflowView": lambda: viz.DataflowView(softmax_trace()),
+    }
+    optional = {
+        "FusionView": lambda: viz.FusionView(layer_program()),
+        "WorkDivisionView": lambda: viz.WorkDivisionView(layer_program().device_launches[0]),
+        "LayoutView": lambda: viz.LayoutView((64, 100)),
+    }
+    found.update({name: make for name, make in optional.items() if hasattr(viz, name)})
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--views", default="", help="comma-separated view names (default: every view)")
+    parser.add_argument("--repeat", type=int, default=3, help="changes per control (median reported; default 3)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    import plotly.graph_objects as go
+
+    go.FigureWidget()  # the first FigureWidget of a process imports the widget machinery (seconds); not a view's cost
+    available = builders()
+    wanted = [v for v in args.views.split(",") if v] or list(available)
+    unknown = set(wanted) - set(available)
+    if unknown:
+        parser.error(f"unknown view(s) {sorted(unknown)}; this branch has {sorted(available)}")
+    print(f"{'view':>16} {'build s':>8} {'widget s':>9} {'fig KB':>7} {'first chg s':>12} {'median chg s':>13}  "
+          f"goal < {GOAL_S} s; per control: first/median s")
+    for name in wanted:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            engine_stats() if name in ("DecodeTimeline", "KVCacheView") else None   # data set-up not timed
+            row = measure(name, available[name], args.repeat)
+        first = max((f for f, _ in row["changes"].values()), default=0.0)
+        median = max((m for _, m in row["changes"].values()), default=0.0)
+        verdict = "met" if first < GOAL_S else "met when cached" if median < GOAL_S else "NOT met"
+        detail = ", ".join(f"{k} {f:.2f}/{m:.2f}" for k, (f, m) in row["changes"].items())
+        print(f"{name:>16} {row['build_s']:8.2f} {row['widget_s']:9.2f} {row['json_kb']:7.0f} {first:12.3f} "
+              f"{median:13.3f}  {verdict}: {detail}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,346 @@
+"""WhatIf: flip a compiler or hardware switch and see the kernels, the roofline and TTFT / TPOT move together.
+
+Switches: each fusion rule (``CompileOptions.fusion``), work division (planned / naive), runtime dispatch
+(``RuntimeOptions(dispatch="aot_patch" | "rebuild")``), and the card itself through ``SpyreConfig.replace``:
+cores, LX scratchpad per core, DRAM bandwidth. Every change really recompiles the model with
+``compile_graph`` (cached per configuration) and really launches the Program on ``torch.device("spyre")``
+under the chosen dispatch, recording the modeled events; nothing is interpolated.
+
+What is drawn, current configuration against the baseline (the configuration the view was opened with):
+
+* the launch timeline on the modeled clock (host enqueue, program correction, PCIe, kernels in their colors);
+* the roofline: each device kernel at its arithmetic intensity and modeled FLOP/s, under the current card's
+  compute and DRAM ceilings;
+* TTFT and TPOT, **modeled estimates**: ``layers`` x the modeled span of one launch of the prefill-shaped and the
+  decode-shaped program (one decoder layer each). Embedding, LM head, sampling and the engine's host work are
+  not in it; `DecodeTimeline` shows a real engine run.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ipywidgets as W
+import plotly.graph_objects as go
+import torch
+from plotly.subplots import make_subplots
+
+from spyre_lab.compiler.backend import compile_graph
+from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
+from spyre_lab.compiler.program import Program
+from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.device.trace import Trace
+from spyre_lab.viz import style
+from spyre_lab.viz.base import View, base_layout, toggle
+from spyre_lab.viz.roofline import Roofline
+from spyre_lab.viz.timeline import step_lanes
+
+LX_KIB_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
+DRAM_GBS_CHOICES = (25.6, 51.2, 102.4, 204.8, 409.6, 819.2)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One point in the what-if space (hashable: results are cached per setting)."""
+
+    fusion: frozenset[str]
+    work_division: str
+    dispatch: str
+    cores: int
+    lx_kib: int
+    dram_gbs: float
+
+    def options(self, base: CompileOptions) -> CompileOptions:
+        return base.replace(fusion=self.fusion, work_division=self.work_division)
+
+    def config(self, base: SpyreConfig) -> SpyreConfig:
+        return base.replace(cores=self.cores, lx_bytes=self.lx_kib * 1024, dram_bandwidth=self.dram_gbs * 1e9)
+
+    def describe(self) -> str:
+        off = sorted(set(FUSION_RULES) - self.fusion)
+        return (f"fusion {'all' if not off else 'without ' + ', '.join(off)}, {self.work_division} division, "
+                f"{self.dispatch}, {self.cores} cores, LX {self.lx_kib} KiB, DRAM {self.dram_gbs:g} GB/s")
+
+
+@dataclass
+class Outcome:
+    """What one setting gives: per pass (prefill / decode) the Program, its launch trace and its kernels."""
+
+    setting: Setting
+    cfg: SpyreConfig
+    programs: dict[str, Program]
+    traces: dict[str, Trace]
+    layers: int
+
+    def span_us(self, phase: str) -> float:
+        return self.traces[phase].duration_us if phase in self.traces else float("nan")
+
+    @property
+    def ttft_ms(self) -> float:
+        return self.layers * self.span_us("prefill") / 1e3
+
+    @property
+    def tpot_ms(self) -> float:
+        return self.layers * self.span_us("decode") / 1e3 if "decode" in self.traces else float("nan")
+
+
+class _TimedKernel:
+    """A loaded kernel as the launch path sees it (name, slots, modeled time, host or device), minus its numerics."""
+
+    sim_trace = None
+
+    def __init__(self, kernel: Any) -> None:
+        self.kernel = kernel
+        self.name, self.address_slots = kernel.name, list(kernel.address_slots)
+        self.time_us, self.timing = kernel.time_us, getattr(kernel, "timing", "given")
+        self.host, self.args = bool(getattr(kernel, "host", False)), getattr(kernel, "args", {})
+        self.output_slots = list(getattr(kernel, "output_slots", self.address_slots))
+
+    def run(self, operands: Any) -> None:
+        """No numerics: no modeled time depends on them."""
+
+
+class _TimingOnly:
+    """A loaded Program whose kernels keep their launch records and drop their numerics (one per Program)."""
+
+    def __init__(self, loaded: Any) -> None:
+        self.name = getattr(loaded, "name", "program")
+        self.num_nodes = getattr(loaded, "num_nodes", None)
+        self.kernels = [_TimedKernel(k) for k in loaded.kernels]
+
+
+_TIMING_ONLY: weakref.WeakKeyDictionary[Any, _TimingOnly] = weakref.WeakKeyDictionary()
+
+
+def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str) -> Trace:
+    """One launch of ``program`` on the card under ``dispatch``: its modeled events, host waits included.
+
+    The launch goes through the runtime's one launch path (``jobplan.launch``: real DRAM buffers, correction
+    blobs, the same JobPlan steps as ``run_program``) with each kernel's numerics left out, because no modeled
+    time depends on them; that keeps a what-if change fast.
+    """
+    from spyre_lab.runtime.jobplan import RuntimeOptions, launch
+    from spyre_lab.runtime.programs import load
+    from spyre_lab.runtime.streams import current_stream, recording, synchronize
+
+    options = RuntimeOptions(dispatch=dispatch)  # type: ignore[arg-type]
+    index = inputs[0].device.index or 0
+    loaded = load(program, program.options.timing)
+    timed = _TIMING_ONLY.get(loaded)
+    if timed is None:
+        timed = _TIMING_ONLY[loaded] = _TimingOnly(loaded)
+    bound = dict(zip(program.inputs, inputs))
+    bound.update(loaded.constants(index))
+    for kernel in timed.kernels:
+        for slot in kernel.address_slots:
+            if slot not in bound:
+                info = program.buffers[slot]
+                bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
+    synchronize()
+    with recording() as trace:
+        launch(timed, bound, stream=current_stream(index), options=options)
+        synchronize()
+    return trace
+
+
+class WhatIf(View):
+    """Compiler and hardware switches against the kernel timeline, the roofline and modeled TTFT / TPOT.
+
+    ``WhatIf(fn, prefill_inputs, decode_inputs=..., layers=N)`` for any function or module (one decoder layer is
+    the usual choice), or ``WhatIf.granite_layer("tiny-granite")`` for the engine model's own layer shapes.
+    """
+
+    figure_height = 820
+
+    def __init__(self, model: Callable | torch.nn.Module, example_inputs: Sequence[torch.Tensor],
+                 decode_inputs: Sequence[torch.Tensor] | None = None, layers: int = 1,
+                 cfg: SpyreConfig = SPYRE, options: CompileOptions | None = None, dispatch: str = "aot_patch",
+                 name: str | None = None) -> None:
+        super().__init__()
+        if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (list, tuple)):
+            raise TypeError("example_inputs must be a list of the call's arguments, e.g. [x]")
+        if layers < 1:
+            raise ValueError(f"layers must be >= 1, got {layers}")
+        if dispatch not in ("aot_patch", "rebuild"):
+            raise ValueError(f"dispatch must be 'aot_patch' or 'rebuild', got {dispatch!r}")
+        self.model, self.layers, self.base_cfg = model, layers, cfg
+        self.base_options = options or CompileOptions()
+        self.name = name or getattr(model, "__name__", type(model).__name__)
+        self._inputs = {"prefill": list(example_inputs)}
+        if decode_inputs is not None:
+            self._inputs["decode"] = list(decode_inputs)
+        self._device_inputs: dict[str, list[torch.Tensor]] = {}
+        self._cache: dict[Setting, Outcome] = {}
+        self.phase = "prefill"
+        self.work_division = self.base_options.work_division
+        self.dispatch = dispatch
+        self.cores = cfg.cores
+        self.lx_kib = cfg.lx_bytes // 1024
+        self.dram_gbs = round(cfg.dram_bandwidth / 1e9, 1)
+        for rule in FUSION_RULES:
+            setattr(self, f"fuse_{rule}", rule in self.base_options.fusion)
+        self.baseline_setting = self.setting
+        self.baseline = self.evaluate(self.baseline_setting)
+
+    @classmethod
+    def granite_layer(cls, model: str = "tiny-granite", prompt_len: int = 64, **kwargs: Any) -> WhatIf:
+        """One decoder layer of an engine model (its config.json shapes, random fp16 weights), prefill of
+        ``prompt_len`` tokens and a one-token decode; TTFT / TPOT scale by the model's layer count."""
+        from spyre_lab.compiler.examples import granite_layer, layer_inputs
+        from spyre_lab.engine.loader import read_config, resolve_model_path
+
+        config = read_config(resolve_model_path(model))
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        fn = functools.partial(granite_layer, heads=heads, kv_heads=kv_heads)
+        fn.__name__ = f"{model} layer"  # type: ignore[attr-defined]
+        torch.manual_seed(0)
+        shapes = (config.hidden_size, heads, kv_heads, config.intermediate_size)
+        return cls(fn, layer_inputs(*shapes, prompt_len), layer_inputs(*shapes, 1),
+                   layers=config.num_hidden_layers, name=f"{model} decoder layer", **kwargs)
+
+    # ---- the model -------------------------------------------------------------------------------------
+    @property
+    def setting(self) -> Setting:
+        fusion = frozenset(r for r in FUSION_RULES if getattr(self, f"fuse_{r}"))
+        return Setting(fusion, self.work_division, self.dispatch, int(self.cores), int(self.lx_kib),
+                       float(self.dram_gbs))
+
+    def evaluate(self, setting: Setting) -> Outcome:
+        """Compile both passes for ``setting`` and launch each once on the card (cached per setting)."""
+        hit = self._cache.get(setting)
+        if hit is not None:
+            return hit
+        cfg = setting.config(self.base_cfg)
+        options = setting.options(self.base_options)
+        programs, traces = {}, {}
+        for phase, inputs in self._inputs.items():
+            program = compile_graph(self.model, inputs, options, cfg)
+            programs[phase] = program
+            traces[phase] = launch_trace(program, self._on_device(phase), setting.dispatch)
+        outcome = Outcome(setting, cfg, programs, traces, self.layers)
+        self._cache[setting] = outcome
+        return outcome
+
+    def _on_device(self, phase: str) -> list[torch.Tensor]:
+        if phase not in self._device_inputs:
+            self._device_inputs[phase] = [x.to("spyre") if isinstance(x, torch.Tensor) else x
+                                          for x in self._inputs[phase]]
+        return self._device_inputs[phase]
+
+    @property
+    def current(self) -> Outcome:
+        return self.evaluate(self.setting)
+
+    @property
+    def caption(self) -> str:  # type: ignore[override]
+        now, base = self.current, self.baseline
+        return (f"What if — {self.name}: {now.setting.describe()}. Modeled TTFT {now.ttft_ms:.3f} ms "
+                f"({_delta(now.ttft_ms, base.ttft_ms)}), TPOT {now.tpot_ms:.3f} ms "
+                f"({_delta(now.tpot_ms, base.tpot_ms)})"
+                f" vs baseline; estimates: {self.layers} x one layer's launch.")
+
+    # ---- controls --------------------------------------------------------------------------------------
+    def make_controls(self) -> list[W.Widget]:
+        controls: list[W.Widget] = []
+        for rule in FUSION_RULES:
+            button = W.ToggleButton(value=getattr(self, f"fuse_{rule}"), description=rule,
+                                    tooltip=f"fusion rule {rule}", layout=W.Layout(width="auto"))
+            controls.append(self.bind(f"fuse_{rule}", button))
+        controls.append(self.bind("work_division", toggle(["planned", "naive"], self.work_division, "division")))
+        controls.append(self.bind("dispatch", toggle(["aot_patch", "rebuild"], self.dispatch, "dispatch")))
+        controls.append(self.bind("cores", W.IntSlider(value=self.cores, min=1, max=64, description="cores",
+                                                       continuous_update=False, layout=W.Layout(width="260px"))))
+        lx = sorted({*LX_KIB_CHOICES, self.lx_kib})
+        controls.append(self.bind("lx_kib", W.SelectionSlider(options=lx, value=self.lx_kib, description="LX KiB",
+                                                              continuous_update=False,
+                                                              layout=W.Layout(width="260px"))))
+        dram = sorted({*DRAM_GBS_CHOICES, self.dram_gbs})
+        controls.append(self.bind("dram_gbs", W.SelectionSlider(options=dram, value=self.dram_gbs,
+                                                                description="DRAM GB/s", continuous_update=False,
+                                                                layout=W.Layout(width="280px"))))
+        if "decode" in self._inputs:
+            controls.append(self.bind("phase", toggle(["prefill", "decode"], self.phase, "timeline")))
+        return controls
+
+    # ---- the figure ------------------------------------------------------------------------------------
+    def build(self) -> go.Figure:
+        now, base = self.current, self.baseline
+        phase = self.phase
+        fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.5, 0.5],
+                            column_widths=[0.62, 0.38], vertical_spacing=0.13, horizontal_spacing=0.1,
+                            subplot_titles=(f"one {phase} launch, now vs baseline ({style.MODELED_TIME_AXIS})",
+                                            f"roofline of the {phase} kernels (modeled)",
+                                            "TTFT / TPOT (modeled estimates, ms)"))
+        self._timeline(fig, now, base, phase)
+        self._roofline(fig, now, base, phase)
+        self._bars(fig, now, base)
+        layout = base_layout(f"WhatIf — {self.name}: switches vs kernels, roofline and TTFT / TPOT",
+                             height=self.figure_height)
+        layout.update(legend=dict(orientation="h", y=-0.1, x=0, xanchor="left"), barmode="group")
+        fig.update_layout(**layout)
+        return fig
+
+    def _timeline(self, fig: go.Figure, now: Outcome, base: Outcome, phase: str) -> None:
+        order_all: list[str] = []
+        for label, outcome in (("baseline", base), ("now", now)):
+            lanes, order = step_lanes(outcome.traces[phase])
+            merged: dict[str, list] = {}
+            for name in order:
+                key = f"{label} · " + ("kernels" if name not in ("host", "program correction", "PCIe") else name)
+                merged.setdefault(key, []).extend(lanes[name])
+            for key, events in merged.items():
+                fig.add_bar(x=[e.dur_us for e, _ in events], y=[key] * len(events),
+                            base=[e.start_us for e, _ in events], orientation="h", showlegend=False,
+                            marker=dict(color=[c for _, c in events], line=dict(width=0),
+                                        opacity=0.55 if label == "baseline" else 1.0),
+                            customdata=[[e.name] for e, _ in events],
+                            hovertemplate="%{customdata[0]}<br>%{base:.2f} + %{x:.2f} µs (modeled)<extra>"
+                                          + key + "</extra>", row=1, col=1)
+                order_all.append(key)
+        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order_all)), row=1, col=1)
+        span = max(now.span_us(phase), base.span_us(phase))
+        fig.update_xaxes(range=[0, span * 1.02], title_text=style.MODELED_TIME_AXIS, row=1, col=1)
+
+    def _roofline(self, fig: go.Figure, now: Outcome, base: Outcome, phase: str) -> None:
+        """The current program's Roofline (ceilings and kernels), with the baseline's kernels and ceilings in grey."""
+        drawn = Roofline(now.programs[phase]).build()
+        for trace in drawn.data:
+            trace.showlegend = trace.mode == "lines"   # ceilings in the legend; kernels say their name on hover
+            fig.add_trace(trace, row=2, col=1)
+        baseline = Roofline(base.programs[phase])
+        points = [(r, p) for r in baseline.records() if (p := baseline.point(r)) is not None]
+        if base.cfg != now.cfg:
+            xs = list(drawn.data[0].x)
+            fig.add_scatter(x=xs, y=[min(base.cfg.dram_bandwidth * x, base.cfg.peak_flops) / 1e12 for x in xs],
+                            mode="lines", name="baseline ceilings", line=dict(color=style.BASELINE_COLOR, dash="dash"),
+                            hoverinfo="skip", row=2, col=1)
+        fig.add_scatter(x=[p[0] for _, p in points], y=[p[1] / 1e12 for _, p in points], mode="markers",
+                        name="baseline kernels", marker=dict(symbol="circle-open", size=9, color=style.BASELINE_COLOR),
+                        hovertext=[f"baseline {r.name}: {r.time_us:.2f} µs" for r, _ in points], hoverinfo="text",
+                        row=2, col=1)
+        fig.update_xaxes(type="log", title_text="FLOP per DRAM byte", row=2, col=1)
+        fig.update_yaxes(type="log", title_text="modeled TFLOP/s", row=2, col=1)
+
+    def _bars(self, fig: go.Figure, now: Outcome, base: Outcome) -> None:
+        names = ["TTFT", "TPOT"] if "decode" in self._inputs else ["TTFT"]
+        for label, outcome, color in (("baseline", base, style.BASELINE_COLOR), ("now", now, style.CHANGED_COLOR)):
+            ys = [outcome.ttft_ms, outcome.tpot_ms][: len(names)]
+            text = [f"{y:.3f}" if label == "baseline" else f"{y:.3f} ({_delta(y, b)})"
+                    for y, b in zip(ys, [base.ttft_ms, base.tpot_ms])]
+            fig.add_bar(x=names, y=ys, name=label, marker_color=color, text=text, textposition="outside",
+                        hovertemplate="%{x}: %{y:.3f} ms (modeled estimate)<extra>" + label + "</extra>",
+                        row=2, col=2)
+        top = max(now.ttft_ms, base.ttft_ms, now.tpot_ms if "decode" in self._inputs else 0,
+                  base.tpot_ms if "decode" in self._inputs else 0)
+        fig.update_yaxes(title_text="ms (modeled)", range=[0, top * 1.25], row=2, col=2)
+
+
+def _delta(now: float, base: float) -> str:
+    if not base or base != base:
+        return "n/a"
+    change = (now - base) / base
+    return "same" if abs(change) < 5e-4 else f"{change:+.1%}"

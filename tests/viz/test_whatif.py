@@ -1,0 +1,103 @@
+"""WhatIf: each switch really recompiles / relaunches, and the timeline, roofline and TTFT / TPOT follow."""
+
+import pytest
+import torch
+
+from spyre_lab.compiler.options import FUSION_RULES
+from spyre_lab.viz import style
+from spyre_lab.viz.records import kernel_records
+from spyre_lab.viz.whatif import WhatIf
+
+torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="module")
+def view():
+    return WhatIf.granite_layer("tiny-granite", prompt_len=64)
+
+
+@pytest.fixture(autouse=True)
+def back_to_baseline(view):
+    yield
+    for rule in FUSION_RULES:
+        setattr(view, f"fuse_{rule}", True)
+    view.work_division, view.dispatch, view.phase = "planned", "aot_patch", "prefill"
+    view.cores, view.lx_kib, view.dram_gbs = 32, 2048, 204.8
+
+
+def _bars(fig):
+    return {t.name: t for t in fig.data if t.type == "bar" and t.orientation != "h"}
+
+
+def _kernel_lane(fig, label):
+    return next(t for t in fig.data if t.type == "bar" and t.orientation == "h" and t.y[0] == f"{label} · kernels")
+
+
+def test_baseline_draws_every_kernel_in_its_color(view):
+    fig = view.figure
+    program = view.baseline.programs["prefill"]
+    lane = _kernel_lane(fig, "now")
+    assert len(lane.x) == len(program.device_launches)
+    assert list(lane.marker.color) == [style.kernel_color(k.name) for k in program.device_launches]
+    bars = _bars(fig)
+    assert bars["now"].y == bars["baseline"].y
+    assert "(same)" in view.caption and "4 x one layer" in view.caption
+    assert view.baseline.ttft_ms == pytest.approx(4 * view.baseline.traces["prefill"].duration_us / 1e3)
+
+
+def test_fusion_off_means_more_kernels_and_a_longer_ttft(view):
+    view.fuse_softmax = False
+    view.fuse_reduction_fusion = False
+    now = view.current
+    assert len(now.programs["prefill"].device_launches) > len(view.baseline.programs["prefill"].device_launches)
+    assert now.ttft_ms > view.baseline.ttft_ms
+    fig = view.figure
+    assert len(_kernel_lane(fig, "now").x) > len(_kernel_lane(fig, "baseline").x)
+    assert "without reduction_fusion, softmax" in view.caption
+
+
+def test_rebuild_dispatch_serialises_host_and_card(view):
+    view.dispatch = "rebuild"
+    now = view.current
+    assert now.programs["prefill"] is view.baseline.programs["prefill"]   # same program: only the launch differs
+    assert now.ttft_ms > view.baseline.ttft_ms and now.tpot_ms > view.baseline.tpot_ms
+    assert any(e.name.startswith("rebuild graph") for e in now.traces["prefill"])
+    assert not any(e.name.startswith("rebuild graph") for e in view.baseline.traces["prefill"])
+
+
+def test_hardware_switches_reach_the_compiler_and_the_roofline(view):
+    view.cores, view.dram_gbs = 4, 25.6
+    now = view.current
+    program = now.programs["prefill"]
+    assert program.cfg.cores == 4 and program.cfg.dram_bandwidth == pytest.approx(25.6e9)
+    assert max(len(launch.tile_kernel.active_cores) for launch in program.device_launches) <= 4
+    fig = view.figure
+    dram = next(t for t in fig.data if (t.name or "").startswith("DRAM"))
+    assert dram.name == "DRAM 25.6 GB/s" and dram.y[0] == pytest.approx(25.6e9 * dram.x[0] / 1e12)
+    pt = next(t for t in fig.data if (t.name or "").startswith("PT peak"))
+    assert max(pt.y) == pytest.approx(program.cfg.peak_flops / 1e12)
+    assert any(t.name == "baseline ceilings" for t in fig.data)
+    busy = lambda p: sum(r.time_us for r in kernel_records(p) if not r.host)
+    assert busy(program) > busy(view.baseline.programs["prefill"])
+
+
+def test_controls_update_the_live_figure(view):
+    before = _bars(view.figure)["now"].y
+    view.controls["fuse_softmax"].value = False
+    after = next(t for t in view.fig_widget.data if t.type == "bar" and t.name == "now").y
+    assert after != before
+    view.controls["phase"].value = "decode"
+    title = view.fig_widget.layout.annotations[0].text
+    assert "decode" in title
+    view.controls["fuse_softmax"].value = True   # cached: the baseline setting again
+    assert next(t for t in view.fig_widget.data if t.type == "bar" and t.name == "now").y == before
+
+
+def test_bad_arguments_name_the_fix():
+    fn = lambda x: x * 2
+    with pytest.raises(TypeError, match="list of the call's arguments"):
+        WhatIf(fn, torch.ones(4, dtype=torch.float16))
+    with pytest.raises(ValueError, match="layers must be"):
+        WhatIf(fn, [torch.ones(4, dtype=torch.float16)], layers=0)
+    with pytest.raises(ValueError, match="dispatch must be"):
+        WhatIf(fn, [torch.ones(4, dtype=torch.float16)], dispatch="fast")
