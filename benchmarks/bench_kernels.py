@@ -1,4 +1,4 @@
-"""Kernel planning on the modeled card: work division, DRAM broadcast, fused softmax, fused MLP.
+"""Kernel planning on the modeled card: work division, DRAM broadcast, fused softmax, fused MLP, fused attention.
 
 Prints modeled kernel times (``KernelSpec.simulate``, analytic mode unless stated) next to the
 published claims they relate to, and the wall-clock time codegen itself took. Nothing here is tuned
@@ -225,7 +225,87 @@ def _mlp_choice(m: int) -> str:
     return next(k.decision for k in program.kernels if k.decision)
 
 
-SECTIONS = {"matmul": bench_matmul, "roofline": bench_roofline, "softmax": bench_softmax, "mlp": bench_mlp}
+# --- attention: one online-softmax kernel vs the unfused pattern, alone and in the 8B-shaped prefill layer ----
+
+HEADS, KV_HEADS, HEAD_DIM = 32, 8, 128
+
+
+def _layer(x, ln1, wq, wk, wv, wo, ln2, wg, wu, wd):
+    """A Granite-3.3-8B-shaped decoder layer at prefill (no RoPE: it does not change the attention pattern)."""
+    s = x.shape[0]
+
+    def rms(t, w):
+        return t * torch.rsqrt(t.float().pow(2).mean(-1, keepdim=True) + 1e-5).to(t.dtype) * w
+
+    h = rms(x, ln1)
+    q = (h @ wq).view(1, s, HEADS, HEAD_DIM).transpose(1, 2)
+    k = (h @ wk).view(1, s, KV_HEADS, HEAD_DIM).transpose(1, 2)
+    v = (h @ wv).view(1, s, KV_HEADS, HEAD_DIM).transpose(1, 2)
+    a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    x = x + a.transpose(1, 2).reshape(s, HIDDEN) @ wo
+    h = rms(x, ln2)
+    return x + (torch.nn.functional.silu(h @ wg) * (h @ wu)) @ wd
+
+
+def _layer_inputs(s: int) -> list[torch.Tensor]:
+    shapes = [(s, HIDDEN), (HIDDEN,), (HIDDEN, HIDDEN), (HIDDEN, KV), (HIDDEN, KV), (HIDDEN, HIDDEN), (HIDDEN,),
+              (HIDDEN, INTERMEDIATE), (HIDDEN, INTERMEDIATE), (INTERMEDIATE, HIDDEN)]
+    return [torch.empty(sh, dtype=F16, device="meta") for sh in shapes]
+
+
+def _program_us(program) -> tuple[float, dict[str, float]]:
+    """Modeled time of a Program's device kernels (analytic), and the time per fusion rule."""
+    by_rule: dict[str, float] = {}
+    for launch in program.launches:
+        if hasattr(launch, "simulate"):
+            t = launch.simulate().time_us
+            by_rule[launch.rule] = by_rule.get(launch.rule, 0.0) + t
+    return sum(by_rule.values()), by_rule
+
+
+def bench_attention() -> None:
+    """Fused attention (online softmax, scores in LX) on/off: SDPA alone, the 8B-shaped prefill layer vs its floor."""
+    from spyre_lab.compiler.backend import compile_graph
+
+    print("\n== attention: rule 'attention' on vs off (CompileOptions().without('attention')), fp16, 32 cores ==")
+    print("   floor = every matmul FLOP (projections, MLP and full Q K^T and P V) at the PE arrays' peak")
+    on_opts, off_opts = CompileOptions(), CompileOptions().without("attention")
+
+    def sdpa(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    for s in (128, 1024):
+        ins = [torch.empty(1, h, s, HEAD_DIM, dtype=F16, device="meta") for h in (HEADS, KV_HEADS, KV_HEADS)]
+        t0 = time.perf_counter()
+        on, off = (compile_graph(sdpa, ins, o) for o in (on_opts, off_opts))
+        tc = time.perf_counter() - t0
+        (t_on, _), (t_off, _) = _program_us(on), _program_us(off)
+        spec = next(x for x in on.launches if getattr(x, "rule", "") == "attention")
+        r = spec.simulate()
+        print(f"   SDPA causal GQA {HEADS}/{KV_HEADS} heads x {s} x {HEAD_DIM}: off {t_off:8.1f} us "
+              f"({len(off.launches)} kernels) | on {t_on:8.1f} us ({len(on.launches)} kernels; attention kernel "
+              f"{r.time_us:.1f} us, "
+              f"{r.dram_bytes / 1e6:.1f} MB DRAM, bottleneck {r.bottleneck}) | on/off {t_on / t_off:5.2f} "
+              f"| codegen {tc:.1f} s")
+        print(f"      {spec.division.reason}")
+    s = 1024
+    linear = 2 * s * (2 * HIDDEN * HIDDEN + 2 * HIDDEN * KV + 3 * HIDDEN * INTERMEDIATE)
+    attn = 2 * 2 * HEADS * s * s * HEAD_DIM
+    floor_us = (linear + attn) / SPYRE.peak_flops * 1e6
+    print(f"   8B-shaped prefill layer, sequence {s}: floor {floor_us / 1e3:.2f} ms "
+          f"({linear / 1e9:.0f} GFLOP projections+MLP, {attn / 1e9:.1f} GFLOP attention)")
+    for label, opts in (("off", off_opts), ("on ", on_opts)):
+        t0 = time.perf_counter()
+        program = compile_graph(_layer, _layer_inputs(s), opts)
+        tc = time.perf_counter() - t0
+        total, by_rule = _program_us(program)
+        top = ", ".join(f"{rule} {t / 1e3:.2f}" for rule, t in sorted(by_rule.items(), key=lambda kv: -kv[1])[:5])
+        print(f"   rule {label}: {total / 1e3:6.2f} ms modeled = {floor_us / total:5.1%} of the floor "
+              f"({len(program.launches)} kernels; ms by rule: {top}) | compile {tc:.1f} s")
+
+
+SECTIONS = {"matmul": bench_matmul, "roofline": bench_roofline, "softmax": bench_softmax, "mlp": bench_mlp,
+            "attention": bench_attention}
 
 
 def main(argv: list[str]) -> None:

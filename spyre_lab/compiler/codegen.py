@@ -24,6 +24,18 @@ from spyre_lab.compiler.ir import BufferInfo, FusedKernel, InputView, IRNode, Ma
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
+from spyre_lab.compiler.tiling_attention import (
+    Attention,
+    AttentionShape,
+    attention_lx_buffers,
+    block_state_fn,
+    choose_attention_tiles,
+    divide_attention,
+    emit_attention,
+    node_reads,
+    row_ranges,
+    unmasked_keys,
+)
 from spyre_lab.compiler.tiling_common import (
     Operand,
     PartnerInfo,
@@ -49,7 +61,8 @@ from spyre_lab.device.isa import CoreProgram, Kernel, LXOverflowError, OpKind
 
 __all__ = ["KNOWN_RULES", "KernelSpec", "estimate_us", "generate_kernel"]
 
-KNOWN_RULES = ("single", "pointwise_chain", "reduction_fusion", "matmul_epilogue", "softmax", "mlp", "restickify")
+KNOWN_RULES = ("single", "pointwise_chain", "reduction_fusion", "matmul_epilogue", "softmax", "mlp", "restickify",
+               "attention")
 
 
 # --- generate_kernel ----------------------------------------------------------------------------------
@@ -67,6 +80,8 @@ def generate_kernel(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg:
     missing = sorted({b for n in kernel.nodes for b in (*n.inputs, n.output)} - set(buffers))
     if missing:
         raise ValueError(f"kernel {kernel.name!r} uses buffer(s) {missing} missing from the buffers mapping")
+    if kernel.rule == "attention":
+        return _attention_spec(kernel, buffers, cfg, options)
     matmuls = [n for n in kernel.nodes if isinstance(n, MatMul)]
     if kernel.rule == "mlp" or len(matmuls) >= 2:
         return _mlp_spec(kernel, buffers, cfg, options)
@@ -266,6 +281,59 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
         k, e, {d: min(tile[d], e[d]) for d in e}, cfg, options.double_buffer, partners))
     bufs = row_lx_buffers(k, tile, cfg, options.double_buffer)
     return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, dims, tile, operands)
+
+
+# --- fused attention ---------------------------------------------------------------------------------
+
+def _attention_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+                    options: CompileOptions) -> KernelSpec:
+    """Heads and query rows over the cores, the tallest query tile that fits LX, K/V tiles streamed through it."""
+    node = kernel.nodes[0]
+    if len(kernel.nodes) != 1 or not isinstance(node, Attention):
+        raise ValueError(f"kernel {kernel.name!r}: an attention kernel holds exactly one Attention node")
+    d = node.dims
+    item = _itemsize(buffers[node.inputs[0]])
+    streamed = sum(1 for x in node.extras if x not in node.const_extras)
+    shape = AttentionShape(kernel.name, d["B"], d["M"], d["N"], d["K"], d["E"], item, len(node.extras),
+                           len(node.score_ops), block_state_fn(node.const_extras, streamed, node.additive_only),
+                           unmasked_keys(node.const_extras, node.additive_only))
+    splits, why = divide_attention(shape, cfg.cores)
+    per_head = math.ceil(d["B"] / splits["B"])
+    ranges = {"B": [(min(d["B"], i * per_head), min(d["B"], (i + 1) * per_head)) for i in range(splits["B"])],
+              "M": row_ranges(shape, splits["M"])}
+    slices: list[dict[str, tuple[int, int]]] = []
+    for bi in ranges["B"]:
+        for mi in ranges["M"]:
+            slices.append({"B": bi, "M": mi} if bi[1] > bi[0] and mi[1] > mi[0] else {})
+    slices += [{} for _ in range(cfg.cores - len(slices))]
+    keys = shape.row_keys or [d["N"]] * d["M"]
+    busiest = max((s["M"] for s in slices if s), key=lambda r: (sum(keys[r[0]:r[1]]), r[1] - r[0]))
+    tq, tk, tile_why = choose_attention_tiles(shape, busiest, cfg, options.double_buffer,
+                                              _fits(cfg, options, kernel.name),
+                                              max(s["M"][1] - s["M"][0] for s in slices if s),
+                                              sum(1 for s in slices if s))
+    division = WorkDivision(dict(splits), tuple(range(math.prod(splits.values()))), "attention", f"{why}; {tile_why}")
+    programs = [emit_attention(shape, s["B"], s["M"], tq, tk, cfg, options.double_buffer) if s else CoreProgram()
+                for s in slices]
+    operands: dict[str, Operand] = {}
+    for i, r in enumerate(node_reads(node)):           # Q [B,M,K], K^T [B,K,N], V [B,N,E] (named as its matmul did)
+        shape_b, item_b = tuple(buffers[r.buffer].shape), _itemsize(buffers[r.buffer])
+        axes = tuple({"K": "N", "N": "E"}.get(a, a) if i == 2 and a else a for a in r.axes)
+        op = None
+        if i < 3 and not r.is_identity:
+            m = r.meta
+            op = view_operand(r.buffer, InputView(tuple(m.shape), tuple(m.stride()), m.storage_offset(), axes), d,
+                              item_b)
+        elif i < 3 and len(axes) == len(shape_b):
+            op = Operand(r.buffer, shape_b, axes, item_b)
+        operands.setdefault(r.buffer, op or Operand(r.buffer, shape_b, (None,) * len(shape_b), item_b))
+    operands[node.output] = _out_operand(node.output, buffers, d, ("B", "M", "E"))
+    bufs = attention_lx_buffers(shape, tq, tk, cfg, options.double_buffer)
+    spec = _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, d,
+                 {"B": 1, "M": tq, "N": tk, "K": d["K"], "E": d["E"]}, operands)
+    spec.ops = [n.op for n in node.members]
+    spec.units = {n.op: "pt" if isinstance(n, MatMul) else "sfp" for n in node.members}
+    return spec
 
 
 # --- matmul (+ epilogue) -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ WorkDivisionStrategy = Literal["planned", "naive"]
 LXAllocator = Literal["greedy", "first_fit", "best_fit"]
 TimingMode = Literal["analytic", "event"]
 
-FUSION_RULES = ("pointwise_chain", "reduction_fusion", "matmul_epilogue", "softmax", "mlp")
+FUSION_RULES = ("pointwise_chain", "reduction_fusion", "matmul_epilogue", "softmax", "mlp", "attention")
 """Named fusion rules of the scheduler; each can be switched off through ``CompileOptions.fusion``."""
 
 

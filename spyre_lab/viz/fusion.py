@@ -124,7 +124,7 @@ class FusionView(View):
     def _nodes_count(self) -> int:
         if self.saved is not None:
             return sum(len(e.get("ops", ())) for e in self.saved["launches"])
-        return sum(len(k.nodes) for k in self.program.kernels)
+        return sum(len(_lowered_nodes(k)) for k in self.program.kernels)
 
     def make_controls(self) -> list[W.Widget]:
         boxes = []
@@ -174,7 +174,7 @@ class FusionView(View):
         rule_of: dict[str, str] = {}
         nodes = []
         for launch, k in zip(program.launches, program.kernels):
-            for n in k.nodes:
+            for n in _lowered_nodes(k):
                 kernel_of[n.name] = launch.name
                 rule_of[n.name] = k.rule
                 nodes.append(n)
@@ -193,7 +193,7 @@ class FusionView(View):
         # after: kernels left to right, their nodes stacked
         after: dict[str, tuple[float, float]] = {}
         for i, k in enumerate(program.kernels):
-            for j, n in enumerate(k.nodes):
+            for j, n in enumerate(_lowered_nodes(k)):
                 after[n.name] = (i, j)
         names = {n.name: n for n in nodes}
         for axes, pos in ((("x", "y"), before), (("x2", "y2"), after)):
@@ -229,8 +229,8 @@ class FusionView(View):
                 meta={"row": "after" if row_after else "before"}))
         for i, (launch, k) in enumerate(zip(program.launches, program.kernels)):
             color = kernel_color(launch.name)
-            shapes.append(dict(type="rect", x0=i - 0.35, x1=i + 0.45, y0=-0.5, y1=len(k.nodes) - 0.5, xref="x2",
-                               yref="y2", line=dict(color=color, width=1.5), fillcolor=color, opacity=0.15,
+            shapes.append(dict(type="rect", x0=i - 0.35, x1=i + 0.45, y0=-0.5, y1=len(_lowered_nodes(k)) - 0.5,
+                               xref="x2", yref="y2", line=dict(color=color, width=1.5), fillcolor=color, opacity=0.15,
                                layer="below", name=f"kernel {launch.name}"))
             notes.append(dict(x=i + 0.05, y=-0.55, xref="x2", yref="y2", text=_short_rule(k.rule), showarrow=False,
                               xanchor="center", yanchor="bottom", font=dict(size=9, color=NEUTRAL["text"]), name="rule",
@@ -277,8 +277,14 @@ def _skeleton(height: int, table: float) -> tuple[dict, dict]:
     return doc["layout"], doc["data"][0]["domain"]
 
 
+def _lowered_nodes(kernel: Any) -> list:
+    """The LoopIR nodes a kernel holds: a fused attention node stands for the nodes it replaced (its ``members``)."""
+    return [m for n in kernel.nodes for m in (getattr(n, "members", None) or [n])]
+
+
 _SHORT = {"reduction_fusion": "red", "matmul_epilogue": "epi", "pointwise_chain": "pw", "restickify": "rst",
-          "single": "—", "softmax": "smax", "mlp": "mlp", "fallback": "host"}
+          "single": "—", "softmax": "smax", "mlp": "mlp", "fallback": "host",
+          "attention": "attn"}
 
 
 def _short_rule(rule: str) -> str:

@@ -153,10 +153,10 @@ def test_granite_layer_uses_every_fusion_rule(zoo):
     model = zoo["granite"][0]
     (graph,) = compiled_graphs_for(model)[-1:]
     rules = {k.rule for k in graph.program.kernels}
-    assert {"softmax", "mlp", "reduction_fusion", "restickify"} <= rules
+    assert {"attention", "mlp", "reduction_fusion", "restickify"} <= rules
     assert not graph.program.fallback_ops, "the decoder layer runs entirely on the device"
     text = explain(model)
-    assert "softmax" in text and "mlp" in text and "program cache" in text
+    assert "attention" in text and "mlp" in text and "program cache" in text
 
 
 def test_cnn_convolution_falls_back_to_host(zoo):

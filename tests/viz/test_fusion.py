@@ -27,7 +27,8 @@ def _nodes(fig, row):
 def test_nodes_colored_by_their_kernel_and_boxes_named_by_rule(layer):
     _, _, program = layer
     fig = FusionView(program).figure
-    landed = [kernel_color(launch.name) for launch, k in zip(program.launches, program.kernels) for _ in k.nodes]
+    landed = [kernel_color(launch.name) for launch, k in zip(program.launches, program.kernels)
+              for n in k.nodes for _ in (getattr(n, "members", None) or [n])]   # attention: the nodes it replaced
     for row in ("before", "after"):
         nodes = _nodes(fig, row)
         assert len(nodes.x) == program.unfused_kernels
@@ -57,11 +58,11 @@ def test_rule_checkbox_recompiles_and_redraws(layer):
     assert view.can_recompile
     fw = view.fig_widget
     kernels_before = sum(1 for s in fw.layout.shapes if s.name.startswith("kernel "))
-    view.controls["softmax"].value = False
-    assert "softmax" not in view.program.options.fusion
+    view.controls["attention"].value = False          # the layer's softmax sits inside its attention pattern
+    assert "attention" not in view.program.options.fusion
     after = sum(1 for s in fw.layout.shapes if s.name.startswith("kernel "))
     assert after == view.program.num_kernels > kernels_before
-    assert "without softmax" in fw.layout.title.text
+    assert "without attention" in fw.layout.title.text
     table = next(t for t in fw.data if t.type == "table")
     assert len(table.cells.values[0]) == after + 1
     for rule in FUSION_RULES:
