@@ -35,7 +35,7 @@ from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, launch_kernels
+from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area, launch
 from spyre_lab.runtime.streams import Stream
 
 
@@ -203,11 +203,11 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
         if (target is not None and read.is_identity and read.buffer not in bound
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
-    for kernel in launch_kernels(loaded, get_device(index).config):
-        for slot in kernel.address_slots:
-            if slot not in bound:
-                info = program.buffers[slot]
-                bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
+    device = torch.device("spyre", index)
+    for slot in correction_area(loaded, get_device(index)).all_slots:   # the kernels bound once per card
+        if slot not in bound:
+            info = program.buffers[slot]
+            bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=device)
     launch(loaded, bound, stream=stream, options=options)
     for name, x in zip(program.inputs, inputs):
         if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):
