@@ -287,6 +287,7 @@ class CorrectionArea:
         self.region_address = device.program_base + self.region.address
         self.region_data = torch.zeros(total, dtype=torch.int64)
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
+        self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
         self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
         self._generation = device.generation
@@ -403,8 +404,7 @@ def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Map
     views = {s: bindings[s] for s in slots}
 
     def correct() -> None:
-        addresses = [buffer_of(views[s]).address for s in slots]
-        area.pinned[:n] = torch.tensor(addresses, dtype=torch.int64)
+        area.pinned_host[:n] = [buffer_of(views[s]).address for s in slots]
 
     def copy_blob() -> None:
         area.region_data[offset:offset + n] = area.pinned[:n]

@@ -37,6 +37,7 @@ from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
 from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area, launch
 from spyre_lab.runtime.streams import Stream
+from spyre_lab.runtime.tensor import empty_spyre
 
 
 @dataclass(eq=False)
@@ -203,11 +204,10 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
         if (target is not None and read.is_identity and read.buffer not in bound
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
-    device = torch.device("spyre", index)
     for slot in correction_area(loaded, get_device(index)).all_slots:   # the kernels bound once per card
         if slot not in bound:
             info = program.buffers[slot]
-            bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=device)
+            bound[slot] = empty_spyre(info.shape, None, info.dtype, index)
     launch(loaded, bound, stream=stream, options=options)
     for name, x in zip(program.inputs, inputs):
         if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):
