@@ -136,10 +136,16 @@ class Timeline:
 
     # --- trace ------------------------------------------------------------------------------
     def emit(self, lane: str, name: str, start_us: float, dur_us: float, **args: Any) -> None:
-        if self._launch_trace is not None:
-            self._launch_trace.add(lane, name, start_us, dur_us, **args)
-        for trace in self._recorders:
-            trace.add(lane, name, start_us, dur_us, **args)
+        launch, recorders = self._launch_trace, self._recorders
+        if launch is None and not recorders:
+            return
+        if dur_us < 0:
+            raise ValueError(f"trace event {name!r} on {lane!r} has negative duration {dur_us}")
+        event = TraceEvent(lane, name, float(start_us), float(dur_us), args)   # frozen: one event, every trace
+        if launch is not None:
+            launch.events.append(event)
+        for trace in recorders:
+            trace.events.append(event)
 
     def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float, lane_of: Any = None) -> None:
         """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
