@@ -12,11 +12,21 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the default model on the modeled device and print a report")
     demo.add_argument("--out", default="out", help="folder for trace.json and the report (default: out)")
+    rep = sub.add_parser("reproduce", help="the published Spyre claims against the model, each as an ablation")
+    rep.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.reproduce/1)")
+    rep.add_argument("--markdown", action="store_true", help="print the Markdown of docs/reproduce.md")
+    rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
+    rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
+    rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
 
         return run_demo(args.out)
+    if args.command == "reproduce":
+        from spyre_lab.studies.reproduce import main as reproduce_main
+
+        return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth, args.portable)
     return 2
 
 

@@ -89,7 +89,7 @@ def _check_inputs(example_inputs: Sequence[Any]) -> None:
                         "write compile_graph(fn, [x]) for a single input")
     for i, x in enumerate(example_inputs):
         if isinstance(x, torch.Tensor) and (x.is_complex() or x.dtype == torch.float64):
-            raise TypeError(f"input {i} has dtype {x.dtype}, which the Spyre device cannot hold; "
+            raise TypeError(f"input {i} has dtype {x.dtype}, for which the Spyre compiler has no device layout; "
                             "convert it with .half() (the device dtype) or .float()")
 
 

@@ -248,14 +248,17 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     dtype = buffers[kernel.inputs[0]].dtype if kernel.inputs else torch.float16
     lone_reduction = len(kernel.nodes) == 1 and isinstance(anchor, Reduction)
     division = divide_iteration_space(dims, inner, reds, dtype, cfg, options.work_division,
-                                      k_fast=options.k_fast_placement, allow_reduction_split=lone_reduction)
+                                      k_fast=options.k_fast_placement, allow_reduction_split=lone_reduction,
+                                      uneven=options.uneven_splits)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, dims, (inner,), eps, cfg.cores)
     copy_only = kernel.rule == "restickify" or all(n.op in ("copy", "clone", "restickify") for n in kernel.nodes)
     k = RowKernel(kernel.name, [] if copy_only else list(kernel.nodes), dims, col, operands,
                   list(kernel.inputs), list(kernel.outputs), copy_only, frozenset(reds),
                   division.split_reduction_dim is not None,
-                  shares={b: share_group(operands[b].dims, division.splits) for b in kernel.inputs})
+                  shares={b: share_group(operands[b].dims, division.splits) for b in kernel.inputs},
+                  lx_pin_reductions=options.lx_pin_reductions, lx_in_place=options.lx_in_place,
+                  lx_clone_inputs=options.lx_clone_inputs)
     busy = [c for c, s in enumerate(slices) if s]
     extent = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()} if busy else dict(dims)
     tile = row_tile_shape(k, extent, cfg, options.double_buffer, _fits(cfg, options, kernel.name))
@@ -292,7 +295,8 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
     a, b = mm.inputs[0], mm.inputs[1]
     sizes = {"B": mm.b, "M": mm.m, "N": mm.n, "K": mm.k}
     dtype = buffers[a].dtype
-    division = divide_matmul(mm.b, mm.m, mm.n, mm.k, dtype, cfg, options.work_division, options.k_fast_placement)
+    division = divide_matmul(mm.b, mm.m, mm.n, mm.k, dtype, cfg, options.work_division, options.k_fast_placement,
+                             uneven=options.uneven_splits)
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, sizes, ("N", "K"), eps, cfg.cores)
     views = kernel.views_of(mm)

@@ -28,6 +28,16 @@ class CompileOptions:
     double_buffer: bool = True
     # place K-split partners next to each other on the ring (psum hops m*n -> 1)
     k_fast_placement: bool = True
+    # let a split leave its last slice short when no even split fits (a prime vocabulary of 769 sticks);
+    # off: torch-spyre's rule, splits divide their dim evenly (some shapes then get no tile plan)
+    uneven_splits: bool = True
+    # scratchpad (LX) planning of a fused chain, torch-spyre's steps; off, what a step covers goes through DRAM:
+    # reduction results (row max, row sum) pinned in LX
+    lx_pin_reductions: bool = True
+    # pointwise intermediates kept in LX, exp/sub/add/rsqrt written into their input's slot
+    lx_in_place: bool = True
+    # an input several ops read (softmax's x, for max and sub) loaded into LX once, not once per reader
+    lx_clone_inputs: bool = True
     # timing mode used when a Program's kernels are simulated
     timing: TimingMode = "analytic"
     # max unique DRAM tensors one fused kernel may reference (the SuperDSC bundle limit)

@@ -48,6 +48,21 @@ class RowKernel:
     split_reduction: bool = False       # a reduced dim is split across cores: partials meet over the ring
     inner_whole: bool = True            # tiles span the whole innermost dim (row_tile_shape may cut it)
     shares: dict[str, int] = field(default_factory=dict)  # input -> cores loading its tiles at once
+    # LX planning steps (CompileOptions.lx_*): off, the intermediates they cover go through DRAM
+    lx_pin_reductions: bool = True      # reduction results stay in LX
+    lx_in_place: bool = True            # pointwise intermediates stay in LX (exp/sub/add/rsqrt in their input's slot)
+    lx_clone_inputs: bool = True        # an input several nodes read is loaded once per tile, not once per reader
+
+    def __post_init__(self) -> None:
+        self.operands = _gathered(self.nodes, self.operands)
+
+    def spilled(self) -> frozenset[str]:
+        """Intermediates of a fused chain that the LX planning steps switched off leave in DRAM: stored after
+        the node that makes them, loaded again by each node that reads them."""
+        if len(self.nodes) < 2 or self.copy_only:
+            return frozenset()
+        return frozenset(n.output for n in self.nodes if n.output not in self.outputs
+                         and not (self.lx_pin_reductions if isinstance(n, Reduction) else self.lx_in_place))
 
     @property
     def lone_reduction(self) -> bool:
@@ -65,6 +80,29 @@ class RowKernel:
         return [b for b in self.inputs if not (self.operands[b].dims - set(self.col_dims))]
 
 
+def _gathered(nodes: list[IRNode], operands: dict[str, Operand]) -> dict[str, Operand]:
+    """The source of an ``index_select`` as the tiles read it: only the rows the output tile selects.
+
+    Lowering leaves the gathered dim of the source unaligned (any row may be picked), which as a plain
+    operand would make every tile load the whole source, a whole KV cache for a page gather. A gather
+    reads one source row per output row, so for its bytes the gathered dim follows the output's."""
+    out = dict(operands)
+    for n in nodes:
+        if n.op != "index_select" or not n.inputs or n.inputs[0] not in out or n.output not in out:
+            continue
+        src, dst = out[n.inputs[0]], out[n.output]
+        if len(src.axes) != len(dst.axes):
+            continue
+        # the gathered dim: unaligned in the source, and sized by the index (the output's size there)
+        gathered = [a is None and n != m for a, n, m in zip(src.axes, src.shape, dst.shape)]
+        if sum(gathered) != 1:
+            continue
+        out[src.buffer] = Operand(src.buffer, tuple(m if g else s for s, m, g in zip(src.shape, dst.shape, gathered)),
+                                  tuple(b if g else a for a, b, g in zip(src.axes, dst.axes, gathered)), src.itemsize,
+                                  src.strides, src.offset)
+    return out
+
+
 def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
     """(node, out buffer, in place?) in order; in place when the op allows it and its first input dies here."""
     last_use: dict[str, int] = {}
@@ -75,7 +113,7 @@ def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
     resident = set(k.resident())
     for i, n in enumerate(k.nodes):
         first = n.inputs[0] if n.inputs else None
-        in_place = (isinstance(n, Pointwise) and n.op in IN_PLACE_OPS and first is not None
+        in_place = (k.lx_in_place and isinstance(n, Pointwise) and n.op in IN_PLACE_OPS and first is not None
                     and last_use.get(first) == i and first not in k.outputs and first not in resident
                     and k.operands[first].shape == k.operands[n.output].shape
                     and k.operands[first].itemsize == k.operands[n.output].itemsize)
@@ -175,6 +213,8 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
     tile_done: list[int] = []
     order = [d for d in extent if d not in k.reduced] + [d for d in extent if d in k.reduced]
     per_out = k.reduction_chunks(extent, tile)
+    spilled = k.spilled() if per_out == 1 and partner_info is None else frozenset()
+    readers = {b: sum(b in n.inputs for n in k.nodes) for b in k.inputs}
     acc_owner = acc_last = -1
     for t, te in enumerate(tile_grid({d: extent[d] for d in order}, {d: tile[d] for d in order})):
         chunk, final = t % per_out, t % per_out == per_out - 1
@@ -187,7 +227,18 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
                             share=shares.get(b, 1))
                 produced[b] = owner[b] = op
         last = None
+        stored: dict[str, int] = {}     # spilled intermediate -> its store
+        read: set[str] = set()          # streamed inputs some node has read this tile
         for n, out, in_place in ops:
+            for b in dict.fromkeys(n.inputs):
+                again = (not k.lx_clone_inputs and b in read and readers.get(b, 0) > 1 and b not in res_op)
+                if b in stored or again:  # through DRAM: read back what was stored, or the input once more
+                    produced[b] = owner[b] = p.load(f"{b}:reload[0]", k.operands[b].tile_bytes(te, sb),
+                                                    deps=[stored[b]] if b in stored else wait,
+                                                    name=f"reload {b} t{t}", share=1 if b in stored else
+                                                    shares.get(b, 1))
+                if b in readers:
+                    read.add(b)
             ax = {d: (pad_to_sticks(te[d], sb // k.operands[out].itemsize) if d == inner else te[d])
                   for d in k.dims}
             elements = math.prod(ax[d] for d in k.dims if d in _node_dims(n, k))
@@ -207,6 +258,8 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
                 owner[out] = acc_owner = acc_last = op
             produced[out] = op
             last = op
+            if out in spilled:
+                stored[out] = last = p.store(size, deps=sorted({op, owner[out]}), name=f"spill {out} t{t}")
             if not final:
                 continue
             if partner_info is not None and isinstance(n, Reduction):

@@ -13,7 +13,16 @@ A fused MLP has no torch-spyre counterpart: :func:`divide_mlp` scores (I-slices 
 modeled critical path in which row-split cores share weight reads as DRAM broadcasts.
 
 Stick dims are split in whole sticks (64 fp16 elements), so every core's slice starts on a stick.
-Splits always divide evenly. A slice index is row-major over ``WorkDivision.splits`` whose order puts
+With ``uneven=False`` splits divide evenly, as in torch-spyre. With ``uneven=True`` (what
+``CompileOptions(uneven_splits=True)`` asks codegen for) a dim of ``u`` units may take any count ``s``
+whose chunks of ``ceil(u/s)`` units leave no slice empty: every slice but the last is a full chunk and
+the last one carries the remainder (``torch.chunk``'s rule, so slice starts stay an affine
+``alpha * i + beta``). A vocabulary of 769 sticks - a prime, which no even split of 32 cores fits -
+then takes 31 slices, 30 of 25 sticks and the last of 19. The price is imbalance: the busiest core carries
+``ceil(u/s) * s / u`` times the mean, which the matmul cost model charges on its compute term and the
+simulator sees directly (the short slice's core finishes early).
+
+A slice index is row-major over ``WorkDivision.splits`` whose order puts
 the split reduction dim (K) *first*: cores that share an output tile but hold different K ranges are
 ``m*n`` slices apart. K-fast placement renumbers the physical cores so these partners sit next to each
 other on the ring, which turns the partial-sum exchange from ``m*n`` hops into one.
@@ -55,6 +64,33 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
     return max(d for d in _divisors(n) if d <= max(1, limit))
 
 
+def chunk_counts(n: int, limit: int) -> list[int]:
+    """Slice counts ``s <= limit`` for which chunks of ``ceil(n/s)`` units leave no slice empty.
+
+    Every divisor of ``n`` is one; so is every ``s`` where the last chunk is merely short
+    (``chunk_counts(769, 32)`` holds 31 but not 32: chunks of 25 fill only 31 slices).
+    """
+    return [s for s in range(1, min(n, max(1, limit)) + 1) if math.ceil(n / math.ceil(n / s)) == s]
+
+
+def split_counts(n: int, limit: int, uneven: bool) -> list[int]:
+    """The ways one dim of ``n`` units may be split on at most ``limit`` cores."""
+    return chunk_counts(n, limit) if uneven else [d for d in _divisors(n) if d <= max(1, limit)]
+
+
+def _largest_split(n: int, limit: int, uneven: bool) -> int:
+    """Even: the largest divisor <= limit. Uneven: the fewest slices whose chunk is as small as ``limit``
+    cores allow (``ceil(n / ceil(n / limit))``), so no core carries more than it must."""
+    if not uneven:
+        return _largest_divisor_at_most(n, limit)
+    return math.ceil(n / math.ceil(n / max(1, min(limit, n))))
+
+
+def imbalance(splits: Mapping[str, int], units: Mapping[str, int]) -> float:
+    """Work of the busiest core over the mean (1.0 when every split divides its dim evenly)."""
+    return math.prod(math.ceil(units[d] / s) * s / units[d] for d, s in splits.items() if d in units and s > 1)
+
+
 @dataclass(frozen=True)
 class MatmulCost:
     """The cost model's score of one (b, m, n, k) split, in modeled µs (all cores in parallel).
@@ -87,10 +123,20 @@ class WorkDivision:
     reason: str
     cost: MatmulCost | None = None
     reduction_dims: tuple[str, ...] = field(default=())
+    units: dict[str, int] = field(default_factory=dict)  # splittable units per dim (sticks for stick dims)
 
     @property
     def cores_used(self) -> int:
         return math.prod(self.splits.values())
+
+    @property
+    def imbalance(self) -> float:
+        """Busiest core's share of the work over the mean: 1.0 for even splits, above it for uneven ones."""
+        return imbalance(self.splits, self.units)
+
+    @property
+    def uneven(self) -> bool:
+        return any(self.units.get(d, s) % s for d, s in self.splits.items())
 
     def slice_coords(self, slice_index: int) -> dict[str, int]:
         """Position of a slice along each split dim (row-major over ``splits``)."""
@@ -186,14 +232,14 @@ def _units(dims: Mapping[str, int], stick_dims: Sequence[str], eps: int) -> dict
 
 
 def _span_reduction(tensors: Sequence[_TensorView], units: Mapping[str, int], reduction_dims: Sequence[str],
-                    eps: int, itemsize: int, cfg: SpyreConfig) -> dict[str, int]:
+                    eps: int, itemsize: int, cfg: SpyreConfig, uneven: bool = False) -> dict[str, int]:
     """Minimum splits that keep every tensor's per-core span within ``cfg.core_span_bytes`` ({} if none needed)."""
     limit = cfg.core_span_bytes
     if all(_span_bytes(t, {}, eps, itemsize) <= limit for t in tensors):
         return {}
     best: tuple[int, int, dict[str, int]] | None = None
     names = list(units)
-    for combo in itertools.product(*(_divisors(units[d]) for d in names)):
+    for combo in itertools.product(*(split_counts(units[d], cfg.cores, uneven) for d in names)):
         if math.prod(combo) > cfg.cores:
             continue
         splits = dict(zip(names, combo))
@@ -210,22 +256,24 @@ def _span_reduction(tensors: Sequence[_TensorView], units: Mapping[str, int], re
         raise ValueError(
             f"tensor {worst.name!r} spans {_span_bytes(worst, {}, eps, itemsize):,} B per core and no split over "
             f"{cfg.cores} cores brings it under the {limit:,} B per-core span; chunk the tensor before this op"
+            + ("" if uneven else " (or allow uneven splits: CompileOptions(uneven_splits=True))")
         )
     return best[2]
 
 
 def _core_split(units: Mapping[str, int], sizes: Mapping[str, int], output_dims: Sequence[str],
-                reduction_dims: Sequence[str], commits: Mapping[str, int], cores: int) -> dict[str, int]:
+                reduction_dims: Sequence[str], commits: Mapping[str, int], cores: int,
+                uneven: bool = False) -> dict[str, int]:
     """Pass 3: keep commits, output dims by decreasing size take the largest divisor of the remaining cores,
     then at most one reduction dim does the same."""
     splits = {d: commits.get(d, 1) for d in units}
     remaining = cores // math.prod(splits.values())
     for d in sorted((d for d in output_dims if d not in commits), key=lambda d: -sizes[d]):
-        splits[d] = _largest_divisor_at_most(units[d], remaining)
+        splits[d] = _largest_split(units[d], remaining, uneven)
         remaining //= splits[d]
     if not any(splits[d] > 1 for d in reduction_dims):
         for d in sorted(reduction_dims, key=lambda d: -sizes[d]):
-            take = _largest_divisor_at_most(units[d], remaining)
+            take = _largest_split(units[d], remaining, uneven)
             if take > 1:
                 splits[d] = take
                 break
@@ -233,14 +281,15 @@ def _core_split(units: Mapping[str, int], sizes: Mapping[str, int], output_dims:
 
 
 def _apply_hint(hint: Mapping[str, int], units: Mapping[str, int], reduction_dims: Sequence[str],
-                cfg: SpyreConfig) -> dict[str, int]:
+                cfg: SpyreConfig, uneven: bool = False) -> dict[str, int]:
     unknown = set(hint) - set(units)
     if unknown:
         raise ValueError(f"work_div hint names dim(s) {sorted(unknown)}; this op's dims are {list(units)}")
     for d, s in hint.items():
-        if not isinstance(s, int) or s < 1 or units[d] % s:
-            raise ValueError(f"work_div hint {d}={s} must divide dim {d} ({units[d]} splittable units: "
-                             f"sticks for stick dims); try one of {_divisors(units[d])}")
+        if not isinstance(s, int) or s < 1 or s not in split_counts(units[d], max(s, 1), uneven):
+            what = "leave no slice empty when it cuts" if uneven else "divide"
+            raise ValueError(f"work_div hint {d}={s} must {what} dim {d} ({units[d]} splittable units: "
+                             f"sticks for stick dims); try one of {split_counts(units[d], cfg.cores, uneven)}")
     if math.prod(hint.values()) > cfg.cores:
         raise ValueError(f"work_div hint {dict(hint)} uses {math.prod(hint.values())} cores; the device has "
                          f"{cfg.cores}")
@@ -270,14 +319,19 @@ def matmul_cost(b: int, m: int, n: int, k: int, B: int, M: int, N: int, K: int,
     ``min(1, sqrt(max(1, rows/8) / 8))`` (rows = M/m per core); ``hbm`` = all operand bytes at the
     aggregate DRAM bandwidth, times ``max(1, max(m, n)/8)`` since more than 8 cores sharing one read no
     longer get it broadcast for free; ``psum`` = ``(k-1) * B*M*N * 1.4e-4`` µs; ``tiebreak`` = 50 µs per
-    halving of PT passes below 8.
+    halving of PT passes below 8. An uneven split (a count that does not divide its dim) is charged on
+    compute by its imbalance: the critical core carries ``ceil(units/s) * s / units`` of the mean, and
+    its rows are ``ceil(M/m)``. Even splits score exactly as in torch-spyre.
     """
     cores = b * m * n * k
     mac_per_us = cfg.macs_per_cycle_per_core * cfg.clock_hz / 1e6
-    rows = M / m
+    eps = cfg.elems_per_stick(dtype)
+    units = {"B": B, "M": M, "N": math.ceil(N / eps), "K": math.ceil(K / eps)}
+    skew = imbalance({"B": b, "M": m, "N": n, "K": k}, units)
+    rows = M / m if M % m == 0 else math.ceil(M / m)
     passes = rows / PT_PASS_ROWS
     pt_eff = min(1.0, math.sqrt(max(1.0, passes) / 8))
-    compute = B * M * N * K / cores / (mac_per_us * pt_eff)
+    compute = B * M * N * K / cores / (mac_per_us * pt_eff) * skew
     nbytes = (B * M * K + B * K * N + B * M * N) * dtype_bytes(dtype)
     hbm = nbytes / cfg.dram_bandwidth * 1e6 * max(1.0, max(m, n) / BROADCAST_FREE_SHARERS)
     psum = (k - 1) * B * M * N * PSUM_US_PER_ELEMENT
@@ -286,13 +340,16 @@ def matmul_cost(b: int, m: int, n: int, k: int, B: int, M: int, N: int, K: int,
 
 
 def matmul_candidates(b: int, m: int, n: int, k: int, dtype: torch.dtype, cfg: SpyreConfig,
-                      allow_k_split: bool = True) -> list[tuple[dict[str, int], MatmulCost]]:
-    """Every (B, M, N-sticks, K-sticks) divisor split using at most ``cfg.cores`` cores, cheapest first."""
+                      allow_k_split: bool = True, uneven: bool = False) -> list[tuple[dict[str, int], MatmulCost]]:
+    """Every (B, M, N-sticks, K-sticks) split using at most ``cfg.cores`` cores, cheapest first
+    (divisors only, or every count that leaves no slice empty with ``uneven``)."""
     eps = cfg.elems_per_stick(dtype)
     n_sticks, k_sticks = math.ceil(n / eps), math.ceil(k / eps)
     out = []
-    for sb, sm, sn, sk in itertools.product(_divisors(b), _divisors(m), _divisors(n_sticks),
-                                            _divisors(k_sticks) if allow_k_split else [1]):
+    c = cfg.cores
+    for sb, sm, sn, sk in itertools.product(split_counts(b, c, uneven), split_counts(m, c, uneven),
+                                            split_counts(n_sticks, c, uneven),
+                                            split_counts(k_sticks, c, uneven) if allow_k_split else [1]):
         if sb * sm * sn * sk <= cfg.cores:
             out.append(({"B": sb, "M": sm, "N": sn, "K": sk}, matmul_cost(sb, sm, sn, sk, b, m, n, k, cfg, dtype)))
     out.sort(key=lambda c: (c[1].total_us, -math.prod(c[0].values())))
@@ -307,14 +364,15 @@ def _matmul_tensors(b: int, m: int, n: int, k: int) -> list[_TensorView]:
 
 def divide_matmul(b: int, m: int, n: int, k: int, dtype: torch.dtype, cfg: SpyreConfig,
                   strategy: str = "planned", k_fast: bool = True, hint: Mapping[str, int] | None = None,
-                  allow_k_split: bool = True) -> WorkDivision:
+                  allow_k_split: bool = True, uneven: bool = False) -> WorkDivision:
     """Divide ``C[b,m,n] = A[b,m,k] @ W[b,k,n]`` over the cores.
 
     ``"naive"`` splits only the largest output dim that can be split; ``"planned"`` runs span reduction,
     then the cost model (unless span reduction already committed splits) restricted to candidates that use
     at least as many cores as the core split would, so planning never idles cores the core split keeps
     busy. ``hint`` (e.g. ``{"M": 2, "K": 4}``) overrides.
-    ``allow_k_split=False`` is for fused kernels whose epilogue needs complete sums.
+    ``allow_k_split=False`` is for fused kernels whose epilogue needs complete sums. ``uneven`` lets a
+    split leave the last slice short (see the module docstring), its imbalance charged by the cost model.
     """
     for name, v in (("b", b), ("m", m), ("n", n), ("k", k)):
         if not isinstance(v, int) or v < 1:
@@ -328,20 +386,20 @@ def divide_matmul(b: int, m: int, n: int, k: int, dtype: torch.dtype, cfg: Spyre
     reds = ("K",) if allow_k_split else ()
     if hint is not None:
         splits = _apply_hint({d: s for d, s in hint.items() if not (d == "B" and b == 1 and s == 1)}, units,
-                             ("K",), cfg)
+                             ("K",), cfg, uneven)
         reason = f"hint {_describe(hint)} overrides the planner"
         strategy = "hint"
     elif strategy == "naive":
-        splits, reason = _naive(units, sizes, ("B", "M", "N"), cfg)
+        splits, reason = _naive(units, sizes, ("B", "M", "N"), cfg, uneven)
     else:
-        commits = _span_reduction(_matmul_tensors(b, m, n, k), units, ("K",), eps, dtype_bytes(dtype), cfg)
-        core_split = _core_split(units, sizes, [d for d in order if d != "K"], reds, commits, cfg.cores)
+        commits = _span_reduction(_matmul_tensors(b, m, n, k), units, ("K",), eps, dtype_bytes(dtype), cfg, uneven)
+        core_split = _core_split(units, sizes, [d for d in order if d != "K"], reds, commits, cfg.cores, uneven)
         if commits:
             splits = core_split
             reason = (f"a per-core span over {cfg.core_span_bytes >> 20} MB forced {_describe(commits)}; "
                       f"the remaining cores split output dims by size")
         else:
-            candidates = matmul_candidates(b, m, n, k, dtype, cfg, allow_k_split)
+            candidates = matmul_candidates(b, m, n, k, dtype, cfg, allow_k_split, uneven)
             floor = math.prod(core_split.values())
             full = [(s, c) for s, c in candidates if math.prod(s.values()) >= floor]
             if not full:
@@ -354,18 +412,31 @@ def divide_matmul(b: int, m: int, n: int, k: int, dtype: torch.dtype, cfg: Spyre
                           f"hbm {c.hbm_us:.1f} + psum {c.psum_us:.1f} + tiebreak {c.tiebreak_us:.1f} µs (modeled)")
     splits = _ordered(splits, order, ("K",))
     cost = matmul_cost(splits.get("B", 1), splits["M"], splits["N"], splits["K"], b, m, n, k, cfg, dtype)
-    return WorkDivision(splits, placement(splits, "K", k_fast), strategy, reason, cost, ("K",))
+    reason += _uneven_note(splits, units)
+    return WorkDivision(splits, placement(splits, "K", k_fast), strategy, reason, cost, ("K",), dict(units))
+
+
+def _uneven_note(splits: Mapping[str, int], units: Mapping[str, int]) -> str:
+    """What an uneven split costs, for the reason line (empty for even splits)."""
+    short = [(d, s) for d, s in splits.items() if s > 1 and units[d] % s]
+    if not short:
+        return ""
+    parts = [f"{d} {units[d]} units in chunks of {math.ceil(units[d] / s)} (last "
+             f"{units[d] - (s - 1) * math.ceil(units[d] / s)})" for d, s in short]
+    return f"; uneven: {', '.join(parts)}, busiest core {imbalance(splits, units):.3f}x the mean"
 
 
 def _naive(units: Mapping[str, int], sizes: Mapping[str, int], output_dims: Sequence[str],
-           cfg: SpyreConfig) -> tuple[dict[str, int], str]:
-    """Split only the largest output dim that can be split (largest divisor <= cores)."""
+           cfg: SpyreConfig, uneven: bool = False) -> tuple[dict[str, int], str]:
+    """Split only the largest output dim that can be split (largest divisor <= cores; with ``uneven``, the
+    smallest chunk the cores allow)."""
     splits = {d: 1 for d in units}
     for d in sorted((d for d in output_dims if d in units), key=lambda d: -sizes[d]):
-        take = _largest_divisor_at_most(units[d], cfg.cores)
+        take = _largest_split(units[d], cfg.cores, uneven)
         if take > 1:
             splits[d] = take
-            return splits, f"naive: split only {d} (the largest output dim that divides) {take} ways"
+            how = "in chunks the cores allow" if uneven else "the largest output dim that divides"
+            return splits, f"naive: split only {d} ({how}) {take} ways"
     return splits, "naive: no output dim can be split, so one core runs it"
 
 
@@ -379,12 +450,13 @@ def _check_strategy(strategy: str) -> None:
 def divide_iteration_space(dims: Mapping[str, int], stick_dim: str, reduction_dims: Sequence[str],
                            dtype: torch.dtype, cfg: SpyreConfig, strategy: str = "planned",
                            hint: Mapping[str, int] | None = None, k_fast: bool = True,
-                           allow_reduction_split: bool = True) -> WorkDivision:
+                           allow_reduction_split: bool = True, uneven: bool = False) -> WorkDivision:
     """Divide a pointwise or reduction iteration space (dims outermost first) over the cores.
 
     ``"planned"``: span reduction, then output dims by decreasing size, then at most one reduction dim.
     ``"naive"``: the largest output dim only. ``allow_reduction_split=False`` keeps reduced dims whole on
-    one core, for fused kernels (softmax, norms) whose later ops need the complete reduction.
+    one core, for fused kernels (softmax, norms) whose later ops need the complete reduction. ``uneven``
+    lets each dim take the smallest chunk the free cores allow, the last slice short.
     """
     _check_strategy(strategy)
     if not dims:
@@ -398,16 +470,16 @@ def divide_iteration_space(dims: Mapping[str, int], stick_dim: str, reduction_di
     units = _units(dims, (stick_dim,), eps)
     outputs = [d for d in dims if d not in reduction_dims]
     if hint is not None:
-        splits = _apply_hint(hint, units, reduction_dims, cfg)
+        splits = _apply_hint(hint, units, reduction_dims, cfg, uneven)
         reason, strategy = f"hint {_describe(hint)} overrides the planner", "hint"
     elif strategy == "naive":
-        splits, reason = _naive(units, dims, outputs, cfg)
+        splits, reason = _naive(units, dims, outputs, cfg, uneven)
     else:
         host = [d for d in dims if d != stick_dim] + [stick_dim]
         tensor = _TensorView("input", tuple(host), tuple(dims[d] for d in host))
-        commits = _span_reduction([tensor], units, reduction_dims, eps, dtype_bytes(dtype), cfg)
+        commits = _span_reduction([tensor], units, reduction_dims, eps, dtype_bytes(dtype), cfg, uneven)
         splittable = reduction_dims if allow_reduction_split else ()
-        splits = _core_split(units, dims, outputs, splittable, commits, cfg.cores)
+        splits = _core_split(units, dims, outputs, splittable, commits, cfg.cores, uneven)
         used = math.prod(splits.values())
         reason = (f"output dims by decreasing size take the largest divisor of the free cores "
                   f"(stick dim {stick_dim} in whole sticks): {used} of {cfg.cores} cores busy")
@@ -415,14 +487,17 @@ def divide_iteration_space(dims: Mapping[str, int], stick_dim: str, reduction_di
             reason = f"a per-core span over {cfg.core_span_bytes >> 20} MB forced {_describe(commits)}; " + reason
     splits = _ordered(splits, list(dims), reduction_dims)
     red = next((d for d in reduction_dims if splits[d] > 1), None)
-    return WorkDivision(splits, placement(splits, red, k_fast), strategy, reason, None, tuple(reduction_dims))
+    reason += _uneven_note(splits, units)
+    return WorkDivision(splits, placement(splits, red, k_fast), strategy, reason, None, tuple(reduction_dims),
+                        dict(units))
 
 
 def slice_ranges(division: WorkDivision, extents: Mapping[str, int], stick_dims: Sequence[str],
                  eps: int, cores: int) -> list[dict[str, tuple[int, int]]]:
     """Per physical core: dim -> [start, stop) of the iteration space it computes ({} = idle core).
 
-    Stick dims are cut on stick boundaries; the last slice absorbs the padded tail.
+    Stick dims are cut on stick boundaries; the last slice absorbs the padded tail. Every slice is a chunk
+    of ``ceil(units / count)`` units but the last, which is short when the split is uneven.
     """
     per_core: list[dict[str, tuple[int, int]]] = [{} for _ in range(cores)]
     for s, core in enumerate(division.core_of_slice):
@@ -431,13 +506,13 @@ def slice_ranges(division: WorkDivision, extents: Mapping[str, int], stick_dims:
         for dim, extent in extents.items():
             count = division.splits.get(dim, 1)
             if dim in stick_dims:
-                sticks = math.ceil(extent / eps) // count
+                sticks = math.ceil(math.ceil(extent / eps) / count)
                 start = coords.get(dim, 0) * sticks * eps
                 stop = min(extent, start + sticks * eps)
             else:
-                step = extent // count
+                step = math.ceil(extent / count)
                 start = coords.get(dim, 0) * step
-                stop = start + step
+                stop = min(extent, start + step)
             ranges[dim] = (start, stop)
         per_core[core] = ranges
     return per_core

@@ -25,7 +25,7 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.runtime.devices import device_index, get_device, on_reset
 from spyre_lab.runtime.fallback import run_on_host
-from spyre_lab.runtime.jobplan import FunctionKernel, Operands, launch
+from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
 from spyre_lab.runtime.op_schema import packet_name, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
@@ -55,12 +55,6 @@ HOST_BY_DESIGN = frozenset({
     "_local_scalar_dense", "item",
 })
 """Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
-
-REFERENCE_ONLY = frozenset({"rms_norm", "_fused_rms_norm", "native_layer_norm", "var", "std", "lerp"})
-"""Device ops whose compiled programs round fp16 intermediates (as the card does: no fp32 upcast), so
-squares of large inputs overflow (norms, var/std) or a cancellation loses digits (lerp) where the CPU
-op, computing in fp32, does not. In eager mode they run the reference kernel so eager results equal
-the CPU's; under torch.compile the compiled numerics apply."""
 
 _TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
                              "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
@@ -196,7 +190,7 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
                    call_shape: tuple) -> EagerProgram:
     try:
-        key = _signature(op, leaves, call_shape)
+        key = (_signature(op, leaves, call_shape), is_timing_only())  # unchecked programs never serve numerics
         hash(key)
     except TypeError:
         key = None
@@ -234,6 +228,8 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     by_identity = {id(meta_leaves[i]): i for i in input_leaves}
     written = written_leaves(op, leaves, spec)
     out_leaves, out_spec = tree_flatten(out)
+    if op is torch.ops.aten.native_layer_norm.default:   # Meta says fp32 mean/rstd for fp16 input; the CPU op
+        out_leaves = [o.to(meta_leaves[0].dtype) for o in out_leaves]  # (the reference) keeps the input dtype
     markers: list[Any] = []
     new_outputs: list[tuple[tuple[int, ...], tuple[int, ...], torch.dtype]] = []
     for o in out_leaves:
@@ -257,9 +253,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     kernel = FunctionKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
     out_args = set(written_leaves(op, leaves, spec, only_out=True))
     compiled = None
-    if packet_name(op) in REFERENCE_ONLY:
-        detail["not_compiled"] = "reference kernel by design (fp16 intermediates would differ from the CPU op)"
-    elif set(written) != out_args:
+    if set(written) != out_args:
         detail["not_compiled"] = "writes an input in place"
     else:  # functional or out=
         compiled = compile_one_op(op, leaves, spec, [i for i in input_leaves if i not in out_args], out_metas)
@@ -328,13 +322,27 @@ on_reset(clear_program_cache)
 def op_roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
                    cfg: SpyreConfig) -> tuple[float, dict[str, Any]]:
     """Modeled time of one op as a device kernel: its operands' bytes in the device format, its work
-    (2 FLOPs per multiply-add on the PE arrays, else element passes on the SFUs), on the roofline."""
+    (2 FLOPs per multiply-add on the PE arrays, else element passes on the SFUs), on the roofline.
+
+    A scatter (``index_copy``) reads its index and source and writes only the rows it indexes, a gather
+    (``index_select``) reads its index and only the rows it selects: the rest of the indexed tensor (a whole
+    KV cache) is never touched, so it is not counted."""
+    if name in _SCATTERS and len(inputs) == 3:
+        _target, index, source = inputs
+        inputs, outputs = [index, source], [source]
+    elif name in _GATHERS and len(inputs) == 2 and outputs:
+        _source, index = inputs
+        inputs = [index, outputs[0]]
     nbytes = sum(device_nbytes(t) for t in (*inputs, *outputs))
     if name in _MATMULS:
         return roofline_us(nbytes, _matmul_flops(name, inputs, outputs), "pt", cfg)
     elems = max([t.numel() for t in (*inputs, *outputs)] or [0])
     passes = cfg.transcendental_factor if name in _TRANSCENDENTAL else 1
     return roofline_us(nbytes, elems * passes, "sfu", cfg)
+
+
+_SCATTERS = frozenset({"index_copy"})
+_GATHERS = frozenset({"index_select"})
 
 
 def _matmul_flops(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.compiler.user_line import caller_frame, user_frame, warn_at_user_line, where
 from spyre_lab.runtime.devices import get_device
 from spyre_lab.runtime.jobplan import dma_us
-from spyre_lab.runtime.op_schema import to_cpu_kwargs, written_leaves
+from spyre_lab.runtime.op_schema import rewrap_numbers, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.streams import TIMELINE, current_stream, pcie_lane
 from spyre_lab.runtime.tensor import device_nbytes, from_host, host_view, resize, write_into
 
@@ -102,8 +102,8 @@ def _note_fallback(name: str, warn: bool) -> None:
         log.record(name, by_design=not warn)
     if warn and not _collectors and name not in _warned_ops:
         _warned_ops.add(name)
-        stat = _PROCESS_LOG.stats[name]
-        via = f" (called from {stat.first_seen})" if stat.first_seen != stat.user_line else ""
+        site, user = where(caller_frame(1)), where(user_frame(1))   # this call's (the stats keep the first one's)
+        via = f" (called from {site})" if site != user else ""
         warn_at_user_line(f"{name} has no spyre kernel{via}; it runs as a CPU fallback (inputs copied to the host, "
                           "the CPU op, results copied back). Each call pays two PCIe transfers; "
                           "spyre_lab.runtime.fallback.fallback_stats() counts them.")
@@ -131,7 +131,7 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
                                kind="D2H", fallback=True)
                 host[i] = host_view(x).clone() if i in written else host_view(x)
         stream.synchronize()
-        args, kwargs = _rewrap_numbers(op, *tree_unflatten(host, spec))
+        args, kwargs = rewrap_numbers(op, *tree_unflatten(host, spec))
         result = op(*args, **to_cpu_kwargs(kwargs))
         out_leaves, out_spec = tree_flatten(result)
         out_bytes = sum(t.numel() * t.element_size() for t in out_leaves if isinstance(t, torch.Tensor))
@@ -158,27 +158,6 @@ def run_on_host(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: 
             write_into(leaves[i], host[i])
             _h2d(stream, leaves[i], name)
     return tree_unflatten(results, out_spec)
-
-
-def _rewrap_numbers(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-    """Python numbers where the schema wants a Tensor become 0-dim CPU tensors again.
-
-    A composite such as ``remainder.Scalar`` calls ``remainder.Tensor_out`` with the scalar wrapped in a
-    "wrapped number" tensor, and boxing into Python unwraps it back to an int, which the CPU op then
-    refuses. A 0-dim tensor promotes like the wrapped number did (a dimensioned operand's dtype wins
-    within its category), so the result dtype is unchanged."""
-    args, kwargs = list(args), dict(kwargs)
-    for position, argument in enumerate(op._schema.arguments):
-        if not isinstance(argument.type, torch.TensorType):
-            continue
-        in_args = not argument.kwarg_only and position < len(args)
-        value = args[position] if in_args else kwargs.get(argument.name)
-        if isinstance(value, (bool, int, float)):
-            if in_args:
-                args[position] = torch.tensor(value)
-            else:
-                kwargs[argument.name] = torch.tensor(value)
-    return tuple(args), kwargs
 
 
 def _h2d(stream: Any, t: torch.Tensor, name: str) -> None:

@@ -39,9 +39,10 @@ copy kernel per mutation, so no launch path can run a program and drop its in-pl
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -64,6 +65,9 @@ class RuntimeOptions:
     """How the host drives launches: ``"aot_patch"`` (async, patched programs) or ``"rebuild"``."""
 
     dispatch: Dispatch = "aot_patch"
+    # with "aot_patch": False makes the host wait for each launch to finish before it prepares the next one
+    # (patched programs, but host and device serialised), to separate patching from overlap in a study
+    overlap: bool = True
 
     def __post_init__(self) -> None:
         if self.dispatch not in ("rebuild", "aot_patch"):
@@ -71,6 +75,25 @@ class RuntimeOptions:
 
 
 _DEFAULT_OPTIONS = RuntimeOptions()
+_TIMING_ONLY = False
+
+
+def is_timing_only() -> bool:
+    """Are launches skipping their numerics (inside :func:`timing_only`)?"""
+    return _TIMING_ONLY
+
+
+@contextlib.contextmanager
+def timing_only() -> Iterator[None]:
+    """Launches inside the block are planned, enqueued and timed as usual but skip their numerics
+    (step actions): a study can time a model whose weights were never written, e.g. one built on the
+    meta device and given DRAM with ``to_empty``. Outputs read as zeros."""
+    global _TIMING_ONLY
+    previous, _TIMING_ONLY = _TIMING_ONLY, True
+    try:
+        yield
+    finally:
+        _TIMING_ONLY = previous
 
 
 def default_options() -> RuntimeOptions:
@@ -149,9 +172,9 @@ class JobPlan:
                                       dispatch=options.dispatch, **extra, **step.args)
             if step.on_start is not None:
                 step.on_start(start)
-            if step.action is not None:
+            if step.action is not None and not _TIMING_ONLY:
                 step.action()
-        if options.dispatch == "rebuild":
+        if options.dispatch == "rebuild" or not options.overlap:
             stream.synchronize()
 
 

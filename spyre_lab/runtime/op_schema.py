@@ -51,12 +51,13 @@ def functional_variant(op: torch._ops.OpOverload) -> torch._ops.OpOverload | Non
     takes the same arguments without ``out`` and writes nothing (``exp.out`` -> ``exp.default``)."""
     if not mutated_args(op):
         return op
-    wanted = [a.name for a in op._schema.arguments if not (a.alias_info is not None and a.alias_info.is_write)]
+    wanted = [(a.name, str(a.type)) for a in op._schema.arguments
+              if not (a.alias_info is not None and a.alias_info.is_write)]
     for name in op.overloadpacket.overloads():
         candidate = getattr(op.overloadpacket, name)
         args = candidate._schema.arguments
         if not any(a.alias_info is not None and a.alias_info.is_write for a in args) and \
-                [a.name for a in args] == wanted:
+                [(a.name, str(a.type)) for a in args] == wanted:   # clamp_min.Tensor_out -> .Tensor, not .default
             return candidate
     return None
 
@@ -78,3 +79,24 @@ def written_leaves(op: torch._ops.OpOverload, leaves: list[Any], spec: Any,
         if isinstance(tag, int):
             found.append(tag)
     return found
+
+
+def rewrap_numbers(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Python numbers where the schema wants a Tensor become 0-dim CPU tensors again.
+
+    A composite such as ``remainder.Scalar`` calls ``remainder.Tensor_out`` with the scalar wrapped in a
+    "wrapped number" tensor, and boxing into Python unwraps it back to an int, which the CPU op then
+    refuses. A 0-dim tensor promotes like the wrapped number did (a dimensioned operand's dtype wins
+    within its category), so the result dtype is unchanged."""
+    args, kwargs = list(args), dict(kwargs)
+    for position, argument in enumerate(op._schema.arguments):
+        if not isinstance(argument.type, torch.TensorType):
+            continue
+        in_args = not argument.kwarg_only and position < len(args)
+        value = args[position] if in_args else kwargs.get(argument.name)
+        if isinstance(value, (bool, int, float)):
+            if in_args:
+                args[position] = torch.tensor(value)
+            else:
+                kwargs[argument.name] = torch.tensor(value)
+    return tuple(args), kwargs

@@ -41,12 +41,45 @@ def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             "under torch.inference_mode() / torch.no_grad(), or train on the CPU and move the trained model "
             "with .to('spyre')."
         )
-    special = SPECIAL.get(op)
-    if special is not None:
-        return special(*args, **kwargs)
-    if is_view(op):
-        return _view(op, args, kwargs)
-    return launch_eager(op, args, kwargs)
+    try:
+        special = SPECIAL.get(op)
+        if special is not None:
+            return special(*args, **kwargs)
+        if is_view(op):
+            return _view(op, args, kwargs)
+        return launch_eager(op, args, kwargs)
+    except SpyreUsageError as e:
+        _naming(e, op)
+        raise
+
+
+def _naming(error: SpyreUsageError, op: torch._ops.OpOverload) -> None:
+    """Our errors name the ATen op they stopped (once: the innermost op is the one that failed)."""
+    if not getattr(error, "spyre_op", None) and error.args:
+        error.spyre_op = f"aten::{op.overloadpacket.__name__}"
+        error.args = (f"{error.spyre_op}: {error.args[0]}", *error.args[1:])
+
+
+def _refuse_sparse(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    raise SpyreUsageError(
+        f"aten::{op.overloadpacket.__name__}: spyre holds only dense (strided) tensors, and this one is sparse; "
+        "convert it with .to_dense() before moving it to spyre, or keep sparse work on the CPU"
+    )
+
+
+def _convolution(*args: Any, **kwargs: Any) -> Any:
+    """``convolution`` on a PrivateUse1 device calls ``convolution_overrideable``, whose default kernel only
+    raises; the CPU implements ``convolution`` with the same schema, so it runs as that op's fallback."""
+    return dispatch(aten.convolution.default, *args, **kwargs)
+
+
+# Registered when the eager machinery loads, i.e. on the first op on a spyre tensor, which precedes any of these
+# (a sparse or convolution call on spyre needs dense spyre tensors made first).
+_SPARSE_FALLBACKS = torch.library.Library("_", "IMPL")
+for _key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
+    _SPARSE_FALLBACKS.fallback(_refuse_sparse, _key)
+_DIRECT = torch.library.Library("aten", "IMPL")
+_DIRECT.impl("convolution_overrideable", _convolution, "PrivateUse1")
 
 
 def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

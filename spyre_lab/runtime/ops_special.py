@@ -18,12 +18,10 @@ from spyre_lab.runtime.jobplan import dma_us
 from spyre_lab.runtime.streams import TIMELINE, current_stream, pcie_lane
 from spyre_lab.runtime.tensor import (
     SpyreUsageError,
-    check_convertible,
     device_nbytes,
     empty_spyre,
     host_view,
     resize,
-    warn_if_narrowed,
     write_into,
 )
 
@@ -51,8 +49,6 @@ def _copy_from(src: torch.Tensor, dst: torch.Tensor, non_blocking: bool = False)
         raise TypeError("spyre has no complex dtypes; keep complex tensors on the CPU")
     if dst.device.type == "spyre" and src.device.type != "spyre":
         with TIMELINE.launch("H2D copy", bytes=device_nbytes(dst)):
-            check_convertible(src)
-            warn_if_narrowed(dst.dtype)
             write_into(dst, src.to(dst.dtype) if src.dtype != dst.dtype else src)
             stream = current_stream(dst.device.index)
             nbytes = device_nbytes(dst)

@@ -39,6 +39,10 @@ from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area,
 from spyre_lab.runtime.streams import Stream
 from spyre_lab.runtime.tensor import empty_spyre
 
+EXACT_INTERMEDIATE_DTYPES = (torch.float32,)
+"""Intermediate dtypes a compiled program keeps as they are in DRAM: the card's fp32 format (32 values
+per 128-byte stick), which the compiler's decompositions use for norms, variances and lerp."""
+
 
 @dataclass(eq=False)
 class CompiledKernel:
@@ -204,10 +208,12 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
         if (target is not None and read.is_identity and read.buffer not in bound
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
+    visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
     for slot in correction_area(loaded, get_device(index)).all_slots:   # the kernels bound once per card
-        if slot not in bound:
-            info = program.buffers[slot]
-            bound[slot] = empty_spyre(info.shape, None, info.dtype, index)
+        if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
+            info = program.buffers[slot]     # (a norm's fp32 sum of squares); outputs follow the fp16 policy
+            bound[slot] = empty_spyre(info.shape, None, info.dtype, index, exact=slot not in visible
+                                      and info.dtype in EXACT_INTERMEDIATE_DTYPES)
     launch(loaded, bound, stream=stream, options=options)
     for name, x in zip(program.inputs, inputs):
         if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):

@@ -7,11 +7,22 @@ pointer; the storage's Python object holds the payload. Views, ``.data``, ``deta
 saved tensors share the storage, so they all find the same payload.
 
 The payload keeps the data the way the card does: stickified (:func:`~spyre_lab.device.layout.stickify`)
-in the device dtype, in an allocation of the device's DRAM model. Floating point is held as fp16,
-the device dtype: a float32 / float64 / bfloat16 tensor keeps its dtype on the host side (type
-promotion and module code behave as on the CPU) but its values are rounded to fp16 on the way in
-(one warning per dtype), so ``.cpu()`` gives back the original dtype holding fp16-representable
-values. Integers and bool are stored as the layout dictates (int64 as int32, bool as fp16 0/1).
+in the device dtype, in an allocation of the device's DRAM model.
+
+**Dtype policy** (one rule for every source dtype). The card computes and stores floating point
+in fp16. A float32 / float64 / bfloat16 tensor keeps its dtype on the host side (type promotion
+and module code behave as on the CPU) but is *stored as fp16*, with one warning per dtype the
+first time one is allocated:
+
+* values are rounded to fp16 (11 significant bits, about 3 decimal digits; magnitudes below
+  6e-8 become 0), so ``.cpu()`` gives back the original dtype holding fp16 values;
+* a finite value beyond fp16's range (``|x| > 65504``) is never turned into inf: writing it
+  (a copy to the card, a fallback's result, a device kernel's result) raises
+  :class:`SpyreRangeError`, which names the largest value and the fix.
+
+Integers and bool are stored as the layout dictates (int64 as int32, refusing values beyond
+int32; bool as fp16 0/1). Complex dtypes and dtypes with no device format raise
+:class:`SpyreDtypeError`.
 
 A host mirror (the unstickified storage, flat) is cached per buffer and dropped on every write, so
 kernels that read the same buffer repeatedly do not unstickify it every time.
@@ -47,38 +58,53 @@ class SpyreUsageError(RuntimeError):
     """A spyre tensor was used in a way the modeled device cannot honour; the message says how to fix it."""
 
 
+class SpyreDtypeError(SpyreUsageError, TypeError):
+    """A dtype the card cannot hold (complex, int16, uint64, ...)."""
+
+
+class SpyreRangeError(SpyreUsageError, ValueError):
+    """Values that the fp16 storage of a non-fp16 floating tensor cannot hold (beyond +-65504)."""
+
+
 def storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype a host ``dtype`` is stored in on the card (before the layout's own narrowing)."""
     if dtype in _UNSUPPORTED or dtype.is_complex:
-        raise TypeError(
+        raise SpyreDtypeError(
             f"spyre has no complex dtypes (got {dtype}); keep complex tensors on the CPU or split real and "
             "imaginary parts with torch.view_as_real before moving them"
         )
-    return torch.float16 if dtype in _NARROWED_TO_FP16 else dtype
+    stored = torch.float16 if dtype in _NARROWED_TO_FP16 else dtype
+    try:
+        layout_device_dtype(stored)
+    except TypeError as e:
+        raise SpyreDtypeError(f"spyre cannot hold {dtype} tensors: {e}; keep them on the CPU") from None
+    return stored
 
 
 FP16_MAX = torch.finfo(torch.float16).max
 
 
-def check_convertible(src: torch.Tensor) -> None:
-    """float64 data reaches the card only if it fits fp16: a finite value beyond +-65504 would become
-    inf. (float32 / bfloat16 follow the card's conversion and saturate to inf, like a cast.)"""
-    if src.dtype == torch.float64 and src.numel():
-        finite = src[torch.isfinite(src)]
-        if finite.numel() and float(finite.abs().max()) > FP16_MAX:
-            raise ValueError(
-                f"float64 values up to {float(finite.abs().max()):.6g} do not fit float16 (max {FP16_MAX:g}), the "
-                "dtype spyre stores them in; rescale them or keep this tensor on the CPU"
-            )
+def check_fits_fp16(values: torch.Tensor, stored: torch.Tensor) -> None:
+    """Refuse a write of ``values`` (a non-fp16 floating dtype) whose fp16 copy ``stored`` turned a
+    finite value into inf: the policy is an error, never a silent inf."""
+    overflow = torch.isinf(stored) & torch.isfinite(values)
+    if bool(overflow.any()):
+        largest = float(values[overflow].abs().max())
+        raise SpyreRangeError(
+            f"{values.dtype} values up to {largest:.6g} do not fit float16 (max {FP16_MAX:g}), the dtype spyre stores "
+            f"{values.dtype} tensors in; scale them into range (e.g. divide by a power of two) or keep this tensor "
+            "and the computation on the CPU"
+        )
 
 
 def warn_if_narrowed(dtype: torch.dtype) -> None:
-    """One warning per dtype when host data in ``dtype`` is rounded to fp16 on its way to the card."""
+    """One warning per dtype the first time a tensor of ``dtype`` is stored as fp16 on the card."""
     if dtype in _NARROWED_TO_FP16 and dtype not in _warned_dtypes:
         _warned_dtypes.add(dtype)
         warn_at_user_line(
-            f"spyre stores {dtype} tensors as float16 (the device dtype): values are rounded to fp16 on the way in "
-            f"and .cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this."
+            f"spyre stores {dtype} tensors as float16 (the device dtype): values are rounded to fp16 (about 3 "
+            f"significant digits, magnitudes below 6e-8 become 0), values beyond +-{FP16_MAX:g} raise an error, and "
+            f".cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this."
         )
 
 
@@ -88,11 +114,15 @@ class DeviceBuffer:
     __slots__ = ("__weakref__", "_data", "_host", "allocation", "device", "generation", "host_dtype", "layout",
                  "numel")
 
-    def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int]) -> None:
+    def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int],
+                 exact: bool = False) -> None:
         self.device = device
         self.numel = numel
         self.host_dtype = host_dtype
-        self.layout = _layout(tuple(shape), storage_dtype(host_dtype), device.config.stick_bytes)
+        stored = host_dtype if exact else storage_dtype(host_dtype)
+        self.layout = _layout(tuple(shape), stored, device.config.stick_bytes)
+        if not exact:
+            warn_if_narrowed(host_dtype)
         self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=f"{host_dtype} {tuple(shape)}")
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
@@ -132,7 +162,10 @@ class DeviceBuffer:
     def write_flat(self, flat: torch.Tensor) -> None:
         """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements): stickify it in."""
         self.check_valid()
-        staged = flat.reshape(self.layout.host_shape).to(self.layout.dtype)
+        source = flat.reshape(self.layout.host_shape)
+        staged = source.to(self.layout.dtype)
+        if self.layout.dtype == torch.float16 and self.host_dtype in _NARROWED_TO_FP16:
+            check_fits_fp16(source, staged)
         self._data = stickify(staged, self.layout)
         self._host = None
 
@@ -205,15 +238,19 @@ def storage_numel(size: Sequence[int], stride: Sequence[int], offset: int = 0) -
 
 
 def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype,
-                device_index: int) -> torch.Tensor:
-    """A new spyre tensor backed by a fresh DRAM allocation (contents zero)."""
+                device_index: int, exact: bool = False) -> torch.Tensor:
+    """A new spyre tensor backed by a fresh DRAM allocation (contents zero).
+
+    ``exact``: store ``dtype`` itself (float32 has a device format) instead of fp16. Compiled programs
+    use it for the fp32 intermediates they keep inside (a norm's sum of squares), never for a tensor
+    the caller sees, which follows the fp16 storage policy."""
     size = tuple(int(s) for s in size)
     stride = contiguous_strides(size) if stride is None else tuple(int(s) for s in stride)
     device = get_device(device_index)
     numel = storage_numel(size, stride)
     # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
     shape = size if stride == contiguous_strides(size) else (numel,)
-    buffer = DeviceBuffer(device, numel, dtype, shape)
+    buffer = DeviceBuffer(device, numel, dtype, shape, exact=exact)
     nbytes = numel * dtype.itemsize
     storage = torch._C._construct_storage_from_data_pointer(buffer.address, torch.device("spyre", device_index),
                                                             nbytes)
@@ -267,6 +304,9 @@ def write_into(t: torch.Tensor, values: torch.Tensor) -> None:
 
 def from_host(cpu: torch.Tensor, device_index: int) -> torch.Tensor:
     """A new spyre tensor holding ``cpu``'s values (no trace; the callers model the DMA)."""
+    if cpu.layout != torch.strided:
+        raise SpyreUsageError(f"spyre holds only dense (strided) tensors, not {cpu.layout} ones; compute this on "
+                              "the CPU (x.cpu()) and convert with .to_dense() before moving the result to spyre")
     out = empty_spyre(cpu.shape, None, cpu.dtype, device_index)
     if out.numel():
         write_into(out, cpu)

@@ -55,8 +55,9 @@ def test_a_fallback_inside_spyre_lab_names_the_user_line_and_the_library_call_si
 
     with pytest.warns(UserWarning, match="has no spyre kernel") as caught, torch.device("spyre"):
         RotaryEmbedding(16, 32, 10000.0)
-    assert {str(w.message).split()[0] for w in caught} == {"aten::arange", "aten::cos", "aten::sin"}
-    for w in caught:
+    fallbacks = [w for w in caught if "has no spyre kernel" in str(w.message)]   # (and the fp32-as-fp16 notice)
+    assert {str(w.message).split()[0] for w in fallbacks} == {"aten::arange", "aten::cos", "aten::sin"}
+    for w in fallbacks:
         assert w.filename == HERE
         assert "(called from spyre_lab/engine/layers/rotary.py:" in str(w.message)
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import gc
 import math
-import warnings
 
 import pytest
 import torch
@@ -39,19 +38,6 @@ def test_payload_is_stickified_in_a_dram_allocation():
     assert torch.equal(buf.data, stickify(cpu))
     assert x.data_ptr() == buf.address == buf.allocation.address
     assert buf.allocation.size >= buf.layout.device_nbytes
-
-
-def test_float32_is_held_as_fp16_with_one_warning(fresh_warnings):
-    cpu = torch.tensor([1.0, 1 / 3, 70000.0, 1e-9])
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        x = cpu.to("spyre")
-        cpu.to("spyre")
-    narrowing = [w for w in caught if "stores torch.float32" in str(w.message)]
-    assert len(narrowing) == 1
-    assert x.dtype == torch.float32                           # the host dtype is kept
-    assert buffer_of(x).data.dtype == torch.float16           # the device holds fp16
-    assert torch.equal(x.cpu(), cpu.to(torch.float16).to(torch.float32))
 
 
 def test_views_share_the_storage_and_writes_through_views_are_visible():
@@ -131,13 +117,6 @@ def test_backward_is_refused_with_a_clear_message():
     loss = (w * 2).sum()
     with pytest.raises(SpyreInferenceOnlyError, match="inference-only"):
         loss.backward()
-
-
-def test_float64_must_fit_float16():
-    assert torch.equal(torch.tensor([0.5, -2.0], dtype=torch.float64).to("spyre").cpu(),
-                       torch.tensor([0.5, -2.0], dtype=torch.float64))
-    with pytest.raises(ValueError, match="do not fit float16"):
-        torch.tensor([1e6], dtype=torch.float64).to("spyre")
 
 
 def test_complex_dtypes_are_refused():

@@ -1,0 +1,242 @@
+"""A Granite-3.3-8B-shaped engine step on the modeled card, timed without weights.
+
+The model is the engine's own ``GraniteForCausalLM`` with the published architecture (hidden 4096,
+40 layers, 32 query / 8 KV heads of 128, intermediate 12800, vocabulary 49159, tied embeddings,
+Granite's four multipliers). It is built on the meta device, so no weight is ever allocated on the
+host, and given DRAM on the card with ``to_empty``: a spyre tensor's payload only materialises when
+written, so the 16 GB of weights are addresses, not bytes. The spyre platform then does what it does
+for tiny-granite: linear weights stored transposed, the model compiled piecewise per bucket with
+identical layers sharing one Program, paged attention as eager device ops between the pieces, every
+launch through the runtime's JobPlan path. The runtime runs in ``timing_only()``: each launch is
+planned, enqueued and timed by the analytic simulator as usual, only the numerics are skipped.
+
+Depth: decoder layers are identical, so each adds the same launches and the same modeled time to a
+step. A study therefore runs the real path at two depths (``PROBE_DEPTHS``) and extends the per-layer
+difference to 40 layers (:meth:`StepTiming.extend`), which keeps Dynamo from tracing 40 layers for
+every bucket and every configuration. ``depth="full"`` runs all 40 layers instead; the tests check
+that the two agree.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from spyre_lab.engine.models.config import ModelConfig
+
+GRANITE_3_3_8B = ModelConfig(
+    architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096, intermediate_size=12800,
+    num_hidden_layers=40, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+    max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10_000_000.0, tie_word_embeddings=True,
+    embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0078125, logits_scaling=16.0,
+)
+"""ibm-granite/granite-3.3-8b-instruct's architecture (its published config.json)."""
+
+PROBE_DEPTHS = (2, 3)
+"""Depths the real path runs at; the difference is one decoder layer (one middle piece + one attention)."""
+
+PREFILL_TOKENS = 1024
+CONTEXT = 1024
+BLOCK_SIZE = 16
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """How the stack runs a step: the mechanisms the published speed-ups are credited to, each a switch.
+
+    ``compile_blocks``: piecewise-compiled blocks (False: every ATen op a one-op launch).
+    ``transpose_weights``: linear weights stored as ``W^T`` once at load (False: a restickify per call).
+    ``dispatch``: ``"aot_patch"`` (programs built once, addresses patched per launch) or ``"rebuild"``
+    (the execution graph rebuilt on the host at every launch). ``overlap``: the host prepares the next
+    launch while the card runs this one (False: it waits for every launch).
+    """
+
+    compile_blocks: bool = True
+    transpose_weights: bool = True
+    dispatch: str = "aot_patch"
+    overlap: bool = True
+
+    def differs_from(self, other: StepConfig) -> dict[str, tuple[object, object]]:
+        """Field -> (this, other) for every field the two configurations set differently."""
+        return {f.name: (getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)
+                if getattr(self, f.name) != getattr(other, f.name)}
+
+
+@dataclass
+class StepTiming:
+    """Modeled times of one engine step (µs) and what it launched.
+
+    ``host_us``: the host thread busy (enqueue, program correction callbacks, graph rebuilds, host
+    fallbacks), waits excluded. ``device_us``: the cores busy. ``step_us``: the step's span, first
+    event to last. ``launches``: compute launches on the card.
+    """
+
+    step_us: float
+    host_us: float
+    device_us: float
+    launches: int
+    depth: int
+    wall_s: float = 0.0
+    extended_from: tuple[int, ...] = ()
+    log: object = field(default=None, repr=False, compare=False)   # the step's StepLog (retime.py), when recorded
+
+    @staticmethod
+    def extend(shallow: StepTiming, deep: StepTiming, layers: int) -> StepTiming:
+        """The step at ``layers`` layers: ``deep`` plus (layers - deep.depth) times the per-layer difference."""
+        per = deep.depth - shallow.depth
+        if per <= 0:
+            raise ValueError(f"extend needs two depths, the second deeper; got {shallow.depth} and {deep.depth}")
+        k = (layers - deep.depth) / per
+
+        def grow(a: float, b: float) -> float:
+            return b + (b - a) * k
+
+        log = (shallow.log, deep.log, layers) if shallow.log is not None and deep.log is not None else None
+        return StepTiming(grow(shallow.step_us, deep.step_us), grow(shallow.host_us, deep.host_us),
+                          grow(shallow.device_us, deep.device_us),
+                          round(grow(shallow.launches, deep.launches)), layers,
+                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth), log)
+
+    def to_dict(self) -> dict[str, float | int | list[int]]:
+        return {"step_us": self.step_us, "host_us": self.host_us, "device_us": self.device_us,
+                "launches": self.launches, "depth": self.depth, "extended_from": list(self.extended_from)}
+
+
+def _busy(intervals: list[tuple[float, float]]) -> float:
+    total, cursor = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > cursor:
+            total += end - max(start, cursor)
+            cursor = end
+    return total
+
+
+def summarize(trace: object, depth: int, wall_s: float = 0.0) -> StepTiming:
+    """Host, device and step time of one step's recorded trace (lanes as the runtime names them)."""
+    events = trace.events
+    host = [(e.start_us, e.start_us + e.dur_us) for e in events
+            if e.lane in ("host", "host.callback") and not e.args.get("waiting")]
+    device = [(e.start_us, e.start_us + e.dur_us) for e in events
+              if e.lane.startswith("stream") and e.args.get("kind") == "Compute"]
+    from spyre_lab.studies.retime import StepLog
+
+    return StepTiming(trace.duration_us if events else 0.0, _busy(host), _busy(device), len(device), depth, wall_s,
+                      log=StepLog.from_trace(trace, depth))
+
+
+def build_model(config: ModelConfig, platform: object, dtype: torch.dtype = torch.float16) -> torch.nn.Module:
+    """The engine's model for ``config`` under ``platform``: built on meta, given card DRAM without data.
+
+    Linear weights are transposed on meta (free) when the platform stores them so; ``prepare_model``
+    then finds them stored and compiles the model.
+    """
+    from spyre_lab.engine.models.granite import MODEL_REGISTRY
+    from spyre_lab.engine.platforms.base import set_current_platform
+    from spyre_lab.engine.platforms.transposed_linear import TransposedWeight
+
+    with set_current_platform(platform), torch.device("meta"):
+        model = MODEL_REGISTRY[config.architecture](config).to(dtype)
+    if getattr(platform, "compile_blocks", False) and getattr(platform, "transpose_weights", False):
+        for module in model.modules():
+            if isinstance(module, TransposedWeight):
+                module.store_transposed()
+    model.to_empty(device=platform.device)
+    if config.tie_word_embeddings:          # to_empty gives each module its own tensor: tie them again
+        model.lm_head.tie_to(model.model.embed_tokens)
+    model.eval()
+    return platform.prepare_model(model)
+
+
+@contextlib.contextmanager
+def _runtime(step: StepConfig) -> Iterator[None]:
+    from spyre_lab.runtime.jobplan import RuntimeOptions, set_default_options, timing_only
+
+    previous = set_default_options(RuntimeOptions(dispatch=step.dispatch, overlap=step.overlap))
+    try:
+        with timing_only():
+            yield
+    finally:
+        set_default_options(previous)
+
+
+@dataclass
+class EngineProbe:
+    """The real spyre-platform path for one model depth and one StepConfig, ready to time buckets."""
+
+    config: ModelConfig
+    step: StepConfig
+    prefill_buckets: tuple[int, ...]
+    batch_buckets: tuple[int, ...]
+    compile_options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from spyre_lab.engine.model_runner import ModelRunner
+        from spyre_lab.engine.platforms.spyre import SpyrePlatform
+
+        self.platform = SpyrePlatform(prefill_buckets=list(self.prefill_buckets),
+                                      batch_buckets=list(self.batch_buckets), compile_blocks=self.step.compile_blocks,
+                                      transpose_weights=self.step.transpose_weights,
+                                      compile_options=self.compile_options or None)
+        max_len = max(CONTEXT, *self.prefill_buckets) + BLOCK_SIZE
+        blocks = max(self.batch_buckets) * -(-max_len // BLOCK_SIZE)
+        with _runtime(self.step):
+            self.model = build_model(self.config, self.platform)
+            self.runner = ModelRunner(self.model, self.platform, BLOCK_SIZE, blocks, max_len, torch.float16)
+
+    def time(self, kind: str, size: int, repeats: int = 2) -> StepTiming:
+        """One bucket's step: the first run compiles it, the last is the steady state that is reported."""
+        from spyre_lab.runtime.streams import recording, reset_time
+
+        timing = None
+        with _runtime(self.step), torch.inference_mode():
+            for _ in range(repeats):
+                start = time.perf_counter()
+                reset_time()
+                batch = 1 if kind == "prefill" else size
+                with self.platform.device_timer(kind, size, batch), recording() as trace:   # the engine's step
+                    self.runner.execute(self._input(kind, size))
+                    self.platform.synchronize()
+                timing = summarize(trace, self.config.num_hidden_layers, time.perf_counter() - start)
+        return timing
+
+    def _input(self, kind: str, size: int) -> object:
+        """A full bucket, as the runner's warmup builds it: decode reads a context of ``CONTEXT`` tokens."""
+        runner = self.runner
+        if kind == "prefill":
+            return runner._dummy_input("prefill", size)
+        flat = torch.arange(size)
+        width = runner.max_blocks_per_seq
+        context = min(CONTEXT, width * BLOCK_SIZE - 1)
+        tables = [[(b * width + j) % (runner.scratch_block + 1) for j in range(width)] for b in range(size)]
+        positions = torch.full((size,), context)
+        return runner._to_input(
+            input_ids=[0] * size, positions=positions, slots=[runner.scratch_block * BLOCK_SIZE] * size,
+            tables=tables, query_index=flat.view(size, 1), query_positions=positions.view(size, 1),
+            token_seq=flat, token_offset=torch.zeros(size, dtype=torch.long), ends=flat, bucket=("decode", size))
+
+
+def time_steps(step: StepConfig, buckets: Sequence[tuple[str, int]], depth: str | int = "probe",
+               config: ModelConfig = GRANITE_3_3_8B,
+               compile_options: dict | None = None) -> dict[tuple[str, int], StepTiming]:
+    """Modeled step times of ``config`` for every bucket (``("prefill", 1024)``, ``("decode", 8)``).
+
+    ``depth="probe"`` runs the real path at ``PROBE_DEPTHS`` layers and extends to the model's depth;
+    ``"full"`` (or an int) runs that many layers directly.
+    """
+    prefill = tuple(sorted({s for k, s in buckets if k == "prefill"})) or (64,)
+    batch = tuple(sorted({s for k, s in buckets if k == "decode"})) or (1,)
+    depths = PROBE_DEPTHS if depth == "probe" else (config.num_hidden_layers if depth == "full" else int(depth),)
+    per_depth = {}
+    for d in depths:
+        probe = EngineProbe(dataclasses.replace(config, num_hidden_layers=d), step, prefill, batch,
+                            dict(compile_options or {}))
+        per_depth[d] = {b: probe.time(*b) for b in buckets}
+    if depth != "probe":
+        return per_depth[depths[0]]
+    shallow, deep = (per_depth[d] for d in PROBE_DEPTHS)
+    return {b: StepTiming.extend(shallow[b], deep[b], config.num_hidden_layers) for b in buckets}

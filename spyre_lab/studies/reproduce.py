@@ -1,0 +1,251 @@
+"""``spyre-lab reproduce``: every published claim against the model, as text, Markdown or JSON.
+
+:func:`reproduce` runs the 8B-shaped engine study (prefill, decode, the batch sweep and the waterfall of
+mechanisms) and the kernel claims, optionally the parameter sweep, and returns one JSON-ready dict whose
+layout is fixed by ``SCHEMA``: notebooks and reports read it, ``docs/reproduce.md`` is rendered from it.
+Every time in it is modeled (analytic simulator and the runtime's launch model) except the wall-clock
+seconds under ``"wall_s"``, which say how long the study itself took here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+from typing import Any
+
+from spyre_lab.device.config import SPYRE
+from spyre_lab.studies import claims as C
+from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PREFILL_TOKENS, PROBE_DEPTHS, StepConfig, time_steps
+from spyre_lab.studies.sweeps import RANDOM_SAMPLES, SWEEP_RANGES, run_sweep
+
+SCHEMA = "spyre_lab.reproduce/1"
+DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
+
+
+def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = True,
+              samples: int = RANDOM_SAMPLES, workers: int | None = None) -> dict[str, Any]:
+    """Run every study; returns the ``SCHEMA`` dict (see ``docs/reproduce.md`` for a rendering).
+
+    Keys: ``schema``, ``modeled`` (always True), ``device`` (the swept SpyreConfig fields),
+    ``model`` (the 8B architecture), ``engine`` (``method``, ``steps``: one row per bucket), ``claims``
+    (one :class:`~spyre_lab.studies.claims.Claim` dict each, in order matmul, softmax, mlp, prefill,
+    decode), ``sweep`` (None, or ``configurations``, ``ranges``, ``verdicts``, ``points``), ``wall_s``.
+    """
+    say = _progress(progress)
+    wall: dict[str, float] = {}
+    start = time.perf_counter()
+    say("engine: 8B-shaped steps, all mechanisms on (prefill 1024, decode batch 1-32)")
+    buckets = [("prefill", PREFILL_TOKENS), *(("decode", b) for b in DECODE_BATCHES)]
+    steps = time_steps(StepConfig(), buckets, depth)
+    wall["engine_steps"] = time.perf_counter() - start
+    start = time.perf_counter()
+    waterfall = []
+    for label, step in C.WATERFALL:
+        say(f"engine waterfall: {label}")
+        times = steps if step == StepConfig() else time_steps(step, C.ENGINE_BUCKETS, depth)
+        waterfall.append((label, step, {b: times[b] for b in C.ENGINE_BUCKETS}))
+    wall["engine_waterfall"] = time.perf_counter() - start
+    start = time.perf_counter()
+    claims = []
+    for name, fn in (("matmul", C.matmul_claim), ("softmax", C.softmax_claim), ("mlp", C.mlp_claim)):
+        say(f"kernel claim: {name}")
+        claims.append(fn())
+    claims += C.engine_claims(waterfall)
+    wall["claims"] = time.perf_counter() - start
+    result: dict[str, Any] = {
+        "schema": SCHEMA,
+        "modeled": True,
+        "device": {name: getattr(SPYRE, name) for name in ("cores", *SWEEP_RANGES)},
+        "model": dataclasses.asdict(GRANITE_3_3_8B),
+        "engine": {
+            "method": (f"the spyre platform's real path at {PROBE_DEPTHS[0]} and {PROBE_DEPTHS[1]} layers, extended "
+                       f"per layer to {GRANITE_3_3_8B.num_hidden_layers}" if depth == "probe"
+                       else f"the spyre platform's real path at {depth} layers"),
+            "steps": [_step_row(kind, size, t) for (kind, size), t in steps.items()],
+        },
+        "claims": [c.to_dict() for c in claims],
+        "sweep": None,
+        "wall_s": wall,
+    }
+    if sweep:
+        start = time.perf_counter()
+        say("sweep: every claim across the unpublished parameters")
+        logs = {c: (waterfall[0][2][b].log, waterfall[-1][2][b].log) for c, b in
+                (("prefill", C.ENGINE_BUCKETS[0]), ("decode", C.ENGINE_BUCKETS[1]))}
+        swept = run_sweep(logs, samples, workers, progress)
+        result["sweep"] = {"configurations": len(swept.points), "ranges": {k: list(v) for k, v in SWEEP_RANGES.items()},
+                           "verdicts": swept.verdicts(), "points": swept.points}
+        wall["sweep"] = time.perf_counter() - start
+    return result
+
+
+def _progress(enabled: bool) -> Callable[[str], None]:
+    def say(message: str) -> None:
+        if enabled:
+            print(f"[reproduce] {message}", flush=True)
+    return say
+
+
+def _step_row(kind: str, size: int, t: Any) -> dict[str, Any]:
+    # a prefill step makes its prompt's tokens' states (one new token), a decode step one token per sequence
+    return {"kind": kind, "size": size, **t.to_dict(), "tokens_per_s": size / (t.step_us / 1e6)}
+
+
+# --- rendering ------------------------------------------------------------------------------------
+
+def _us(v: float) -> str:
+    return f"{v / 1e3:,.2f} ms" if v >= 1e4 else f"{v:,.2f} us"
+
+
+def to_markdown(result: dict[str, Any]) -> str:
+    """The result as the Markdown of ``docs/reproduce.md`` (no wall-clock numbers, so it is deterministic)."""
+    out = ["# Reproducing the published Spyre results on the model", "",
+           "Generated by `spyre-lab reproduce --markdown` (do not edit; a test regenerates it). Every time is "
+           "**modeled**: the analytic simulator for kernels and the runtime's launch model for host, PCIe and "
+           "queues, on the default `SpyreConfig`, whose unpublished numbers are estimates. Published figures are "
+           "IBM's. Each claim compares the same measurement with named options off and on; the `changed` line "
+           "lists every option that differs.", ""]
+    m = result["model"]
+    out += ["The portable-layers claim (within 3.4% of native) is a wall-clock measurement, so it is not in this "
+            "document: `spyre-lab reproduce --portable` measures it here.", ""]
+    out += ["## The Granite-3.3-8B-shaped engine step", "",
+            f"hidden {m['hidden_size']}, {m['num_hidden_layers']} layers, {m['num_attention_heads']} heads / "
+            f"{m['num_key_value_heads']} KV heads of {m['head_dim']}, intermediate {m['intermediate_size']}, "
+            f"vocabulary {m['vocab_size']}, tied embeddings, Granite multipliers; built on the meta device (no "
+            f"weights), run through the spyre platform with the runtime in timing-only mode. Method: "
+            f"{result['engine']['method']}.", "",
+            "| step | step time | host busy | device busy | launches | tokens/s |", "|---|---:|---:|---:|---:|---:|"]
+    for r in result["engine"]["steps"]:
+        label = f"prefill {r['size']} tokens" if r["kind"] == "prefill" else f"decode batch {r['size']}, context 1024"
+        out.append(f"| {label} | {_us(r['step_us'])} | {_us(r['host_us'])} | {_us(r['device_us'])} | "
+                   f"{r['launches']} | {r['tokens_per_s']:,.1f} |")
+    out.append("")
+    for c in result["claims"]:
+        out += [f"## {c['title']}", "",
+                f"- published: **{c['published']}**",
+                f"- modeled: before {_us(c['before_us'])} ({c['before_label']}), after {_us(c['after_us'])} "
+                f"({c['after_label']}): **{c['ratio']:.2f}x**",
+                f"- dominant cost: before {c['dominant_before']}; after {c['dominant_after']}",
+                f"- mechanism: {c['mechanism']}",
+                "- changed: " + ", ".join(f"`{k}` {v[0]} -> {v[1]}" for k, v in c["changed"].items()
+                                          if not k.startswith("device.") or len(c["changed"]) == 1),
+                ]
+        if c["note"]:
+            out.append(f"- why the model lands where it does: {c['note']}")
+        out += ["", *_rows_table(c["rows"]), ""]
+    sweep = result.get("sweep")
+    if sweep:
+        out += ["## Sweeps: which conclusions are robust", "",
+                f"{sweep['configurations']} configurations: each parameter alone across its range, then all at "
+                "once in a seeded random sample.", "", "| parameter | values |", "|---|---|"]
+        out += [f"| `{k}` | {', '.join(f'{x:g}' for x in v)} |" for k, v in sweep["ranges"].items()]
+        out += ["", "| claim | measured on | verdict |", "|---|---|---|"]
+        out += [f"| {k} | {v['measured_on']} | {v['verdict']} |" for k, v in sweep["verdicts"].items()]
+        out.append("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _cell(key: str, v: Any) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float):
+        if key.endswith("util"):
+            return f"{v:.0%}"
+        if key in ("change", "share"):
+            return f"{v:+.1%}"
+        return f"{v:,.2f}"
+    return str(v)
+
+
+def _rows_table(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    keys = list(rows[0])
+    lines = ["| " + " | ".join(k.replace("_", " ") for k in keys) + " |", "|" + "---|" * len(keys)]
+    lines += ["| " + " | ".join(_cell(k, r.get(k)) for k in keys) + " |" for r in rows]
+    return lines
+
+
+def to_text(result: dict[str, Any]) -> str:
+    """A terminal summary: one block per claim, plus the wall-clock seconds the study took."""
+    lines = ["Published Spyre results vs the model (modeled times)", ""]
+    for r in result["engine"]["steps"]:
+        lines.append(f"  8B {r['kind']:<7} {r['size']:>5}: step {_us(r['step_us']):>12}  host {_us(r['host_us']):>12}"
+                     f"  device {_us(r['device_us']):>12}  {r['tokens_per_s']:>10,.1f} tok/s")
+    lines.append("")
+    for c in result["claims"]:
+        lines += [f"{c['title']}",
+                  f"  published {c['published']}; model {_us(c['before_us'])} -> {_us(c['after_us'])} = "
+                  f"{c['ratio']:.2f}x",
+                  f"  dominant: {c['dominant_before']} -> {c['dominant_after']}",
+                  f"  {c['mechanism']}"]
+        if c["note"]:
+            lines.append(f"  note: {c['note']}")
+        lines.append("")
+    if result.get("sweep"):
+        lines.append(f"Sweep over {result['sweep']['configurations']} configurations:")
+        lines += [f"  {k:<8} {v['verdict']}" for k, v in result["sweep"]["verdicts"].items()]
+        lines.append("")
+    lines.append("wall clock: " + ", ".join(f"{k} {v:.1f} s" for k, v in result["wall_s"].items()))
+    return "\n".join(lines)
+
+
+def main(as_json: bool = False, markdown: bool = False, sweep: bool = False, full_depth: bool = False,
+         portable: bool = False) -> int:
+    """The ``spyre-lab reproduce`` command: progress on stderr, the chosen rendering on stdout."""
+    import contextlib
+    import json
+    import sys
+
+    with contextlib.redirect_stdout(sys.stderr):
+        if markdown and not full_depth:   # deterministic: reuse a result computed from this very source code
+            result = cached_reproduce(sweep=True, progress=True)
+        else:
+            result = reproduce(sweep=sweep, depth="full" if full_depth else "probe")
+            if portable:   # measured wall clock: reported with the others, never in the generated document
+                result["claims"].append(C.portable_claim().to_dict())
+    if as_json:
+        print(json.dumps(result, indent=1, default=str))
+    elif markdown:
+        print(to_markdown(result), end="")
+    else:
+        print(to_text(result))
+    return 0
+
+
+FINGERPRINTED = ("device", "compiler", "runtime", "engine", "studies")
+"""The packages whose code the results depend on (the views, the demo and the CLI do not change a number)."""
+
+
+def source_fingerprint() -> str:
+    """A hash of the source the results depend on: a cached result is reused only while none of it has changed."""
+    import hashlib
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    digest = hashlib.sha256(SCHEMA.encode())
+    files = [root / "__init__.py"] + [p for sub in FINGERPRINTED for p in (root / sub).rglob("*.py")]
+    for path in sorted(files):
+        digest.update(str(path.relative_to(root)).encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cached_reproduce(sweep: bool = True, cache_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+    """:func:`reproduce`, kept on disk (``$SPYRE_LAB_CACHE`` or ``~/.cache/spyre_lab``) under the package's
+    source fingerprint: any change to the code computes it again, so a cached result is never stale."""
+    import json
+    import os
+    from pathlib import Path
+
+    folder = Path(cache_dir or os.environ.get("SPYRE_LAB_CACHE") or Path.home() / ".cache" / "spyre_lab")
+    path = folder / f"reproduce-{'sweep-' if sweep else ''}{source_fingerprint()}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    result = json.loads(json.dumps(reproduce(sweep=sweep, progress=progress), default=str))
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    tmp.replace(path)
+    return result

@@ -1,0 +1,57 @@
+"""docs/reproduce.md is what `spyre-lab reproduce --markdown` prints today; the JSON keeps its schema."""
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from spyre_lab.studies.reproduce import SCHEMA, cached_reproduce, to_markdown
+from spyre_lab.studies.sweeps import SweepResult, configurations
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "reproduce.md"
+
+
+@pytest.fixture(scope="module")
+def result():
+    # the whole study (8B engine, every claim, the sweep); cached under the package's source fingerprint,
+    # so it is computed again whenever any source file changes and read back otherwise
+    return cached_reproduce(sweep=True)
+
+
+def test_docs_reproduce_md_is_current(result):
+    fresh = to_markdown(result)
+    assert DOC.read_text() == fresh, ("docs/reproduce.md is stale: regenerate it with "
+                                      "`spyre-lab reproduce --markdown > docs/reproduce.md`")
+
+
+def test_json_schema_is_stable(result):
+    assert result["schema"] == SCHEMA and result["modeled"] is True
+    assert set(result) == {"schema", "modeled", "device", "model", "engine", "claims", "sweep", "wall_s"}
+    assert [c["key"] for c in result["claims"]] == ["matmul", "softmax", "mlp", "prefill", "decode"]
+    for c in result["claims"]:
+        assert {"published", "before_us", "after_us", "ratio", "dominant_before", "dominant_after", "mechanism",
+                "changed", "rows", "note"} <= set(c)
+    kinds = [(r["kind"], r["size"]) for r in result["engine"]["steps"]]
+    assert kinds == [("prefill", 1024), *(("decode", b) for b in (1, 2, 4, 8, 16, 32))]
+    json.dumps(result)
+
+
+def test_engine_directions(result):
+    claims = {c["key"]: c for c in result["claims"]}
+    for key in ("prefill", "decode"):
+        assert claims[key]["ratio"] > 1                               # all mechanisms on beats all off
+        assert claims[key]["dominant_before"].startswith("host-bound")
+    steps = [r for r in result["engine"]["steps"] if r["kind"] == "decode"]
+    # batching amortises the weight reads
+    assert all(a["tokens_per_s"] < b["tokens_per_s"] for a, b in itertools.pairwise(steps))
+
+
+def test_sweep_has_a_verdict_per_claim(result):
+    sweep = result["sweep"]
+    assert sweep["configurations"] == len(configurations()) >= 100
+    assert set(sweep["verdicts"]) == {"matmul", "softmax", "mlp", "prefill", "decode"}
+    for v in sweep["verdicts"].values():
+        assert v["verdict"].startswith(("robust", "depends on"))
+    again = SweepResult(sweep["points"]).verdicts()
+    assert again == sweep["verdicts"]
