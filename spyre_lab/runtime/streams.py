@@ -60,13 +60,10 @@ class _Placed:
                 for e in self.events]
 
     def extent(self) -> tuple[float, float]:
-        start, end = _extent(self.events)
-        return start + self.offset_us, end + self.offset_us
-
-
-def _extent(events: list[TraceEvent]) -> tuple[float, float]:
-    """(first start, last end) of a block of events."""
-    return min(e.start_us for e in events), max(e.start_us + e.dur_us for e in events)
+        """(first start, last end), rounded exactly as the placed events' own start and end."""
+        off = self.offset_us
+        return (min(e.start_us + off for e in self.events),
+                max((e.start_us + off) + e.dur_us for e in self.events))
 
 
 class LazyTrace(Trace):
