@@ -158,6 +158,8 @@ class StickLayout:
                 f"host shape {self.host_shape} with dim_order {self.dim_order} (expected {expected[0]} / "
                 f"{expected[1]}); build the layout with StickLayout.default(shape, dtype, dim_order)"
             )
+        # read on every stickify/unstickify: computed once (not a field, so equality and hashing ignore it)
+        object.__setattr__(self, "_kept", tuple(d for d in self.dim_order if self.host_shape[d] != 1))
 
     # --- what the layout is made of ------------------------------------------------------------
     @property
@@ -172,7 +174,7 @@ class StickLayout:
     @property
     def _kept_dims(self) -> tuple[int, ...]:
         """``dim_order`` without size-1 dims: the dims the stick rule actually places."""
-        return tuple(d for d in self.dim_order if self.host_shape[d] != 1)
+        return self._kept
 
     @property
     def stick_dim(self) -> int | None:

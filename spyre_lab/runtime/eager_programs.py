@@ -89,12 +89,12 @@ def device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict, host_o
 
 def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU."""
-    leaves, spec = tree_flatten((args, kwargs))
+    leaves, spec, call_shape = _flatten_call(args, kwargs)
     name = packet_name(op)
     index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
     if name in DEVICE_OPS:
         try:
-            program = _eager_program(op, leaves, spec, index, _shape_of_call(args, kwargs))
+            program = _eager_program(op, leaves, spec, index, call_shape)
         except _NeedsHost:
             program = None
         if program is not None:
@@ -135,10 +135,41 @@ def program_cache_size() -> int:
 def _shape_of_call(args: tuple, kwargs: dict) -> tuple:
     """What fixes the pytree spec of an ATen call (cheaper to hash than the TreeSpec itself): the
     number of positional args, the keyword names, and the length of every list argument."""
-    def arity(v: Any) -> int:
-        return len(v) if isinstance(v, (list, tuple)) else -1
+    def arity(v: Any) -> Any:
+        kind = type(v)
+        return (kind, len(v)) if kind in _FLAT else -1
 
     return len(args), tuple(arity(a) for a in args), tuple((k, arity(v)) for k, v in kwargs.items())
+
+
+_FLAT = (list, tuple)
+_SPECS: dict[tuple, Any] = {}
+
+
+def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], Any, tuple]:
+    """``tree_flatten((args, kwargs))`` for an ATen call, without walking the pytree every time: an ATen
+    call nests at most one list deep, so its leaves are read directly and its TreeSpec is kept per call
+    shape (what :func:`_shape_of_call` names). Anything deeper takes ``tree_flatten``."""
+    leaves: list[Any] = []
+    for value in (*args, *kwargs.values()):
+        kind = type(value)
+        if kind in _FLAT:
+            for item in value:
+                if type(item) in _FLAT or type(item) is dict:
+                    return (*tree_flatten((args, kwargs)), _shape_of_call(args, kwargs))
+            leaves.extend(value)
+        elif kind is dict:
+            return (*tree_flatten((args, kwargs)), _shape_of_call(args, kwargs))
+        else:
+            leaves.append(value)
+    call_shape = _shape_of_call(args, kwargs)
+    spec = _SPECS.get(call_shape)
+    if spec is None:
+        full, spec = tree_flatten((args, kwargs))
+        if len(full) != len(leaves) or any(a is not b for a, b in zip(full, leaves)):
+            return full, spec, call_shape      # a container pytree reads differently: never cache it
+        _SPECS[call_shape] = spec
+    return leaves, spec, call_shape
 
 
 def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> Any:

@@ -40,7 +40,6 @@ copy kernel per mutation, so no launch path can run a program and drop its in-pl
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import enum
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -153,7 +152,7 @@ class JobPlan:
 
     def without_actions(self) -> JobPlan:
         """The same steps with their actions dropped: a record that keeps no buffers alive."""
-        steps = [dataclasses.replace(s, action=None, on_start=None) for s in self.steps]
+        steps = [Step(s.kind, s.name, s.dur_us, None, s.nbytes, None, s.args) for s in self.steps]
         return JobPlan(self.name, steps, self.nodes)
 
     def submit(self, stream: Stream | None = None, options: RuntimeOptions | None = None) -> None:
@@ -296,15 +295,22 @@ class CorrectionArea:
     """What a launch patches: a program's correction areas in the card's program segment (one address
     per slot per kernel) and the pinned host buffer the correction blob is written to, reused every launch."""
 
-    def __init__(self, kernels: Sequence[RuntimeKernel], device: SpyreDevice) -> None:
+    def __init__(self, kernels: Sequence[RuntimeKernel], device: SpyreDevice,
+                 source: Sequence[RuntimeKernel] | None = None) -> None:
         self.device = device
-        self.slot_counts = [len(k.address_slots) for k in kernels]
+        self.kernels = list(kernels)           # what every launch runs: bound once, not rebuilt per launch
+        self.source = source                   # the program's own kernel list these were made from
+        self.source_ids = tuple(map(id, source)) if source is not None else ()
+        self.slots = [list(k.address_slots) for k in kernels]
+        self.all_slots = list(dict.fromkeys(s for slots in self.slots for s in slots))
+        self.slot_counts = [len(slots) for slots in self.slots]
         self.offsets = [sum(self.slot_counts[:i]) for i in range(len(kernels))]
         total = max(1, sum(self.slot_counts))
         self.region = device.allocate_program_region(total * ADDRESS_BYTES, tag="correction areas")
         self.region_address = device.program_base + self.region.address
         self.region_data = torch.zeros(total, dtype=torch.int64)
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
+        self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
         self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
         self._generation = device.generation
@@ -312,6 +318,13 @@ class CorrectionArea:
 
     def valid(self) -> bool:
         return self._generation == self.device.generation
+
+    def binds(self, program: Launchable) -> bool:
+        """Still the area of ``program``: same card generation, same kernels (a hand-made program may
+        swap its kernel list between launches)."""
+        kernels = program.kernels
+        return (self.valid() and kernels is self.source and len(kernels) == len(self.source_ids)
+                and all(id(k) == i for k, i in zip(kernels, self.source_ids)))
 
 
 _AREAS: weakref.WeakKeyDictionary[Launchable, dict[int, CorrectionArea]] = weakref.WeakKeyDictionary()
@@ -370,10 +383,13 @@ def launch_kernels(program: Launchable, cfg: SpyreConfig) -> list[RuntimeKernel]
 
 def correction_area(program: Launchable, device: SpyreDevice) -> CorrectionArea:
     """The program's correction areas on ``device`` (made once, kept while the program object lives)."""
-    per_device = _AREAS.setdefault(program, {})
+    per_device = _AREAS.get(program)
+    if per_device is None:
+        per_device = _AREAS[program] = {}
     area = per_device.get(device.index)
-    if area is None or not area.valid():
-        area = per_device[device.index] = CorrectionArea(launch_kernels(program, device.config), device)
+    if area is None or not area.binds(program):
+        area = per_device[device.index] = CorrectionArea(launch_kernels(program, device.config), device,
+                                                         program.kernels)
     return area
 
 
@@ -383,16 +399,20 @@ def plan_launch(program: Launchable, bindings: Mapping[str, torch.Tensor],
     if device is None:
         first = next(iter(bindings.values()), None)
         device = get_device(first.device.index if first is not None else None)
-    kernels = launch_kernels(program, device.config)
-    elsewhere = {slot: str(t.device) for slot, t in bindings.items() if t.device != torch.device("spyre", device.index)}
-    if elsewhere:
-        raise ValueError(f"a launch on spyre:{device.index} needs every bound tensor there; {elsewhere} are not "
-                         f"(move them with .to('spyre:{device.index}'))")
+    index = device.index
+    for t in bindings.values():
+        d = t.device
+        if d.type != "spyre" or d.index != index:
+            elsewhere = {slot: str(t.device) for slot, t in bindings.items()
+                         if t.device != torch.device("spyre", index)}
+            raise ValueError(f"a launch on spyre:{index} needs every bound tensor there; {elsewhere} are not "
+                             f"(move them with .to('spyre:{index}'))")
     area = correction_area(program, device)
+    kernels = area.kernels
     cfg = device.config
     steps: list[Step] = []
     for k, kernel in enumerate(kernels):
-        slots = list(kernel.address_slots)
+        slots = area.slots[k]
         missing = [s for s in slots if s not in bindings]
         if missing:
             raise KeyError(f"kernel {kernel.name!r} needs address slot(s) {missing} but the launch binds only "
@@ -407,8 +427,7 @@ def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Map
     views = {s: bindings[s] for s in slots}
 
     def correct() -> None:
-        addresses = [buffer_of(views[s]).address for s in slots]
-        area.pinned[:n] = torch.tensor(addresses, dtype=torch.int64)
+        area.pinned_host[:n] = [buffer_of(views[s]).address for s in slots]
 
     def copy_blob() -> None:
         area.region_data[offset:offset + n] = area.pinned[:n]

@@ -35,7 +35,7 @@ from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, launch, launch_kernels
+from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area, launch
 from spyre_lab.runtime.streams import Stream
 from spyre_lab.runtime.tensor import empty_spyre
 
@@ -209,12 +209,11 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
                 and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
             bound[read.buffer] = direct[read.buffer] = target
     visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
-    for kernel in launch_kernels(loaded, get_device(index).config):
-        for slot in kernel.address_slots:
-            if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
-                info = program.buffers[slot]     # (a norm's fp32 sum of squares); outputs follow the fp16 policy
-                bound[slot] = empty_spyre(info.shape, None, info.dtype, index, exact=slot not in visible
-                                          and info.dtype in EXACT_INTERMEDIATE_DTYPES)
+    for slot in correction_area(loaded, get_device(index)).all_slots:   # the kernels bound once per card
+        if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
+            info = program.buffers[slot]     # (a norm's fp32 sum of squares); outputs follow the fp16 policy
+            bound[slot] = empty_spyre(info.shape, None, info.dtype, index, exact=slot not in visible
+                                      and info.dtype in EXACT_INTERMEDIATE_DTYPES)
     launch(loaded, bound, stream=stream, options=options)
     for name, x in zip(program.inputs, inputs):
         if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):

@@ -46,6 +46,75 @@ def pcie_lane(device_index: int) -> str:
     return device_lane(PCIE_LANE, device_index)
 
 
+class _Placed:
+    """A block of already-timed events (a kernel's simulator trace) placed at an offset, not yet copied."""
+
+    __slots__ = ("events", "lane_of", "offset_us")
+
+    def __init__(self, events: list[TraceEvent], offset_us: float, lane_of: Any) -> None:
+        self.events, self.offset_us, self.lane_of = events, offset_us, lane_of
+
+    def materialise(self) -> list[TraceEvent]:
+        off, lane_of = self.offset_us, self.lane_of
+        return [TraceEvent(e.lane if lane_of is None else lane_of(e.lane), e.name, e.start_us + off, e.dur_us, e.args)
+                for e in self.events]
+
+    def extent(self) -> tuple[float, float]:
+        """(first start, last end), rounded exactly as the placed events' own start and end."""
+        off = self.offset_us
+        return (min(e.start_us + off for e in self.events),
+                max((e.start_us + off) + e.dur_us for e in self.events))
+
+
+class LazyTrace(Trace):
+    """A Trace that places a kernel's simulator events only when someone reads them.
+
+    Why: a one-op launch emits about a hundred per-core events; copying them at every launch was the
+    largest single cost of a cached eager op, and most launch traces are never looked at. Reading
+    ``events`` (or iterating, exporting, ``on(lane)``) copies the pending blocks in, in emission order;
+    ``len``, ``start_us`` and ``end_us`` are answered without copying.
+    """
+
+    def __init__(self, events: Iterable[TraceEvent] = (), meta: dict[str, Any] | None = None) -> None:
+        self._pending: list[_Placed] = []
+        self._pending_len = 0
+        super().__init__(events, meta)
+
+    @property  # type: ignore[override]
+    def events(self) -> list[TraceEvent]:
+        if self._pending:
+            for block in self._pending:
+                self._events.extend(block.materialise())
+            self._pending.clear()
+            self._pending_len = 0
+        return self._events
+
+    @events.setter
+    def events(self, value: list[TraceEvent]) -> None:
+        self._pending.clear()
+        self._pending_len = 0
+        self._events = value
+
+    def place(self, block: _Placed) -> None:
+        if block.events:
+            self._pending.append(block)
+            self._pending_len += len(block.events)
+
+    def __len__(self) -> int:
+        return len(self._events) + self._pending_len
+
+    def _extents(self) -> list[tuple[float, float]]:
+        return [b.extent() for b in self._pending]
+
+    @property
+    def start_us(self) -> float:
+        return min([*(e.start_us for e in self._events), *(s for s, _ in self._extents())], default=0.0)
+
+    @property
+    def end_us(self) -> float:
+        return max([*(e.end_us for e in self._events), *(e for _, e in self._extents())], default=0.0)
+
+
 class Timeline:
     """The modeled clock of the process: host time, when each unit is next free, and the trace.
 
@@ -64,26 +133,34 @@ class Timeline:
 
     # --- trace ------------------------------------------------------------------------------
     def emit(self, lane: str, name: str, start_us: float, dur_us: float, **args: Any) -> None:
-        if self._launch_trace is not None:
-            self._launch_trace.add(lane, name, start_us, dur_us, **args)
-        for trace in self._recorders:
-            trace.add(lane, name, start_us, dur_us, **args)
+        launch, recorders = self._launch_trace, self._recorders
+        if launch is None and not recorders:
+            return
+        if dur_us < 0:
+            raise ValueError(f"trace event {name!r} on {lane!r} has negative duration {dur_us}")
+        event = TraceEvent(lane, name, float(start_us), float(dur_us), args)   # frozen: one event, every trace
+        if launch is not None:
+            launch.events.append(event)
+        for trace in recorders:
+            trace.events.append(event)
 
     def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float, lane_of: Any = None) -> None:
         """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
         targets = [t for t in (self._launch_trace, *self._recorders) if t is not None]
         if not targets:
             return
-        placed = [TraceEvent(e.lane if lane_of is None else lane_of(e.lane), e.name, e.start_us + offset_us,
-                             e.dur_us, e.args) for e in events]
+        block = _Placed(events if isinstance(events, list) else list(events), offset_us, lane_of)
         for trace in targets:
-            trace.events.extend(placed)
+            if isinstance(trace, LazyTrace):
+                trace.place(block)
+            else:
+                trace.events.extend(block.materialise())
 
     @contextlib.contextmanager
     def launch(self, name: str, **meta: Any) -> Iterator[Trace]:
         """Group the events of one user-visible operation; nested launches join the outer one."""
         if self._launch_depth == 0:
-            self._launch_trace = Trace(meta={"launch": name, "time": "modeled us", **meta})
+            self._launch_trace = LazyTrace(meta={"launch": name, "time": "modeled us", **meta})
         self._launch_depth += 1
         try:
             yield self._launch_trace
@@ -96,7 +173,7 @@ class Timeline:
     @contextlib.contextmanager
     def recording(self) -> Iterator[Trace]:
         """Collect every event emitted inside the ``with`` block into one Trace."""
-        trace = Trace(meta={"time": "modeled us", "recording": True})
+        trace = LazyTrace(meta={"time": "modeled us", "recording": True})
         self._recorders.append(trace)
         try:
             yield trace
