@@ -7,12 +7,11 @@ machine; a row says whether it met it. Times are wall clock: the first change of
 state; WhatIf recompiles) and the median of ``--repeat`` changes (WhatIf caches states); setting up the
 data (engine warmup, compiles of the baseline) is not counted. Run:
 
-    .venv/bin/python benchmarks/bench_viz.py [--views DecodeTimeline,WhatIf] [--repeat 5]
+    .venv/bin/python benchmarks/bench_viz.py [SECTION ...] [--repeat 5]   (--help lists the views)
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
@@ -21,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+from sections import chosen, parser
 
 GOAL_S = 0.3
 
@@ -95,47 +95,84 @@ def softmax_trace() -> Any:
     return simulate(softmax_kernel(1024, 1024, cores=32, cfg=SPYRE, fused=True), SPYRE, mode="event").trace
 
 
-def builders() -> dict[str, Callable[[], Any]]:
-    """Every view on this branch, fed tiny-granite-sized data."""
+def _decode_timeline():
+    """DecodeTimeline over a few engine steps of tiny-granite on the spyre platform."""
     from spyre_lab import viz
 
-    found: dict[str, Callable[[], Any]] = {
-        "DecodeTimeline": lambda: viz.DecodeTimeline(engine_stats()),
-        "KVCacheView": lambda: viz.KVCacheView(engine_stats()),
-        "WhatIf": lambda: viz.WhatIf.granite_layer("tiny-granite"),
-        "Roofline": lambda: viz.Roofline(layer_program()),
-        "DataflowView": lambda: viz.DataflowView(softmax_trace()),
-    }
-    optional = {
-        "FusionView": lambda: viz.FusionView(layer_program()),
-        "WorkDivisionView": lambda: viz.WorkDivisionView(layer_program().device_launches[0]),
-        "LayoutView": lambda: viz.LayoutView((64, 100)),
-    }
-    found.update({name: make for name, make in optional.items() if hasattr(viz, name)})
-    return found
+    return viz.DecodeTimeline(engine_stats())
+
+
+def _kv_cache():
+    """KVCacheView over the same engine run, replayed step by step."""
+    from spyre_lab import viz
+
+    return viz.KVCacheView(engine_stats())
+
+
+def _whatif():
+    """WhatIf on one tiny-granite decoder layer (each new setting recompiles)."""
+    from spyre_lab import viz
+
+    return viz.WhatIf.granite_layer("tiny-granite")
+
+
+def _roofline():
+    """Roofline of the compiled tiny-granite layer."""
+    from spyre_lab import viz
+
+    return viz.Roofline(layer_program())
+
+
+def _dataflow():
+    """DataflowView of a 1024x1024 softmax event-simulated on 32 cores."""
+    from spyre_lab import viz
+
+    return viz.DataflowView(softmax_trace())
+
+
+def _fusion():
+    """FusionView of the compiled tiny-granite layer (each rule checkbox recompiles)."""
+    from spyre_lab import viz
+
+    return viz.FusionView(layer_program())
+
+
+def _work_division():
+    """WorkDivisionView of the layer's first kernel (core slider, naive/planned)."""
+    from spyre_lab import viz
+
+    return viz.WorkDivisionView(layer_program().device_launches[0])
+
+
+def _layout():
+    """LayoutView of a (64, 100) fp16 tensor."""
+    from spyre_lab import viz
+
+    return viz.LayoutView((64, 100))
+
+
+SECTIONS: dict[str, Callable[[], Any]] = {
+    "DecodeTimeline": _decode_timeline, "KVCacheView": _kv_cache, "WhatIf": _whatif, "Roofline": _roofline,
+    "DataflowView": _dataflow, "FusionView": _fusion, "WorkDivisionView": _work_division, "LayoutView": _layout,
+}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--views", default="", help="comma-separated view names (default: every view)")
-    parser.add_argument("--repeat", type=int, default=3, help="changes per control (median reported; default 3)")
-    args = parser.parse_args()
+    cli = parser(__doc__, SECTIONS)
+    cli.add_argument("--repeat", type=int, default=3, help="changes per control (median reported; default 3)")
+    args = cli.parse_args()
+    wanted = chosen(args.sections, SECTIONS)
     torch.set_num_threads(1)
     import plotly.graph_objects as go
 
     go.FigureWidget()  # the first FigureWidget of a process imports the widget machinery (seconds); not a view's cost
-    available = builders()
-    wanted = [v for v in args.views.split(",") if v] or list(available)
-    unknown = set(wanted) - set(available)
-    if unknown:
-        parser.error(f"unknown view(s) {sorted(unknown)}; this branch has {sorted(available)}")
     print(f"{'view':>16} {'build s':>8} {'widget s':>9} {'fig KB':>7} {'first chg s':>12} {'median chg s':>13}  "
           f"goal < {GOAL_S} s; per control: first/median s")
     for name in wanted:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine_stats() if name in ("DecodeTimeline", "KVCacheView") else None   # data set-up not timed
-            row = measure(name, available[name], args.repeat)
+            row = measure(name, SECTIONS[name], args.repeat)
         first = max((f for f, _ in row["changes"].values()), default=0.0)
         median = max((m for _, m in row["changes"].values()), default=0.0)
         verdict = "met" if first < GOAL_S else "met when cached" if median < GOAL_S else "NOT met"
