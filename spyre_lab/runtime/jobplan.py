@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -53,7 +54,15 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import SpyreDevice, get_device
-from spyre_lab.runtime.streams import CALLBACK_LANE, PCIE_LANE, TIMELINE, Stream, current_stream, device_lane
+from spyre_lab.runtime.streams import (
+    CALLBACK_LANE,
+    PCIE_LANE,
+    TIMELINE,
+    PreparedStep,
+    Stream,
+    current_stream,
+    device_lane,
+)
 from spyre_lab.runtime.tensor import DeviceBuffer, buffer_of, device_nbytes
 
 Dispatch = Literal["rebuild", "aot_patch"]
@@ -309,11 +318,14 @@ class CorrectionArea:
         self.region = device.allocate_program_region(total * ADDRESS_BYTES, tag="correction areas")
         self.region_address = device.program_base + self.region.address
         self.region_data = torch.zeros(total, dtype=torch.int64)
+        self.region_host = self.region_data.numpy()  # the same memory, copied into without a torch call
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
         self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
         self._generation = device.generation
+        self._record: JobPlan | None = None
+        self._prepared: dict[tuple[int, str], list[list[PreparedStep]]] = {}
         weakref.finalize(self, device.free_program_region, self.region, self._generation)
 
     def valid(self) -> bool:
@@ -325,6 +337,48 @@ class CorrectionArea:
         kernels = program.kernels
         return (self.valid() and kernels is self.source and len(kernels) == len(self.source_ids)
                 and all(id(k) == i for k, i in zip(kernels, self.source_ids)))
+
+
+    # --- the launch image: what every launch of this program on this card repeats, worked out once ---------
+    def record(self, program: Launchable) -> JobPlan:
+        """The steps of a launch as a record (no actions): the same for every launch of a device-only program."""
+        if self._record is None:
+            steps = [Step(kind, name, dur, None, nbytes, None, args)
+                     for k in range(len(self.kernels)) for kind, name, dur, nbytes, args in self._static_steps(k)]
+            self._record = JobPlan(program.name, steps, nodes=program.num_nodes or len(self.kernels))
+        return self._record
+
+    def _static_steps(self, k: int) -> list[tuple[StepKind, str, float, int, dict[str, Any]]]:
+        kernel, n, offset = self.kernels[k], self.slot_counts[k], self.offsets[k]
+        cfg, blob = self.device.config, self.slot_counts[k] * ADDRESS_BYTES
+        return [
+            (StepKind.HOST_COMPUTE, f"correct {kernel.name}",
+             cfg.host_correction_base_us + cfg.host_correction_per_slot_us * n, 0,
+             {"slots": n, "pinned_buffer": self.pinned.data_ptr()}),
+            (StepKind.H2D, f"correction blob -> {kernel.name}", dma_us(blob, self.device), blob,
+             {"region_address": self.region_address + offset * ADDRESS_BYTES}),
+            (StepKind.COMPUTE, kernel.name, float(kernel.time_us), 0,
+             {"timing": f"modeled ({kernel.timing})", **kernel.args}),
+        ]
+
+    def prepared(self, stream: Stream, dispatch: str) -> list[list[PreparedStep]]:
+        """Per kernel, its three steps as ``stream`` enqueues them with ``dispatch`` (host kernels: empty)."""
+        key = (stream.stream_id, dispatch)
+        table = self._prepared.get(key)
+        if table is None:
+            table = []
+            for k, kernel in enumerate(self.kernels):
+                if kernel.host:
+                    table.append([])
+                    continue
+                steps = []
+                for kind, name, dur, nbytes, args in self._static_steps(k):
+                    extra = {"bytes": nbytes} if nbytes else {}
+                    steps.append(PreparedStep(stream, name, _UNIT[kind], _lane(kind, stream), dur,
+                                              {"kind": kind.value, "dispatch": dispatch, **extra, **args}))
+                table.append(steps)
+            self._prepared[key] = table
+        return table
 
 
 _AREAS: weakref.WeakKeyDictionary[Launchable, dict[int, CorrectionArea]] = weakref.WeakKeyDictionary()
@@ -496,11 +550,98 @@ def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Wi
 def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
            options: RuntimeOptions | None = None, **trace_args: Any) -> JobPlan:
     """Plan and submit one launch of ``program``, in-place updates included; returns the JobPlan that
-    ran (its trace: ``last_trace()``). Every device launch goes through here."""
+    ran (its trace: ``last_trace()``). Every device launch goes through here.
+
+    The work that is the same at every launch of a program on a card (its kernels, write-backs, step
+    names, durations, lanes and trace args) is worked out once, in the program's :class:`CorrectionArea`;
+    a launch computes the correction blob (the addresses), copies it to the card, patches and runs
+    each kernel: the steps and events are exactly those of ``plan_launch(...).submit(...)``."""
     first = next(iter(bindings.values()), None)
     index = first.device.index if first is not None else None
     stream = current_stream(index) if stream is None else stream
-    plan = plan_launch(program, bindings, get_device(stream.device_index))
-    with TIMELINE.launch(plan.name, dispatch=(options or _DEFAULT_OPTIONS).dispatch, **trace_args):
-        plan.submit(stream, options)
-    return plan
+    device = get_device(stream.device_index)
+    options = _DEFAULT_OPTIONS if options is None else options
+    area = correction_area(program, device)
+    if not _binds_every_slot(area, bindings, device.index) or any(k.host for k in area.kernels):
+        plan = plan_launch(program, bindings, device)        # explains a bad binding; runs host fallbacks
+        TIMELINE.begin_launch(plan.name, {"dispatch": options.dispatch, **trace_args})
+        try:
+            plan.submit(stream, options)
+        finally:
+            TIMELINE.end_launch()
+        return plan
+    name = program.name
+    TIMELINE.begin_launch(name, {"dispatch": options.dispatch, **trace_args})
+    try:
+        _submit_prepared(program, area, bindings, stream, options)
+    finally:
+        TIMELINE.end_launch()
+    return _LaunchedPlan(area, bindings, program)
+
+
+def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor], index: int) -> bool:
+    """Every slot bound, every bound tensor on card ``index`` (else ``plan_launch`` says what is wrong)."""
+    for slot in area.all_slots:
+        if slot not in bindings:
+            return False
+    for t in bindings.values():
+        d = t.device
+        if d.type != "spyre" or d.index != index:
+            return False
+    return True
+
+
+def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                     stream: Stream, options: RuntimeOptions) -> None:
+    """``JobPlan.submit`` of a device-only launch from its prepared steps: same clock, same events, same actions."""
+    global _LAST_PLAN
+    _LAST_PLAN = area.record(program)
+    dispatch = options.dispatch
+    if dispatch == "rebuild":
+        nodes = _LAST_PLAN.nodes
+        TIMELINE.host_work(f"rebuild graph {_LAST_PLAN.name}", area.device.config.host_rebuild_per_node_us * nodes,
+                           nodes=nodes, dispatch="rebuild")
+    numerics = not _TIMING_ONLY
+    device, pinned, region = area.device, area.pinned_host, area.region_host
+    last = len(area.kernels) - 1
+    enqueue = stream.enqueue_prepared
+    lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
+    for k, (kernel, steps) in enumerate(zip(area.kernels, area.prepared(stream, dispatch))):
+        slots, n, offset = area.slots[k], area.slot_counts[k], area.offsets[k]
+        correct, copy_blob, compute = steps
+        enqueue(correct)                       # HostCompute: the real addresses into the pinned buffer
+        if numerics:
+            pinned[:n] = [buffer_of(bindings[s]).address for s in slots]
+        enqueue(copy_blob)                     # H2D: the blob into the kernel's correction area on the card
+        if numerics:
+            region[offset:offset + n] = pinned[:n]
+        start = enqueue(compute)               # Compute: the prologue patches the operands, the kernel runs
+        sim = kernel.sim_trace
+        if sim is not None:
+            TIMELINE.emit_shifted(sim.events, start, lane_of)
+        if numerics:
+            addresses = region[offset:offset + n].tolist()
+            area.last_patched[k] = dict(zip(slots, addresses))
+            kernel.run(Operands({s: _resolve(device, a, bindings[s]) for s, a in zip(slots, addresses)}))
+            if k == last:
+                area.launches += 1
+    if dispatch == "rebuild" or not options.overlap:
+        stream.synchronize()
+
+
+class _LaunchedPlan(JobPlan):
+    """What :func:`launch` returns: the JobPlan that ran, its steps (with their actions) made when read."""
+
+    def __init__(self, area: CorrectionArea, bindings: Mapping[str, torch.Tensor], program: Launchable) -> None:
+        record = area.record(program)
+        self.name, self.nodes = record.name, record.nodes
+        self._area, self._bindings = area, bindings
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr != "steps":
+            raise AttributeError(attr)
+        area, cfg = self._area, self._area.device.config
+        steps = [step for k, kernel in enumerate(area.kernels)
+                 for step in _kernel_steps(kernel, k, area.slots[k], self._bindings, area, cfg)]
+        self.steps = steps
+        return steps

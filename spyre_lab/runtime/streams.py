@@ -67,24 +67,30 @@ class _Placed:
 
 
 class LazyTrace(Trace):
-    """A Trace that places a kernel's simulator events only when someone reads them.
+    """A Trace that makes its events only when someone reads them.
 
     Why: a one-op launch emits about a hundred per-core events; copying them at every launch was the
-    largest single cost of a cached eager op, and most launch traces are never looked at. Reading
-    ``events`` (or iterating, exporting, ``on(lane)``) copies the pending blocks in, in emission order;
-    ``len``, ``start_us`` and ``end_us`` are answered without copying.
+    largest single cost of a cached eager op, and most launch traces are never looked at. Pending items
+    are a kernel's simulator block (:class:`_Placed`) or one event's fields (a tuple: lane, name, start,
+    duration, args); reading ``events`` (or iterating, exporting, ``on(lane)``) turns them into
+    :class:`TraceEvent` s in emission order; ``len``, ``start_us`` and ``end_us`` are answered without that.
     """
 
     def __init__(self, events: Iterable[TraceEvent] = (), meta: dict[str, Any] | None = None) -> None:
-        self._pending: list[_Placed] = []
+        self._pending: list[_Placed | tuple[str, str, float, float, dict[str, Any]]] = []
         self._pending_len = 0
         super().__init__(events, meta)
 
     @property  # type: ignore[override]
     def events(self) -> list[TraceEvent]:
         if self._pending:
-            for block in self._pending:
-                self._events.extend(block.materialise())
+            events = self._events
+            for item in self._pending:
+                if type(item) is tuple:
+                    lane, name, start, dur, args = item
+                    events.append(TraceEvent(lane, name, start, dur, dict(args)))
+                else:
+                    events.extend(item.materialise())
             self._pending.clear()
             self._pending_len = 0
         return self._events
@@ -100,11 +106,16 @@ class LazyTrace(Trace):
             self._pending.append(block)
             self._pending_len += len(block.events)
 
+    def add_pending(self, item: tuple[str, str, float, float, dict[str, Any]]) -> None:
+        """One event's fields, made into a TraceEvent when read (``args`` is copied then)."""
+        self._pending.append(item)
+        self._pending_len += 1
+
     def __len__(self) -> int:
         return len(self._events) + self._pending_len
 
     def _extents(self) -> list[tuple[float, float]]:
-        return [b.extent() for b in self._pending]
+        return [(b[2], b[2] + b[3]) if type(b) is tuple else b.extent() for b in self._pending]
 
     @property
     def start_us(self) -> float:
@@ -133,16 +144,20 @@ class Timeline:
 
     # --- trace ------------------------------------------------------------------------------
     def emit(self, lane: str, name: str, start_us: float, dur_us: float, **args: Any) -> None:
+        self.emit_args(lane, name, start_us, dur_us, args)
+
+    def emit_args(self, lane: str, name: str, start_us: float, dur_us: float, args: dict[str, Any]) -> None:
+        """:meth:`emit` with the args as one dict (not kept: each trace copies it when it makes the event)."""
         launch, recorders = self._launch_trace, self._recorders
         if launch is None and not recorders:
             return
         if dur_us < 0:
             raise ValueError(f"trace event {name!r} on {lane!r} has negative duration {dur_us}")
-        event = TraceEvent(lane, name, float(start_us), float(dur_us), args)   # frozen: one event, every trace
+        item = (lane, name, float(start_us), float(dur_us), args)
         if launch is not None:
-            launch.events.append(event)
+            _add(launch, item)
         for trace in recorders:
-            trace.events.append(event)
+            _add(trace, item)
 
     def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float, lane_of: Any = None) -> None:
         """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
@@ -159,16 +174,24 @@ class Timeline:
     @contextlib.contextmanager
     def launch(self, name: str, **meta: Any) -> Iterator[Trace]:
         """Group the events of one user-visible operation; nested launches join the outer one."""
+        trace = self.begin_launch(name, meta)
+        try:
+            yield trace
+        finally:
+            self.end_launch()
+
+    def begin_launch(self, name: str, meta: dict[str, Any]) -> Trace:
+        """:meth:`launch` without the context manager (the launch hot path): pair with :meth:`end_launch`."""
         if self._launch_depth == 0:
             self._launch_trace = LazyTrace(meta={"launch": name, "time": "modeled us", **meta})
         self._launch_depth += 1
-        try:
-            yield self._launch_trace
-        finally:
-            self._launch_depth -= 1
-            if self._launch_depth == 0:
-                self.last_trace = self._launch_trace
-                self._launch_trace = None
+        return self._launch_trace
+
+    def end_launch(self) -> None:
+        self._launch_depth -= 1
+        if self._launch_depth == 0:
+            self.last_trace = self._launch_trace
+            self._launch_trace = None
 
     @contextlib.contextmanager
     def recording(self) -> Iterator[Trace]:
@@ -214,6 +237,14 @@ class Timeline:
         self.last_trace = Trace(meta={"launch": None})
 
 
+def _add(trace: Trace, item: tuple[str, str, float, float, dict[str, Any]]) -> None:
+    if type(trace) is LazyTrace:
+        trace.add_pending(item)
+    else:
+        lane, name, start, dur, args = item
+        trace.events.append(TraceEvent(lane, name, start, dur, dict(args)))
+
+
 TIMELINE = Timeline()
 
 
@@ -244,6 +275,22 @@ def _host_launch_us(index: int) -> float:
 
 def _unit(unit: str, index: int) -> str:
     return f"spyre{index}.{unit}"
+
+
+class PreparedStep:
+    """One step of a launch as its stream enqueues it, worked out once per program, card and stream: what
+    :meth:`Stream.enqueue` would compute from its arguments on every call (host event name and cost, unit,
+    lane, trace args in the order ``enqueue`` gives them)."""
+
+    __slots__ = ("args", "dur_us", "host_args", "host_cost_us", "host_name", "lane", "name", "unit_key")
+
+    def __init__(self, stream: Stream, name: str, unit: str, lane: str, dur_us: float, args: dict[str, Any]) -> None:
+        self.name, self.lane, self.dur_us = name, lane, dur_us
+        self.host_cost_us = _host_launch_us(stream.device_index)
+        self.host_name = f"enqueue {name}"
+        self.host_args = {"stream": stream.stream_id}
+        self.unit_key = _unit(unit, stream.device_index)
+        self.args = {"stream": stream.stream_id, **args}
 
 
 class Stream(torch.Stream):
@@ -308,6 +355,24 @@ class Stream(torch.Stream):
                                       stream=self.stream_id, **args)
         self.ready_us = end
         return start, end
+
+    def enqueue_prepared(self, step: PreparedStep) -> float:
+        """:meth:`enqueue` of a step whose names, unit, lane and trace args were worked out once
+        (:class:`PreparedStep`): the same clock arithmetic and the same events; returns its start."""
+        timeline = TIMELINE
+        cost = step.host_cost_us
+        if cost:
+            start = timeline.host_us
+            timeline.emit_args(HOST_LANE, step.host_name, start, cost, step.host_args)
+            timeline.host_us = start + cost
+        earliest = max(timeline.host_us, self.ready_us, 0.0)
+        unit_free = timeline._unit_free
+        start = max(earliest, unit_free.get(step.unit_key, 0.0))
+        end = start + step.dur_us
+        unit_free[step.unit_key] = end
+        timeline.emit_args(step.lane, step.name, start, step.dur_us, step.args)
+        self.ready_us = end
+        return start
 
     # --- torch.cuda.Stream-like API ----------------------------------------------------------
     def query(self) -> bool:

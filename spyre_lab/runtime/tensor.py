@@ -97,6 +97,16 @@ def check_fits_fp16(values: torch.Tensor, stored: torch.Tensor) -> None:
         )
 
 
+def check_fits_int32(values: torch.Tensor) -> None:
+    """Refuse int64 values the card's int32 storage cannot hold (checked when written, not when stickified)."""
+    if values.numel():
+        low, high = (int(v) for v in torch.aminmax(values))
+        info = torch.iinfo(torch.int32)
+        if low < info.min or high > info.max:
+            raise ValueError(f"int64 values in [{low}, {high}] do not fit the card's int32 storage "
+                             f"([{info.min}, {info.max}]); keep such tensors on the host")
+
+
 def warn_if_narrowed(dtype: torch.dtype) -> None:
     """One warning per dtype the first time a tensor of ``dtype`` is stored as fp16 on the card."""
     if dtype in _NARROWED_TO_FP16 and dtype not in _warned_dtypes:
@@ -131,9 +141,15 @@ class DeviceBuffer:
 
     @property
     def data(self) -> torch.Tensor:
-        """The stickified contents (device size and dtype); a buffer never written reads as zeros."""
+        """The stickified contents (device size and dtype); a buffer never written reads as zeros.
+
+        Stickified when first asked for after a write: kernels read and write the host mirror, and
+        stickify/unstickify are pure rearrangements (the round trip is exact), so no launch pays for them."""
         if self._data is None:
-            self._data = torch.zeros(self.layout.device_size, dtype=self.layout.device_dtype)
+            if self._host is not None:
+                self._data = stickify(self._host.reshape(self.layout.host_shape).to(self.layout.dtype), self.layout)
+            else:
+                self._data = torch.zeros(self.layout.device_size, dtype=self.layout.device_dtype)
         return self._data
 
     @property
@@ -156,18 +172,30 @@ class DeviceBuffer:
         """The storage as a flat host tensor in ``host_dtype`` (cached until the next write). Do not mutate."""
         self.check_valid()
         if self._host is None:
-            self._host = unstickify(self.data, self.layout).reshape(-1).to(self.host_dtype)
+            if self._data is None:             # never written: zeros, as the card's fresh DRAM reads here
+                zeros = torch.zeros(self.layout.host_shape, dtype=self.layout.dtype)
+                self._host = zeros.reshape(-1).to(self.host_dtype)
+            else:
+                self._host = unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype)
         return self._host
 
     def write_flat(self, flat: torch.Tensor) -> None:
-        """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements): stickify it in."""
+        """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements).
+
+        The values are narrowed to the stored dtype (and checked: fp16 range, int32 range) now; the
+        stickified copy is made only when someone reads :attr:`data`."""
         self.check_valid()
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and self.host_dtype in _NARROWED_TO_FP16:
             check_fits_fp16(source, staged)
-        self._data = stickify(staged, self.layout)
-        self._host = None
+        elif staged.dtype == torch.int64:
+            check_fits_int32(staged)
+        host = staged.reshape(-1).to(self.host_dtype)
+        if host.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
+            host = host.clone()                # the mirror owns its memory: the caller may reuse ``flat``
+        self._host = host
+        self._data = None
 
     def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
         """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate)."""
