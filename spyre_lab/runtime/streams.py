@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,10 +60,57 @@ class _Placed:
                 for e in self.events]
 
     def extent(self) -> tuple[float, float]:
-        """(first start, last end), rounded exactly as the placed events' own start and end."""
+        """(first start, last end), rounded exactly as the placed events' own start and end.
+
+        Rounding is monotonic, so the first start is ``min(start) + offset`` and the last end is reached
+        by an event that no other event beats in both start and duration: those few are kept per kernel
+        trace (:func:`_frontier`) and only they are added up at each placement."""
         off = self.offset_us
-        return (min(e.start_us + off for e in self.events),
-                max((e.start_us + off) + e.dur_us for e in self.events))
+        first, frontier = _frontier(self.events)
+        return first + off, max((s + off) + d for s, d in frontier)
+
+    def kept(self, keep: Callable[[str], bool]) -> list[TraceEvent]:
+        """The placed events on lanes ``keep`` accepts (whole kernel traces of dropped lanes cost nothing)."""
+        lane_of = self.lane_of
+        if lane_of is None:
+            wanted = _kept_events(self.events, keep)
+        else:
+            wanted = [e for e in self.events if keep(lane_of(e.lane))]
+        if not wanted:
+            return []
+        off = self.offset_us
+        return [TraceEvent(e.lane if lane_of is None else lane_of(e.lane), e.name, e.start_us + off, e.dur_us, e.args)
+                for e in wanted]
+
+
+_FRONTIERS: dict[int, tuple[list[TraceEvent], float, list[tuple[float, float]]]] = {}
+_KEPT: dict[tuple[int, Callable[[str], bool]], tuple[list[TraceEvent], list[TraceEvent]]] = {}
+
+
+def _frontier(events: list[TraceEvent]) -> tuple[float, list[tuple[float, float]]]:
+    """The smallest start of ``events`` and the (start, duration) pairs not beaten in both by another event."""
+    cached = _FRONTIERS.get(id(events))
+    if cached is None or cached[0] is not events:
+        pairs = sorted({(e.start_us, e.dur_us) for e in events}, key=lambda p: (-p[0], -p[1]))
+        frontier, best_dur = [], float("-inf")
+        for start, dur in pairs:                 # by start, latest first: keep each longer duration
+            if dur > best_dur:
+                frontier.append((start, dur))
+                best_dur = dur
+        if len(_FRONTIERS) > 4096:
+            _FRONTIERS.clear()
+        cached = _FRONTIERS[id(events)] = (events, min(e.start_us for e in events), frontier)
+    return cached[1], cached[2]
+
+
+def _kept_events(events: list[TraceEvent], keep: Callable[[str], bool]) -> list[TraceEvent]:
+    key = (id(events), keep)
+    cached = _KEPT.get(key)
+    if cached is None or cached[0] is not events:
+        if len(_KEPT) > 4096:
+            _KEPT.clear()
+        cached = _KEPT[key] = (events, [e for e in events if keep(e.lane)])
+    return cached[1]
 
 
 class LazyTrace(Trace):
@@ -113,6 +160,19 @@ class LazyTrace(Trace):
 
     def __len__(self) -> int:
         return len(self._events) + self._pending_len
+
+    def kept(self, keep: Callable[[str], bool]) -> Trace:
+        """A plain Trace of the events on lanes ``keep`` accepts, in order; the other events are never made.
+        (What a step record keeps: the engine drops the thousands of per-core events of every step.)"""
+        events = [e for e in self._events if keep(e.lane)]
+        for item in self._pending:
+            if type(item) is tuple:
+                if keep(item[0]):
+                    lane, name, start, dur, args = item
+                    events.append(TraceEvent(lane, name, start, dur, dict(args)))
+            else:
+                events.extend(item.kept(keep))
+        return Trace(events, meta=dict(self.meta))
 
     def _extents(self) -> list[tuple[float, float]]:
         return [(b[2], b[2] + b[3]) if type(b) is tuple else b.extent() for b in self._pending]
