@@ -99,12 +99,15 @@ there, a Python *fallback* is not (torch stops on an internal assert). This is w
 FakeTensorMode trace factory calls on the device, such as transformers' ``torch.tensor([], device=...)``."""
 
 
-@torch._disable_dynamo  # the driver is never traced: a graph break must not compile the runtime (lazy import)
-def _dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
-    """The registered kernel: loads the eager-op machinery on the first spyre op, not on ``import torch``."""
+def _dispatch_unwrapped(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     from spyre_lab.runtime.ops import dispatch
 
     return dispatch(op, *args, **kwargs)
+
+
+# the driver is never traced: a graph break must not compile the runtime (lazy import)
+_dispatch = torch._disable_dynamo(_dispatch_unwrapped)
+_dispatch.__doc__ = "The registered kernel: loads the eager-op machinery on the first spyre op, not on ``import torch``."
 
 
 def _route_deepcopy_through_clone() -> None:
@@ -134,6 +137,6 @@ def _route_deepcopy_through_clone() -> None:
 def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
     @torch._disable_dynamo
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return _dispatch(op, *args, **kwargs)
+        return _dispatch_unwrapped(op, *args, **kwargs)   # already outside Dynamo: one guard, not two
 
     return kernel

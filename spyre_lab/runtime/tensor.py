@@ -206,9 +206,10 @@ class DeviceBuffer:
         size, stride = tuple(size), tuple(stride)
         if values.dtype != self.host_dtype:
             values = values.to(self.host_dtype)
-        numel = storage_numel(size, stride, offset)
-        if offset == 0 and numel == self.numel and stride == contiguous_strides(size):
-            self.write_flat(values.expand(size).reshape(-1))
+        if offset == 0 and stride == contiguous_strides(size) and storage_numel(size, stride) == self.numel:
+            if tuple(values.shape) != size:
+                values = values.expand(size)
+            self.write_flat(values.reshape(-1))
             return
         flat = self.host_flat().clone()
         flat.as_strided(size, stride, offset).copy_(values)
@@ -260,7 +261,7 @@ def _new_seed(index: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 def storage_numel(size: Sequence[int], stride: Sequence[int], offset: int = 0) -> int:
-    if any(s == 0 for s in size):
+    if 0 in size:
         return 0
     return offset + 1 + sum((s - 1) * st for s, st in zip(size, stride))
 
@@ -273,21 +274,26 @@ def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.
     use it for the fp32 intermediates they keep inside (a norm's sum of squares), never for a tensor
     the caller sees, which follows the fp16 storage policy."""
     size = tuple(int(s) for s in size)
-    stride = contiguous_strides(size) if stride is None else tuple(int(s) for s in stride)
+    contiguous = contiguous_strides(size)
+    stride = contiguous if stride is None else tuple(int(s) for s in stride)
     device = get_device(device_index)
     numel = storage_numel(size, stride)
     # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
-    shape = size if stride == contiguous_strides(size) else (numel,)
+    shape = size if stride == contiguous else (numel,)
     buffer = DeviceBuffer(device, numel, dtype, shape, exact=exact)
     nbytes = numel * dtype.itemsize
-    storage = torch._C._construct_storage_from_data_pointer(buffer.address, torch.device("spyre", device_index),
-                                                            nbytes)
+    storage = torch._C._construct_storage_from_data_pointer(buffer.address, _torch_device(device_index), nbytes)
     tensor = torch.ops.aten.alias.default.redispatch(_META, _seed_tensor(device_index, dtype))
     torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU, tensor, storage, 0, size, stride)
     attached = tensor.untyped_storage()
     attached.spyre_buffer = buffer
     weakref.finalize(attached, device.free, buffer.allocation, buffer.generation)
     return tensor
+
+
+@functools.lru_cache(maxsize=64)
+def _torch_device(index: int) -> torch.device:
+    return torch.device("spyre", index)
 
 
 def buffer_of(t: torch.Tensor) -> DeviceBuffer:
