@@ -107,7 +107,7 @@ def _dispatch_unwrapped(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) ->
 
 # the driver is never traced: a graph break must not compile the runtime (lazy import)
 _dispatch = torch._disable_dynamo(_dispatch_unwrapped)
-_dispatch.__doc__ = "The registered kernel: loads the eager-op machinery on the first spyre op, not on ``import torch``."
+_dispatch.__doc__ = "The registered kernel: loads the eager-op machinery on the first spyre op, not on import torch."
 
 
 def _route_deepcopy_through_clone() -> None:
