@@ -66,3 +66,121 @@ def test_simulator_events_are_placed_when_read():
     assert cores and cores == [e for e in trace.events if e.lane.startswith("core")]
     compute = next(e for e in trace.events if e.args.get("kind") == "Compute")
     assert min(e.start_us for e in cores) >= compute.start_us
+
+
+def test_the_launch_image_is_built_once_per_program_and_card_and_reused():
+    program, binds = Chain(), _binds()
+    launch(program, binds)
+    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    record, prepared = area.record(program), area.prepared(torch.spyre.current_stream(), "aot_patch")
+    for _ in range(3):
+        launch(program, binds)
+    assert jobplan.correction_area(program, torch.spyre.get_device(0)) is area
+    assert area.record(program) is record and jobplan.last_plan() is record
+    assert area.prepared(torch.spyre.current_stream(), "aot_patch") is prepared
+    assert area.launches == 4
+
+
+def test_a_new_output_buffer_is_patched():
+    program, binds = Chain(), _binds()
+    launch(program, binds)
+    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    fresh = dict(binds, y=torch.zeros(4, 64, dtype=torch.float16, device="spyre"))
+    launch(program, fresh)                                   # same image, a new output buffer
+    assert area.last_patched[1]["y"] == fresh["y"].data_ptr() != binds["y"].data_ptr()
+    assert torch.equal(fresh["y"].cpu(), torch.full((4, 64), 2.0, dtype=torch.float16))
+
+
+def test_a_corrupted_blob_really_reads_another_buffer(monkeypatch):
+    program, binds = Chain(), _binds()
+    binds["x"].fill_(5.0)
+    launch(program, binds)
+    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    other = torch.full((4, 64), 40.0, dtype=torch.float16, device="spyre")
+    pinned = area.pinned_host
+
+    class Tampered:                       # the pinned buffer a misbehaving driver would write a stale address into
+        def __setitem__(self, key, values):
+            values = list(values)
+            if values and values[0] == binds["x"].data_ptr():
+                values[0] = other.data_ptr()
+            pinned[key] = values
+
+        def __getitem__(self, key):
+            return pinned[key]
+
+    monkeypatch.setattr(area, "pinned_host", Tampered())
+    launch(program, binds)
+    assert area.last_patched[0]["x"] == other.data_ptr()
+    assert torch.equal(binds["y"].cpu(), torch.full((4, 64), 42.0, dtype=torch.float16))   # read `other`, not x
+
+
+def test_after_a_device_reset_the_program_is_bound_again():
+    program = Chain()
+    launch(program, _binds())
+    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    torch.spyre.reset_device()
+    binds = _binds()
+    launch(program, binds)
+    again = jobplan.correction_area(program, torch.spyre.get_device(0))
+    assert again is not area and again.valid() and not area.valid()
+    assert again.last_patched[0] == {s: binds[s].data_ptr() for s in ("x", "t")}
+    assert torch.equal(binds["y"].cpu(), torch.full((4, 64), 2.0, dtype=torch.float16))
+
+
+def test_a_freed_program_frees_its_launch_image():
+    import gc
+    import weakref
+
+    program = Chain()
+    launch(program, _binds())
+    area = weakref.ref(jobplan.correction_area(program, torch.spyre.get_device(0)))
+    del program
+    gc.collect()
+    assert area() is None
+
+
+def test_launch_returns_the_plan_that_ran_with_its_actions():
+    program, binds = Chain(), _binds()
+    plan = launch(program, binds)
+    assert [s.kind for s in plan.steps] == [StepKind.HOST_COMPUTE, StepKind.H2D, StepKind.COMPUTE] * 2
+    assert all(s.action is not None for s in plan.steps)
+    assert plan.describe() == jobplan.last_plan().describe()
+
+
+def test_the_prepared_launch_writes_the_same_events_as_plan_and_submit():
+    """The launch image is only a faster way to the same trace: compare with JobPlan.submit step by step."""
+    from spyre_lab.runtime.jobplan import RuntimeOptions, plan_launch
+    from spyre_lab.runtime.streams import reset_time
+
+    for dispatch in ("aot_patch", "rebuild"):
+        options = RuntimeOptions(dispatch=dispatch)
+        traces, outputs = [], []
+        for fast in (True, False):
+            torch.spyre.synchronize()
+            reset_time()
+            program, binds = Chain(), _binds()
+            with recording() as trace:
+                if fast:
+                    launch(program, binds, options=options)
+                else:
+                    plan_launch(program, binds).submit(options=options)   # the reference path
+            traces.append([(e.lane, e.name, e.start_us, e.dur_us, {k: v for k, v in e.args.items()
+                                                                    if k != "pinned_buffer"}) for e in trace.events])
+            outputs.append(binds["y"].cpu())
+        assert traces[0] == traces[1] and torch.equal(outputs[0], outputs[1])
+
+
+def test_a_deferred_stickify_reads_back_exactly():
+    from spyre_lab.device.layout import unstickify
+    from spyre_lab.runtime.tensor import buffer_of
+
+    values = torch.randn(5, 70, dtype=torch.float16)            # a partial last stick: padding in the device copy
+    x = values.to("spyre")
+    y = torch.exp(x)
+    buffer = buffer_of(y)
+    assert buffer._data is None                                   # written by the kernel, not stickified yet
+    device_copy = buffer.data                                     # stickified when asked for
+    assert tuple(device_copy.shape) == buffer.layout.device_size
+    assert torch.equal(unstickify(device_copy, buffer.layout), y.cpu())
+    assert torch.equal(y.cpu(), torch.exp(values))
