@@ -121,8 +121,89 @@ def bench_spyre_platform(max_model_len: int = 64) -> None:
                   f"bucket -> {stats['compiles']} compiles, {stats['hits']} program-cache hits")
 
 
+def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
+    """Host CPU time of one decode step on the spyre platform, split: compiled pieces, attention, the rest."""
+    import warnings
+
+    from spyre_lab.engine.platforms import piecewise
+    from spyre_lab.engine.platforms.spyre import SpyrePlatform
+
+    print(f"\n[4] host CPU time of a tiny-granite decode step (piecewise-compiled, batch bucket 1; process CPU time, "
+          f"median of {requests} requests' decode steps)")
+    greedy = SamplingParams(temperature=0, max_tokens=32)
+    cpu_llm = LLM("tiny-granite", dtype=torch.float16, max_model_len=max_model_len)
+    cpu_step = _decode_step_cpu_ms(cpu_llm, greedy, requests)["step"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        platform = SpyrePlatform(prefill_buckets=[max_model_len], batch_buckets=[1])
+        llm = LLM("tiny-granite", platform=platform, max_model_len=max_model_len, max_num_seqs=1)
+        llm.warmup(show_progress=False)
+        split = _decode_step_cpu_ms(llm, greedy, requests, piece=piecewise.CompiledPiece)
+    attention, pieces = split["attention"], split["pieces"]
+    rest = split["step"] - attention - pieces
+    layers, step, one_launch = split["layers"], split["step"], split["one_launch"]
+    print(f"  cpu platform step {cpu_step:6.2f} ms | spyre step {step:6.2f} ms ({step / cpu_step:.1f}x cpu): compiled "
+          f"pieces {pieces:.2f}, attention (eager device ops) {attention:.2f}, the rest {rest:.2f}")
+    print(f"  estimate with attention as one launch per layer: {step - attention + layers * one_launch:6.2f} ms "
+          f"(attention replaced by {layers} x {one_launch:.2f} ms, the median eager launch of this run; goal 10 ms)")
+
+
+def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: type | None = None) -> dict:
+    """Medians over decode steps of process CPU ms: the whole engine step, and (spyre) its pieces and attention."""
+    from spyre_lab.engine.platforms import paged_attention_op
+    from spyre_lab.runtime import eager_programs
+
+    engine, acc, rows, launches = llm.llm_engine, {"pieces": 0.0, "attention": 0.0}, [], []
+
+    def timed(key: str, fn):
+        def wrapper(*args, **kwargs):
+            start = time.process_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                acc[key] += time.process_time() - start
+        return wrapper
+
+    def launch_timed(*args, **kwargs):
+        start = time.process_time()
+        try:
+            return real_run(*args, **kwargs)
+        finally:
+            launches.append(time.process_time() - start)
+
+    real_attention, real_run = paged_attention_op.grouped_paged_attention, None
+    saved = []
+    if piece is not None:
+        saved = [(piece, "forward", piece.forward), (paged_attention_op, "grouped_paged_attention", real_attention),
+                 (eager_programs, "_run_program", eager_programs._run_program)]
+        real_run = eager_programs._run_program
+        piece.forward = timed("pieces", piece.forward)
+        paged_attention_op.grouped_paged_attention = timed("attention", real_attention)
+        eager_programs._run_program = launch_timed
+    llm.generate([KNOWN_PROMPTS[0]], params, use_tqdm=False)       # warm
+    try:
+        for i in range(requests):
+            engine.add_request(f"host-{i}", KNOWN_PROMPTS[i % len(KNOWN_PROMPTS)], params)
+            first = True
+            while engine.has_unfinished_requests():
+                acc.update(pieces=0.0, attention=0.0)
+                start = time.process_time()
+                engine.step()
+                if not first:                                         # the first step is the prefill
+                    rows.append((time.process_time() - start, acc["pieces"], acc["attention"]))
+                first = False
+    finally:
+        for owner, name, value in saved:
+            setattr(owner, name, value)
+    def med(i: int) -> float:
+        return statistics.median(r[i] for r in rows) * 1e3
+
+    return {"step": med(0), "pieces": med(1), "attention": med(2), "layers": len(engine.runner.kv_caches),
+            "one_launch": statistics.median(launches) * 1e3 if launches else 0.0}
+
+
 SECTIONS = {"transformers": bench_vs_transformers, "portable": bench_portable_overhead,
-            "spyre": bench_spyre_platform}
+            "spyre": bench_spyre_platform, "host": bench_host_step}
 
 
 def main(argv: list[str]) -> None:
@@ -141,6 +222,8 @@ def main(argv: list[str]) -> None:
         bench_portable_overhead(args.repeats, args.new_tokens, args.batch)
     if "spyre" in names:
         bench_spyre_platform()
+    if "host" in names:
+        bench_host_step()
 
 
 if __name__ == "__main__":
