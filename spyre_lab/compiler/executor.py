@@ -206,11 +206,21 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
     return tiles
 
 
-def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
-               slices: Sequence[dict[str, tuple[int, int]]] | None = None) -> list[CoreTile]:
-    """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core
-    ``slices`` (``KernelSpec.slices``) it computes core by core and returns what each core produced."""
+def per_core_slices(kernel: FusedKernel, program: Program,
+                    slices: Sequence[dict[str, tuple[int, int]]] | None) -> list[dict[str, tuple[int, int]]] | None:
+    """The slices :func:`run_kernel` computes core by core (None: the kernel is computed whole). A runtime that
+    launches the kernel many times decides once and passes ``checked=True``."""
     if slices and _sliceable(kernel, program.access, list(slices)):
+        return list(slices)
+    return None
+
+
+def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+               slices: Sequence[dict[str, tuple[int, int]]] | None = None, *, checked: bool = False) -> list[CoreTile]:
+    """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core
+    ``slices`` (``KernelSpec.slices``) it computes core by core and returns what each core produced.
+    ``checked``: ``slices`` came from :func:`per_core_slices` (no need to ask again whether they apply)."""
+    if slices and (checked or _sliceable(kernel, program.access, list(slices))):
         return _run_sliced(kernel, program, env, list(slices))
     for node in kernel.nodes:
         env[node.output] = _run_node(node, env)

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from spyre_lab.compiler.access import Read
-from spyre_lab.compiler.executor import run_kernel
+from spyre_lab.compiler.executor import per_core_slices, run_kernel
 from spyre_lab.compiler.ir import FusedKernel
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
@@ -55,6 +55,8 @@ class CompiledKernel:
     mode: str
     host: bool = False
     _timing: tuple[float, str, Trace | None, dict[str, Any]] | None = field(default=None, repr=False)
+    _plan: tuple[list[str], list[tuple[str, torch.Tensor]], list[dict[str, tuple[int, int]]] | None] | None = field(
+        default=None, repr=False)
 
     @property
     def name(self) -> str:
@@ -113,9 +115,17 @@ class CompiledKernel:
         return self.spec.slices if self.spec.slices and _splits_a_reduction(self.spec) else None
 
     def run(self, operands: Operands) -> None:
-        env: dict[str, torch.Tensor] = {b: operands[b] for b in self.kernel.inputs if b in operands}
-        env.update({b: t for b, t in self.program.constants.items() if b not in env})
-        run_kernel(self.kernel, self.program, env, self._slices_that_matter())
+        if self._plan is None:           # decided once per kernel: which inputs, constants and per-core slices
+            constants = self.program.constants
+            self._plan = ([b for b in self.kernel.inputs if b in operands],
+                          [(b, t) for b, t in constants.items()],
+                          per_core_slices(self.kernel, self.program, self._slices_that_matter()))
+        inputs, constants, slices = self._plan
+        env: dict[str, torch.Tensor] = {b: operands[b] for b in inputs}
+        for b, t in constants:
+            if b not in env:
+                env[b] = t
+        run_kernel(self.kernel, self.program, env, slices, checked=True)
         for b in self.kernel.outputs:
             operands.write(b, env[b])
 

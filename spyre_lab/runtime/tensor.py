@@ -129,11 +129,12 @@ class DeviceBuffer:
         self.device = device
         self.numel = numel
         self.host_dtype = host_dtype
-        stored = host_dtype if exact else storage_dtype(host_dtype)
-        self.layout = _layout(tuple(shape), stored, device.config.stick_bytes)
-        if not exact:
+        shape = tuple(shape)
+        stored = host_dtype if exact else _storage_dtype(host_dtype)
+        self.layout = _layout(shape, stored, device.config.stick_bytes)
+        if not exact and host_dtype in _NARROWED_TO_FP16:
             warn_if_narrowed(host_dtype)
-        self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=f"{host_dtype} {tuple(shape)}")
+        self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=_tag(host_dtype, shape))
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
         self._host: torch.Tensor | None = None
@@ -218,6 +219,16 @@ class DeviceBuffer:
     def __repr__(self) -> str:
         return (f"DeviceBuffer(spyre:{self.device.index} @ {self.address:#x}, {self.device_nbytes} B, "
                 f"host {self.host_dtype} x {self.numel}, device {self.layout.device_dtype} {self.layout.device_size})")
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
+    return f"{dtype} {shape}"
+
+
+@functools.lru_cache(maxsize=64)
+def _storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    return storage_dtype(dtype)
 
 
 @functools.lru_cache(maxsize=4096)
