@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+import weakref
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -163,15 +164,33 @@ def _core_values(nodes: Sequence[IRNode], anchor: IRNode, access: dict[str, Acce
     return local
 
 
+_SLICED: dict[int, tuple[weakref.ref, list, set[str], list[str], list[tuple[int, dict, dict]]]] = {}
+
+
+def _sliced_plan(kernel: FusedKernel, slices: list[dict[str, tuple[int, int]]]
+                 ) -> tuple[set[str], list[str], list[tuple[int, dict, dict]]]:
+    """What :func:`_run_sliced` derives from the kernel and its slices alone (kept while both are the same
+    objects, e.g. for a runtime that launches the kernel again and again): the split dims, the reduced ones,
+    and per core (index, its slice, its slice of the split dims)."""
+    cached = _SLICED.get(id(kernel))
+    if cached is None or cached[0]() is not kernel or cached[1] is not slices:
+        anchor = kernel.anchor
+        split = _split_dims(kernel, slices)
+        partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
+        cores = [(c, s, {d: r for d, r in s.items() if d in split}) for c, s in enumerate(slices) if s]
+        if cached is None:
+            weakref.finalize(kernel, _SLICED.pop, id(kernel), None)   # dropped with the kernel
+        cached = _SLICED[id(kernel)] = (weakref.ref(kernel), slices, split, partial_dims, cores)
+    return cached[2], cached[3], cached[4]
+
+
 def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
                 slices: list[dict[str, tuple[int, int]]]) -> list[CoreTile]:
     access = program.access
     anchor = kernel.anchor
-    split = _split_dims(kernel, slices)
-    partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
+    split, partial_dims, cores = _sliced_plan(kernel, slices)
     first = kernel.nodes[:1] if partial_dims else kernel.nodes
-    tiles = [CoreTile(c, dict(s), _core_values(first, anchor, access, env, {d: r for d, r in s.items() if d in split}))
-             for c, s in enumerate(slices) if s]
+    tiles = [CoreTile(c, dict(s), _core_values(first, anchor, access, env, own)) for c, s, own in cores]
     if partial_dims:                           # ring reduction: partners' fp32 partials combined in slice order
         combine = PARTIAL_COMBINE[anchor.op]
         kept = [d for d in anchor.dims if d not in partial_dims]
@@ -220,7 +239,9 @@ def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tenso
     """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core
     ``slices`` (``KernelSpec.slices``) it computes core by core and returns what each core produced.
     ``checked``: ``slices`` came from :func:`per_core_slices` (no need to ask again whether they apply)."""
-    if slices and (checked or _sliceable(kernel, program.access, list(slices))):
+    if slices and checked:
+        return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices))
+    if slices and _sliceable(kernel, program.access, list(slices)):
         return _run_sliced(kernel, program, env, list(slices))
     for node in kernel.nodes:
         env[node.output] = _run_node(node, env)

@@ -186,6 +186,13 @@ class DeviceBuffer:
         The values are narrowed to the stored dtype (and checked: fp16 range, int32 range) now; the
         stickified copy is made only when someone reads :attr:`data`."""
         self.check_valid()
+        dtype = flat.dtype
+        if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
+                and flat.numel() == self.numel):
+            # nothing to narrow or check (fp16 kept as fp16): the mirror is a private copy of the values
+            self._host = flat.clone() if flat.is_contiguous() else flat.contiguous()
+            self._data = None
+            return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and self.host_dtype in _NARROWED_TO_FP16:
