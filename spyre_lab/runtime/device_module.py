@@ -21,6 +21,7 @@ from spyre_lab.runtime import devices
 from spyre_lab.runtime.devices import (  # noqa: F401  (re-exported: torch.spyre.get_device, ...)
     DEVICES_ENV,
     PROGRAM_SEGMENT_BYTES,
+    DeviceLike,
     SpyreDevice,
     configure,
     get_device,
@@ -71,7 +72,12 @@ __all__ = [
     "synchronize",
 ]
 
-def _device_index(device: Any = None) -> int:
+DeviceArg = DeviceLike | Stream
+"""What the ``torch.spyre`` functions accept as a card: an index, ``"spyre:1"``, a ``torch.device``, a Stream
+(its card), or None (the current card)."""
+
+
+def _device_index(device: DeviceArg = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device / Stream to a device index."""
     return device.device_index if isinstance(device, Stream) else devices.device_index(device)
 
@@ -97,14 +103,14 @@ def current_device() -> int:
     return devices.current_device()
 
 
-def set_device(device: Any) -> None:
+def set_device(device: DeviceArg) -> None:
     devices.set_device(_device_index(device))
 
 
 class device:  # lower case, like torch.cuda.device
     """``with torch.spyre.device(1):`` makes ``spyre:1`` the current card inside the block."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: DeviceArg) -> None:
         self.index = -1 if device is None else _device_index(device)
         self.previous = -1
 
@@ -117,7 +123,7 @@ class device:  # lower case, like torch.cuda.device
         devices.set_device(self.previous)
 
 
-def get_device_name(device: Any = None) -> str:
+def get_device_name(device: DeviceArg = None) -> str:
     dev = get_device(_device_index(device))
     return f"IBM Spyre (modeled, {dev.config.name})"
 
@@ -133,40 +139,40 @@ class SpyreDeviceProperties:
     type: str = "spyre"
 
 
-def get_device_properties(device: Any = None) -> SpyreDeviceProperties:
+def get_device_properties(device: DeviceArg = None) -> SpyreDeviceProperties:
     """Name, ``total_memory`` and core count of the card, plus its :class:`SpyreConfig` as ``.config``."""
     dev = get_device(_device_index(device))
     return SpyreDeviceProperties(name=get_device_name(dev.index), total_memory=dev.memory.capacity,
                                  multi_processor_count=dev.config.cores, config=dev.config)
 
 
-def memory_allocated(device: Any = None) -> int:
+def memory_allocated(device: DeviceArg = None) -> int:
     """Bytes of modeled DRAM held by live tensors (stick-aligned, padded device format)."""
     dev = get_device(_device_index(device))
     return dev.memory.allocated_bytes - dev.reserved_bytes
 
 
-def max_memory_allocated(device: Any = None) -> int:
+def max_memory_allocated(device: DeviceArg = None) -> int:
     dev = get_device(_device_index(device))
     return max(0, dev.memory.peak_allocated_bytes - dev.reserved_bytes)
 
 
-def memory_reserved(device: Any = None) -> int:
+def memory_reserved(device: DeviceArg = None) -> int:
     """No caching allocator sits above DeviceMemory, so reserved equals allocated."""
     return memory_allocated(device)
 
 
-def max_memory_reserved(device: Any = None) -> int:
+def max_memory_reserved(device: DeviceArg = None) -> int:
     return max_memory_allocated(device)
 
 
-def mem_get_info(device: Any = None) -> tuple[int, int]:
+def mem_get_info(device: DeviceArg = None) -> tuple[int, int]:
     """``(free, total)`` bytes of the card's tensor DRAM, like ``torch.cuda.mem_get_info``."""
     memory = get_device(_device_index(device)).memory
     return memory.free_bytes, memory.capacity
 
 
-def memory_stats(device: Any = None) -> dict[str, Any]:
+def memory_stats(device: DeviceArg = None) -> dict[str, Any]:
     """Counters named like ``torch.cuda.memory_stats()``; reserved equals allocated (no caching allocator)."""
     dev = get_device(_device_index(device))
     stats: dict[str, Any] = dict(dev.memory.stats())
@@ -177,7 +183,7 @@ def memory_stats(device: Any = None) -> dict[str, Any]:
     return dict(sorted(stats.items()))
 
 
-def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+def memory_summary(device: DeviceArg = None, abbreviated: bool = False) -> str:
     """A readable table of the card's memory, in the spirit of ``torch.cuda.memory_summary``."""
     dev = get_device(_device_index(device))
     mem, stats = dev.memory, memory_stats(dev.index)
@@ -208,16 +214,16 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
     return "\n".join(lines)
 
 
-def reset_peak_memory_stats(device: Any = None) -> None:
+def reset_peak_memory_stats(device: DeviceArg = None) -> None:
     get_device(_device_index(device)).memory.reset_peak()
 
 
-def reset_accumulated_memory_stats(device: Any = None) -> None:
+def reset_accumulated_memory_stats(device: DeviceArg = None) -> None:
     """The allocator's running totals are part of its bookkeeping; only the peaks reset here."""
     reset_peak_memory_stats(device)
 
 
-def empty_cache(device: Any = None) -> None:
+def empty_cache(device: DeviceArg = None) -> None:
     """Release what the runtime keeps cached: the compiled one-op programs and their program-segment
     memory. Live tensors are untouched, as with ``torch.cuda.empty_cache`` (the modeled DRAM has no
     caching allocator, so tensor memory is returned the moment a tensor dies). To wipe the card,
@@ -228,7 +234,7 @@ def empty_cache(device: Any = None) -> None:
     eager_programs.clear_program_cache()
 
 
-def reset_device(device: Any = None) -> None:
+def reset_device(device: DeviceArg = None) -> None:
     """Reset the card: free all of its DRAM and drop compiled one-op programs.
 
     Tensors still alive on it are invalid afterwards, and any use raises an error that says so.
@@ -261,12 +267,12 @@ def initial_seed() -> int:
     return torch.default_generator.initial_seed()
 
 
-def get_rng_state(device: Any = None) -> torch.Tensor:
+def get_rng_state(device: DeviceArg = None) -> torch.Tensor:
     """The generator state random spyre ops draw from (the CPU generator, see manual_seed)."""
     return torch.default_generator.get_state()
 
 
-def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+def set_rng_state(state: torch.Tensor, device: DeviceArg = None) -> None:
     torch.default_generator.set_state(state)
 
 
@@ -299,5 +305,5 @@ def get_amp_supported_dtype() -> list[torch.dtype]:
     return list(AMP_DTYPES)
 
 
-def current_stream_id(device: Any = None) -> int:
+def current_stream_id(device: DeviceArg = None) -> int:
     return current_stream(device).stream_id

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -18,6 +18,10 @@ from spyre_lab.device.config import SPYRE, SpyreConfig
 
 if TYPE_CHECKING:
     from spyre_lab.device.memory import Allocation, DeviceMemory
+    from spyre_lab.runtime.tensor import DeviceBuffer
+
+DeviceLike = int | str | torch.device | None
+"""What names a card: an index, ``"spyre:1"``, a ``torch.device``, or None for the current one."""
 
 DEVICES_ENV = "SPYRE_LAB_DEVICES"
 # estimate: DRAM kept for loaded programs (binaries and their correction areas), at the top of the
@@ -38,7 +42,7 @@ class SpyreDevice:
         self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
                                                          name=f"spyre:{index} program segment")
         self.program_base = tensor_bytes
-        self._buffers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+        self._buffers: weakref.WeakValueDictionary[int, DeviceBuffer] = weakref.WeakValueDictionary()
         self.generation = 0
         self._reserve_null_stick()
 
@@ -59,10 +63,10 @@ class SpyreDevice:
         if generation == self.generation:
             self.program_memory.free(allocation)
 
-    def register_buffer(self, address: int, buffer: Any) -> None:
+    def register_buffer(self, address: int, buffer: DeviceBuffer) -> None:
         self._buffers[address] = buffer
 
-    def buffer_at(self, address: int) -> Any:
+    def buffer_at(self, address: int) -> DeviceBuffer:
         """The live buffer whose allocation starts at ``address`` (how patched kernels find operands)."""
         try:
             return self._buffers[address]
@@ -148,7 +152,7 @@ def configure(config: SpyreConfig | None = None) -> None:
     _DEVICES.clear()
 
 
-def device_index(device: int | str | torch.device | None = None) -> int:
+def device_index(device: DeviceLike = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device to the index of an existing card."""
     if device is None:
         return _CURRENT_INDEX

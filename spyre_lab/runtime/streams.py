@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from spyre_lab.device.trace import Trace, TraceEvent
-from spyre_lab.runtime.devices import device_index, get_device
+from spyre_lab.runtime.devices import DeviceLike, device_index, get_device
 
 _DEVICE_TYPE = int(torch._C._autograd.DeviceType.PrivateUse1)  # what torch.Stream records for spyre
 LOW_PRIORITY_IDS = range(1, 33)
@@ -51,7 +51,7 @@ class _Placed:
 
     __slots__ = ("events", "lane_of", "offset_us")
 
-    def __init__(self, events: list[TraceEvent], offset_us: float, lane_of: Any) -> None:
+    def __init__(self, events: list[TraceEvent], offset_us: float, lane_of: Callable[[str], str] | None) -> None:
         self.events, self.offset_us, self.lane_of = events, offset_us, lane_of
 
     def materialise(self) -> list[TraceEvent]:
@@ -219,7 +219,8 @@ class Timeline:
         for trace in recorders:
             _add(trace, item)
 
-    def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float, lane_of: Any = None) -> None:
+    def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float,
+                     lane_of: Callable[[str], str] | None = None) -> None:
         """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
         targets = [t for t in (self._launch_trace, *self._recorders) if t is not None]
         if not targets:
@@ -363,7 +364,7 @@ class Stream(torch.Stream):
     accept it, e.g. ``tensor.record_stream(torch.spyre.current_stream())``.
     """
 
-    def __new__(cls, device: Any = None, priority: int = 0, *, stream_id: int | None = None) -> Stream:
+    def __new__(cls, device: DeviceLike = None, priority: int = 0, *, stream_id: int | None = None) -> Stream:
         index = device_index(device)
         if priority not in (0, -1):
             raise ValueError(f"Stream priority is binary on Spyre: 0 (low) or -1 (high), got {priority}")
@@ -468,11 +469,11 @@ _CURRENT: dict[int, Stream] = {}
 _ENTERED: list[Stream] = []  # streams made current by `with`, to restore on exit
 
 
-def default_stream(device: Any = None) -> Stream:
+def default_stream(device: DeviceLike = None) -> Stream:
     return Stream(device, stream_id=0)
 
 
-def current_stream(device: Any = None) -> Stream:
+def current_stream(device: DeviceLike = None) -> Stream:
     index = device_index(device)
     return _CURRENT.get(index) or default_stream(index)
 
@@ -498,7 +499,7 @@ def reset_time() -> None:
         s.ready_us = 0.0
 
 
-def synchronize(device: Any = None) -> None:
+def synchronize(device: DeviceLike = None) -> None:
     """Block the host (modeled) until every stream of the device has drained."""
     index = device_index(device)
     latest = max((s.ready_us for (d, _), s in _STREAMS.items() if d == index), default=0.0)

@@ -291,9 +291,9 @@ def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.
     ``exact``: store ``dtype`` itself (float32 has a device format) instead of fp16. Compiled programs
     use it for the fp32 intermediates they keep inside (a norm's sum of squares), never for a tensor
     the caller sees, which follows the fp16 storage policy."""
-    size = tuple(int(s) for s in size)
+    size = tuple(map(int, size))
     contiguous = contiguous_strides(size)
-    stride = contiguous if stride is None else tuple(int(s) for s in stride)
+    stride = contiguous if stride is None else tuple(map(int, stride))
     device = get_device(device_index)
     numel = storage_numel(size, stride)
     # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
