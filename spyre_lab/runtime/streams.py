@@ -69,18 +69,14 @@ class _Placed:
         first, frontier = _frontier(self.events)
         return first + off, max((s + off) + d for s, d in frontier)
 
-    def kept(self, keep: Callable[[str], bool]) -> list[TraceEvent]:
-        """The placed events on lanes ``keep`` accepts (whole kernel traces of dropped lanes cost nothing)."""
+    def kept(self, keep: Callable[[str], bool]) -> _Placed | None:
+        """The block of the placed events on lanes ``keep`` accepts (None if none is; nothing is copied)."""
         lane_of = self.lane_of
         if lane_of is None:
             wanted = _kept_events(self.events, keep)
         else:
             wanted = [e for e in self.events if keep(lane_of(e.lane))]
-        if not wanted:
-            return []
-        off = self.offset_us
-        return [TraceEvent(e.lane if lane_of is None else lane_of(e.lane), e.name, e.start_us + off, e.dur_us, e.args)
-                for e in wanted]
+        return _Placed(wanted, self.offset_us, lane_of) if wanted else None
 
 
 _FRONTIERS: dict[int, tuple[list[TraceEvent], float, list[tuple[float, float]]]] = {}
@@ -161,18 +157,21 @@ class LazyTrace(Trace):
     def __len__(self) -> int:
         return len(self._events) + self._pending_len
 
-    def kept(self, keep: Callable[[str], bool]) -> Trace:
-        """A plain Trace of the events on lanes ``keep`` accepts, in order; the other events are never made.
-        (What a step record keeps: the engine drops the thousands of per-core events of every step.)"""
-        events = [e for e in self._events if keep(e.lane)]
+    def kept(self, keep: Callable[[str], bool]) -> LazyTrace:
+        """The events on lanes ``keep`` accepts, in order, as another LazyTrace: the dropped events are never
+        made, the kept ones when read. (What a step record keeps: the engine drops the thousands of per-core
+        events of every step, and most step records are never looked at.)"""
+        out = LazyTrace(meta=dict(self.meta))
+        out._events = [e for e in self._events if keep(e.lane)]
         for item in self._pending:
             if type(item) is tuple:
                 if keep(item[0]):
-                    lane, name, start, dur, args = item
-                    events.append(TraceEvent(lane, name, start, dur, dict(args)))
+                    out.add_pending(item)
             else:
-                events.extend(item.kept(keep))
-        return Trace(events, meta=dict(self.meta))
+                block = item.kept(keep)
+                if block is not None:
+                    out.place(block)
+        return out
 
     def _extents(self) -> list[tuple[float, float]]:
         return [(b[2], b[2] + b[3]) if type(b) is tuple else b.extent() for b in self._pending]
