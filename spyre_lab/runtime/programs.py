@@ -37,7 +37,7 @@ from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
 from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area, launch
 from spyre_lab.runtime.streams import Stream
-from spyre_lab.runtime.tensor import empty_spyre
+from spyre_lab.runtime.tensor import DeviceSlot, empty_spyre
 
 EXACT_INTERMEDIATE_DTYPES = (torch.float32,)
 """Intermediate dtypes a compiled program keeps as they are in DRAM: the card's fp32 format (32 values
@@ -222,8 +222,11 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
     for slot in correction_area(loaded, get_device(index)).all_slots:   # the kernels bound once per card
         if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
             info = program.buffers[slot]     # (a norm's fp32 sum of squares); outputs follow the fp16 policy
-            bound[slot] = empty_spyre(info.shape, None, info.dtype, index, exact=slot not in visible
-                                      and info.dtype in EXACT_INTERMEDIATE_DTYPES)
+            if slot in visible:
+                bound[slot] = empty_spyre(info.shape, None, info.dtype, index)
+            else:                            # seen by no one after the launch: a DRAM buffer without a tensor
+                bound[slot] = DeviceSlot(tuple(info.shape), info.dtype, index,  # type: ignore[assignment]
+                                         exact=info.dtype in EXACT_INTERMEDIATE_DTYPES)
     launch(loaded, bound, stream=stream, options=options)
     for name, x in zip(program.inputs, inputs):
         if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):

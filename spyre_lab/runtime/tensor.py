@@ -309,6 +309,47 @@ def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.
     return tensor
 
 
+class DeviceSlot:
+    """A DRAM buffer a compiled program keeps to itself for one launch (an intermediate between two kernels):
+    allocated like a tensor's, bound and patched like one, but with no torch tensor around it, since nothing
+    outside the launch ever sees it. Freed when the launch drops it, as a tensor's storage would be.
+
+    It answers what the launch path asks of a bound tensor: its card, dtype, size, stride and buffer."""
+
+    __slots__ = ("_size", "_stride", "buffer", "device", "dtype", "spyre_buffer")
+
+    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, exact: bool = False) -> None:
+        self._size = torch.Size(size)
+        self._stride = contiguous_strides(self._size)
+        self.dtype = dtype
+        self.device = _torch_device(device_index)
+        self.buffer = self.spyre_buffer = DeviceBuffer(get_device(device_index), storage_numel(size, self._stride),
+                                                       dtype, self._size, exact=exact)
+
+    def size(self) -> torch.Size:
+        return self._size
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._size
+
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def numel(self) -> int:
+        return self.buffer.numel
+
+    def untyped_storage(self) -> DeviceSlot:
+        return self                           # ``buffer_of`` finds ``spyre_buffer`` here, as on a storage
+
+    def __del__(self) -> None:
+        buffer = self.buffer
+        buffer.device.free(buffer.allocation, buffer.generation)
+
+
 @functools.lru_cache(maxsize=64)
 def _torch_device(index: int) -> torch.device:
     return torch.device("spyre", index)

@@ -63,7 +63,13 @@ def test_fp32_intermediates_stay_fp32_in_dram(monkeypatch):
         made[len(made)] = (dtype, exact)
         return t
 
+    def recording_slot(size, dtype, index, exact=False):     # intermediates: DRAM buffers without a tensor
+        made[len(made)] = (dtype, exact)
+        return real_slot(size, dtype, index, exact=exact)
+
+    real_slot = programs.DeviceSlot
     monkeypatch.setattr(programs, "empty_spyre", recording)
+    monkeypatch.setattr(programs, "DeviceSlot", recording_slot)
     (out,) = programs.run_program(program, [x.to("spyre")])
     assert (torch.float32, True) in made.values() and (torch.float32, False) not in made.values()
     torch.testing.assert_close(out.cpu(), F.rms_norm(x, [64]), atol=1e-3, rtol=2 * 2**-10)

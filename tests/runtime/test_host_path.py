@@ -184,3 +184,24 @@ def test_a_deferred_stickify_reads_back_exactly():
     assert tuple(device_copy.shape) == buffer.layout.device_size
     assert torch.equal(unstickify(device_copy, buffer.layout), y.cpu())
     assert torch.equal(y.cpu(), torch.exp(values))
+
+
+def test_a_compiled_programs_intermediates_live_only_during_its_launch():
+    """Intermediates are bound as bare DRAM buffers (no tensor around them): allocated for the launch, counted in
+    the peak, freed when it returns; the outputs stay."""
+    from spyre_lab.compiler import backend
+    from spyre_lab.runtime.programs import run_program
+
+    a, b = torch.randn(64, 64, dtype=torch.float16), torch.randn(64, 64, dtype=torch.float16)
+    program = backend.compile_graph(lambda x, y: torch.softmax(x @ y, dim=-1) * 2 + x, [a, b])
+    inputs = [a.to("spyre"), b.to("spyre")]
+    run_program(program, inputs)                                  # loads constants, binds the program
+    torch.spyre.reset_peak_memory_stats()
+    before = torch.spyre.memory_allocated()
+    (out,) = run_program(program, inputs)
+    output_bytes = torch.spyre.memory_allocated() - before
+    assert 0 < output_bytes < torch.spyre.max_memory_allocated() - before   # intermediates were there, then freed
+    del out
+    assert torch.spyre.memory_allocated() == before
+    expected = torch.softmax((a.float() @ b.float()).half(), dim=-1) * 2 + a
+    assert torch.allclose(run_program(program, inputs)[0].cpu().float(), expected.float(), atol=2e-2)
