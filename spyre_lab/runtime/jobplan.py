@@ -325,6 +325,7 @@ class CorrectionArea:
         self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
         self._generation = device.generation
         self._record: JobPlan | None = None
+        self._durations: list[float] = []
         self._prepared: dict[tuple[int, str], list[list[PreparedStep]]] = {}
         weakref.finalize(self, device.free_program_region, self.region, self._generation)
 
@@ -340,9 +341,19 @@ class CorrectionArea:
 
 
     # --- the launch image: what every launch of this program on this card repeats, worked out once ---------
+    def refresh(self, program: Launchable) -> None:
+        """Forget the launch image if what it was made from changed (a hand-made program renamed, a kernel
+        given another modeled time): the next launch works it out again."""
+        record = self._record
+        if record is not None and (record.name != program.name or any(
+                float(k.time_us) != d for k, d in zip(self.kernels, self._durations))):
+            self._record = None
+            self._prepared.clear()
+
     def record(self, program: Launchable) -> JobPlan:
         """The steps of a launch as a record (no actions): the same for every launch of a device-only program."""
         if self._record is None:
+            self._durations = [float(k.time_us) for k in self.kernels]
             steps = [Step(kind, name, dur, None, nbytes, None, args)
                      for k in range(len(self.kernels)) for kind, name, dur, nbytes, args in self._static_steps(k)]
             self._record = JobPlan(program.name, steps, nodes=program.num_nodes or len(self.kernels))
@@ -595,6 +606,7 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
                      stream: Stream, options: RuntimeOptions) -> None:
     """``JobPlan.submit`` of a device-only launch from its prepared steps: same clock, same events, same actions."""
     global _LAST_PLAN
+    area.refresh(program)
     _LAST_PLAN = area.record(program)
     dispatch = options.dispatch
     if dispatch == "rebuild":

@@ -205,3 +205,14 @@ def test_a_compiled_programs_intermediates_live_only_during_its_launch():
     assert torch.spyre.memory_allocated() == before
     expected = torch.softmax((a.float() @ b.float()).half(), dim=-1) * 2 + a
     assert torch.allclose(run_program(program, inputs)[0].cpu().float(), expected.float(), atol=2e-2)
+
+
+def test_a_changed_kernel_time_or_name_is_seen_by_the_next_launch():
+    program, binds = Chain(), _binds()
+    launch(program, binds)
+    program.kernels[0].time_us = 50.0
+    program.name = "chain, slower"
+    launch(program, binds)
+    compute = [e for e in last_trace().events if e.args.get("kind") == "Compute"]
+    assert compute[0].dur_us == 50.0 and last_trace().meta["launch"] == "chain, slower"
+    assert jobplan.last_plan().name == "chain, slower"
