@@ -22,6 +22,7 @@ def packet_name(op: torch._ops.OpOverload) -> str:
 
 
 @functools.cache
+@functools.cache                      # asked for every op on a spyre tensor: read the schema once per op
 def is_view(op: torch._ops.OpOverload) -> bool:
     """True when every result aliases an input without writing it (view, transpose, slice, ...)."""
     if op is aten._unsafe_view.default:
