@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
@@ -18,7 +18,15 @@ from spyre_lab.device.config import SPYRE, SpyreConfig
 
 if TYPE_CHECKING:
     from spyre_lab.device.memory import Allocation, DeviceMemory
-    from spyre_lab.runtime.tensor import DeviceBuffer
+
+class LiveBuffer(Protocol):
+    """What the card keeps per live allocation (a :class:`~spyre_lab.runtime.tensor.DeviceBuffer`, which this
+    module does not import): enough for a patched kernel to check what it found at an address."""
+
+    host_dtype: torch.dtype
+
+    def check_valid(self) -> None: ...
+
 
 DeviceLike = int | str | torch.device | None
 """What names a card: an index, ``"spyre:1"``, a ``torch.device``, or None for the current one."""
@@ -42,7 +50,7 @@ class SpyreDevice:
         self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
                                                          name=f"spyre:{index} program segment")
         self.program_base = tensor_bytes
-        self._buffers: weakref.WeakValueDictionary[int, DeviceBuffer] = weakref.WeakValueDictionary()
+        self._buffers: weakref.WeakValueDictionary[int, LiveBuffer] = weakref.WeakValueDictionary()
         self.generation = 0
         self._reserve_null_stick()
 
@@ -63,10 +71,10 @@ class SpyreDevice:
         if generation == self.generation:
             self.program_memory.free(allocation)
 
-    def register_buffer(self, address: int, buffer: DeviceBuffer) -> None:
+    def register_buffer(self, address: int, buffer: LiveBuffer) -> None:
         self._buffers[address] = buffer
 
-    def buffer_at(self, address: int) -> DeviceBuffer:
+    def buffer_at(self, address: int) -> LiveBuffer:
         """The live buffer whose allocation starts at ``address`` (how patched kernels find operands)."""
         try:
             return self._buffers[address]

@@ -93,7 +93,7 @@ def _frontier(events: list[TraceEvent]) -> tuple[float, list[tuple[float, float]
             if dur > best_dur:
                 frontier.append((start, dur))
                 best_dur = dur
-        if len(_FRONTIERS) > 4096:
+        if len(_FRONTIERS) > 512:
             _FRONTIERS.clear()
         cached = _FRONTIERS[id(events)] = (events, min(e.start_us for e in events), frontier)
     return cached[1], cached[2]
@@ -103,7 +103,7 @@ def _kept_events(events: list[TraceEvent], keep: Callable[[str], bool]) -> list[
     key = (id(events), keep)
     cached = _KEPT.get(key)
     if cached is None or cached[0] is not events:
-        if len(_KEPT) > 4096:
+        if len(_KEPT) > 512:
             _KEPT.clear()
         cached = _KEPT[key] = (events, [e for e in events if keep(e.lane)])
     return cached[1]
