@@ -1,5 +1,6 @@
 """WhatIf: each switch really recompiles / relaunches, and the timeline, roofline and TTFT / TPOT follow."""
 
+import plotly.graph_objects as go
 import pytest
 import torch
 
@@ -116,3 +117,22 @@ def test_a_function_with_in_place_updates_times_its_write_backs():
     names = [e.name for e in view.baseline.traces["prefill"].events]
     assert any("write back" in n for n in names)
     assert torch.equal(cache.cpu(), torch.zeros(64, 64, dtype=torch.float16))   # timing only: nothing computed
+
+
+@pytest.mark.parametrize("width", [700, 900, 1300])
+def test_panel_titles_stay_inside_the_figure(view, width):
+    """Each panel title, at its font size (0.6 em per character, the longest line), lies within the figure."""
+    fig = view.figure
+    go.Figure(fig.to_plotly_json())                         # built without validation; plotly's validators agree
+    m, height = fig.layout.margin, fig.layout.height
+    plot_w, plot_h = width - m.l - m.r, height - m.t - m.b
+    titles = [a for a in fig.layout.annotations if a.xref == "paper" and a.yref == "paper" and a.name != "note"]
+    assert len(titles) == 3 and any("TTFT" in a.text for a in titles)
+    for a in titles:
+        lines = a.text.split("<br>")
+        size = a.font.size or 16
+        half = max(len(line) for line in lines) * size * 0.6 / 2
+        center = m.l + a.x * plot_w
+        assert a.xanchor == "center" and center - half >= 0 and center + half <= width, (a.text, width)
+        top = m.t + (1 - a.y) * plot_h - len(lines) * size * 1.3        # bottom-anchored: the text rises from y
+        assert a.yanchor == "bottom" and top >= 0, a.text
