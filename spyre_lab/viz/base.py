@@ -240,12 +240,17 @@ def _plain(value: Any) -> Any:
 
 
 def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Make a live FigureWidget show ``fig``: traces updated in place when the structure matches, else replaced."""
+    """Make a live FigureWidget show ``fig`` in one message: traces updated in place where the types line up (a
+    longer or shorter list drops or appends only the difference), replaced only when the types differ."""
     with target.batch_update():
-        same = len(target.data) == len(fig.data) and all(a.type == b.type for a, b in zip(target.data, fig.data))
-        if same:
+        common = min(len(target.data), len(fig.data))
+        if all(a.type == b.type for a, b in zip(target.data[:common], fig.data[:common])):
+            if len(target.data) > common:
+                target.data = target.data[:common]
             for old, new in zip(target.data, fig.data):
                 old.update(new.to_plotly_json(), overwrite=True)
+            if len(fig.data) > common:
+                target.add_traces(list(fig.data[common:]))
         else:
             target.data = ()
             if fig.data:

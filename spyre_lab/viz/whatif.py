@@ -285,19 +285,27 @@ class WhatIf(View):
     def _roofline(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome, base: Outcome,
                   phase: str) -> None:
         """The current program's Roofline (ceilings and kernels), with the baseline's kernels and ceilings in grey."""
-        drawn = Roofline(now.programs[phase])
-        ceilings = drawn.trace_dicts()
+        drawn = Roofline(now.programs[phase]).trace_dicts()
+        ceilings = [t for t in drawn if t["mode"] == "lines"]
+        kernels = [t for t in drawn if t["mode"] != "lines"]
         for trace in ceilings:
-            trace["showlegend"] = trace["mode"] == "lines"   # ceilings in the legend; kernels say their name on hover
             data.append(trace | dict(xaxis=refs[0], yaxis=refs[1]))
+        # the kernels as one trace (each says its name on hover), so a switch that changes the kernel count
+        # updates that trace in place instead of adding and removing traces in the live widget
+        data.append(dict(type="scatter", mode="markers+text", name="kernels", showlegend=False, hoverinfo="text",
+                         x=[t["x"][0] for t in kernels], y=[t["y"][0] for t in kernels],
+                         text=[t["text"][0] for t in kernels], hovertext=[t["hovertext"][0] for t in kernels],
+                         textposition="top center", textfont=dict(size=10),
+                         marker={key: [t["marker"][key] for t in kernels] for key in ("color", "size", "symbol")}
+                         | dict(line=dict(color=style.NEUTRAL["text"], width=0.5)),
+                         meta={"kernels": [t["name"] for t in kernels]}, xaxis=refs[0], yaxis=refs[1]))
         baseline = Roofline(base.programs[phase])
         points = [(r, p) for r in baseline.records() if (p := baseline.point(r)) is not None]
-        if base.cfg != now.cfg:
-            xs = list(ceilings[0]["x"])
-            data.append(dict(type="scatter", x=xs, y=[min(base.cfg.dram_bandwidth * x, base.cfg.peak_flops) / 1e12
-                                                      for x in xs],
-                             mode="lines", name="baseline ceilings", line=dict(color=style.BASELINE_COLOR, dash="dash"),
-                             hoverinfo="skip", xaxis=refs[0], yaxis=refs[1]))
+        xs = list(ceilings[0]["x"])
+        data.append(dict(type="scatter", x=xs, y=[min(base.cfg.dram_bandwidth * x, base.cfg.peak_flops) / 1e12
+                                                  for x in xs],
+                         mode="lines", name="baseline ceilings", line=dict(color=style.BASELINE_COLOR, dash="dash"),
+                         visible=base.cfg != now.cfg, hoverinfo="skip", xaxis=refs[0], yaxis=refs[1]))
         data.append(dict(type="scatter", x=[p[0] for _, p in points], y=[p[1] / 1e12 for _, p in points],
                          mode="markers", name="baseline kernels",
                          marker=dict(symbol="circle-open", size=9, color=style.BASELINE_COLOR),

@@ -77,7 +77,7 @@ def test_hardware_switches_reach_the_compiler_and_the_roofline(view):
     assert dram.name == "DRAM 25.6 GB/s" and dram.y[0] == pytest.approx(25.6e9 * dram.x[0] / 1e12)
     pt = next(t for t in fig.data if (t.name or "").startswith("PT peak"))
     assert max(pt.y) == pytest.approx(program.cfg.peak_flops / 1e12)
-    assert any(t.name == "baseline ceilings" for t in fig.data)
+    assert next(t for t in fig.data if t.name == "baseline ceilings").visible
     busy = lambda p: sum(r.time_us for r in kernel_records(p) if not r.host)
     assert busy(program) > busy(view.baseline.programs["prefill"])
 
@@ -136,3 +136,27 @@ def test_panel_titles_stay_inside_the_figure(view, width):
         assert a.xanchor == "center" and center - half >= 0 and center + half <= width, (a.text, width)
         top = m.t + (1 - a.y) * plot_h - len(lines) * size * 1.3        # bottom-anchored: the text rises from y
         assert a.yanchor == "bottom" and top >= 0, a.text
+
+
+def test_roofline_kernels_are_the_programs_device_kernels(view):
+    fig = view.figure
+    (kernels,) = [t for t in fig.data if t.name == "kernels"]
+    placed = [r for r in kernel_records(view.current.programs["prefill"]) if not r.host and r.flops and r.time_us
+              and r.dram_bytes]
+    assert list(kernels.meta["kernels"]) == [r.name for r in placed]
+    assert list(kernels.marker.color) == [style.kernel_color(r.name) for r in placed]
+    assert next(t for t in fig.data if t.name == "baseline ceilings").visible is False   # same card: nothing to show
+
+
+def test_a_switch_recompiles_without_tracing_again(view, monkeypatch):
+    """The ATen trace depends on neither the options nor the card: a switch recompiles from the kept trace, and a
+    setting seen before comes from the view's cache without compiling."""
+    from spyre_lab.compiler import backend, cache
+
+    traced = []
+    monkeypatch.setattr(backend, "to_aten", lambda *a: traced.append(a) or pytest.fail("traced again"))
+    compiles = cache.stats()["compiles"]
+    view.controls["fuse_mlp"].value = not view.fuse_mlp
+    assert cache.stats()["compiles"] == compiles + 2 and not traced        # prefill and decode really recompiled
+    view.controls["fuse_mlp"].value = not view.fuse_mlp                    # back: cached, nothing compiled
+    assert cache.stats()["compiles"] == compiles + 2
