@@ -1,5 +1,7 @@
 """WhatIf: each switch really recompiles / relaunches, and the timeline, roofline and TTFT / TPOT follow."""
 
+import warnings
+
 import plotly.graph_objects as go
 import pytest
 import torch
@@ -12,9 +14,16 @@ from spyre_lab.viz.whatif import WhatIf
 torch.set_num_threads(1)
 
 
+EXPECTED = "spyre stores torch.float32 tensors as float16"   # the mask constants (see the last test); once a process
+
+
 @pytest.fixture(scope="module")
 def view():
-    return WhatIf.granite_layer("tiny-granite", prompt_len=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        made = WhatIf.granite_layer("tiny-granite", prompt_len=64)
+    assert all(str(c.message).startswith(EXPECTED) for c in caught), [str(c.message) for c in caught]
+    return made
 
 
 @pytest.fixture(autouse=True)
@@ -160,3 +169,37 @@ def test_a_switch_recompiles_without_tracing_again(view, monkeypatch):
     assert cache.stats()["compiles"] == compiles + 2 and not traced        # prefill and decode really recompiled
     view.controls["fuse_mlp"].value = not view.fuse_mlp                    # back: cached, nothing compiled
     assert cache.stats()["compiles"] == compiles + 2
+
+
+@pytest.fixture
+def fresh_dtype_warnings(monkeypatch):
+    """Forget which dtypes the runtime already warned about (a one-time warning), so a test can observe them."""
+    from spyre_lab.runtime import tensor
+
+    monkeypatch.setattr(tensor, "_warned_dtypes", set())
+
+
+def test_fp32_intermediates_are_bound_as_the_runtime_binds_them(fresh_dtype_warnings):
+    """fp32 values passed between kernels through DRAM stay fp32 on the card (run_program's rule): no warning."""
+
+    def upcast_transpose(x):
+        return (x.float().exp().t().contiguous() * 2).half()
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        view = WhatIf(upcast_transpose, [torch.randn(64, 128, dtype=torch.float16)])
+    program = view.baseline.programs["prefill"]
+    assert any(program.buffers[s].dtype == torch.float32 for launch in program.launches for s in launch.address_slots)
+    assert [str(c.message) for c in caught] == []
+
+
+def test_granite_layer_warns_once_for_its_exact_fp32_mask_constants(fresh_dtype_warnings):
+    """The one warning left is true: SDPA's decomposition computes fp16 attention in fp32 and builds the causal mask
+    (0 / -inf) and a zero fill as fp32 constants, which the runtime uploads as fp16 -- values fp16 holds exactly."""
+    with pytest.warns(UserWarning) as caught:
+        view = WhatIf.granite_layer("tiny-granite", prompt_len=16)
+    assert [str(c.message)[:45] for c in caught] == ["spyre stores torch.float32 tensors as float16"]
+    constants = [t for p in view.baseline.programs.values() for t in p.constants.values()]
+    assert constants and all(t.dtype == torch.float32 for t in constants)
+    assert all(torch.equal(t.half().float(), t) for t in constants)      # narrowing changes no value
+    assert all(x.dtype == torch.float16 for x in view._inputs["prefill"])    # the learner's tensors are fp16
