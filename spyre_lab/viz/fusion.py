@@ -29,10 +29,11 @@ from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 DENSE_NODES = 30
 """Above this many LoopIR nodes the before-fusion graph drops its labels (hover names each node)."""
-LABEL_FIT_WIDTH = 1000
-"""Figure width (px, a notebook column) the after-fusion labels are fitted to: a label that would run into the next
-kernel's node is shortened (``resti…``) or left out, and a rule label that would touch its neighbour moves to a
-second row or is left out. Hover names every node and kernel in full; a wider figure only gains room."""
+LABEL_FIT_WIDTH = 700
+"""Figure width (px; a FigureWidget in JupyterLab draws 700 px wide) the after-fusion labels are fitted to: a label
+that would run into the next kernel's node is shortened (``resti…``) or left out, and a rule label that would touch
+its neighbour moves to a second row or is left out. Hover names every node and kernel in full; a wider figure only
+gains room."""
 LABEL_FONT = 9
 CHAR_PX = 0.6
 """Width estimate of one label character, as a fraction of the font size (Helvetica / Arial average)."""

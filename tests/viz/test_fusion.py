@@ -109,7 +109,7 @@ def test_figure_is_valid_plotly(layer):
 
 
 # --- readable labels when many small kernels sit side by side ------------------------------------------------
-FIT_WIDTH = 1000        # the figure width the labels must fit (a notebook column; the view's LABEL_FIT_WIDTH)
+FIT_WIDTH = 700         # the width a FigureWidget draws at in JupyterLab (out/browser/FusionView.png)
 CHAR = 0.6              # glyph width / font size, an average for Helvetica / Arial
 
 
