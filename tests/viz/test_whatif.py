@@ -93,13 +93,13 @@ def test_hardware_switches_reach_the_compiler_and_the_roofline(view):
 
 def test_controls_update_the_live_figure(view):
     before = _bars(view.figure)["now"].y
-    view.controls["fuse_softmax"].value = False
+    view.controls["fuse_attention"].value = False     # (softmax alone changes nothing here: attention holds it)
     after = next(t for t in view.fig_widget.data if t.type == "bar" and t.name == "now").y
-    assert after != before
+    assert after[0] > before[0] * 1.01                 # an unfused attention: more kernels, a longer TTFT
     view.controls["phase"].value = "decode"
     title = view.fig_widget.layout.annotations[0].text
     assert "decode" in title
-    view.controls["fuse_softmax"].value = True   # cached: the baseline setting again
+    view.controls["fuse_attention"].value = True   # cached: the baseline setting again
     assert next(t for t in view.fig_widget.data if t.type == "bar" and t.name == "now").y == before
 
 
