@@ -15,10 +15,12 @@ it lies instead, once:
 * **Online softmax** as in :mod:`~spyre_lab.compiler.tiling_attention`: fp32 scores, running max and
   sum, the fp32 accumulator rescaled when the max grows; the score tile never leaves LX.
 * **Split-KV** (flash-decoding): with fewer work units than cores (a batch-1 decode of an 8-KV-head
-  model has 8), each unit's key tiles are cut into contiguous chunks on neighbouring cores. Each chunk
+  model has 8), each unit's key tiles may be cut into contiguous chunks on neighbouring cores. Each chunk
   ends with a partial ``(max, sum, acc)``; the partials travel down a ring chain (chunk ``r`` receives
-  from ``r + 1``, merges, forwards to ``r - 1``) and chunk 0 divides and stores. That is what lets a
-  small decode use the whole card's DRAM bandwidth.
+  from ``r + 1``, merges, forwards to ``r - 1``) and chunk 0 divides and stores. An estimate decides:
+  splitting pays when one core's DMA engine or compute units limit a unit (one or two KV heads, many
+  queries per sequence); when DRAM itself is the limit (on ``SPYRE`` a few cores' DMA engines already
+  outrun it) the merges would only add time, and the plan says so.
 
 :func:`paged_online_attention` is the kernel's numerics on CPU tensors, block by block through the block
 table (not a call to SDPA: tests compare the two). :func:`plan_paged_attention` builds the per-core tile
@@ -28,6 +30,7 @@ simulator times.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +42,7 @@ from spyre_lab.compiler.tiling_common import ACC_BYTES, pad_to_sticks
 from spyre_lab.compiler.work_division import ring_hops
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreProgram, Kernel
-from spyre_lab.device.sim_costs import matmul_cycles, sfu_cycles
+from spyre_lab.device.sim_costs import matmul_cycles, ring_cycles, sfu_cycles
 
 MAX_TILE_KEYS = 128
 """Most keys one score tile covers (a tile is whole blocks): wider tiles save ops but make split-KV chunks coarser."""
@@ -95,7 +98,7 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         cuts = [c for c in (chunks[b] if chunks is not None else ()) if 0 < c < nblocks]
         bounds = [0, *cuts, nblocks]
         parts = []
-        for j0, j1 in zip(bounds[:-1], bounds[1:]):
+        for j0, j1 in itertools.pairwise(bounds):
             m = torch.full((kv, qlen * group, 1), -math.inf)
             l_sum = torch.zeros(kv, qlen * group, 1)
             acc = torch.zeros(kv, qlen * group, d)
@@ -249,17 +252,22 @@ def lx_buffers(shape: PagedShape, tq: int, tk: int, fresh: int, cfg: SpyreConfig
 
 
 def _tile_cycles(shape: PagedShape, rows: int, keys: int, cfg: SpyreConfig, active: int) -> float:
-    """Estimated cycles of one key tile for ``rows`` query rows: the slowest of DRAM share, PE array, SFU."""
+    """Estimated cycles of one key tile for ``rows`` query rows: the slowest of the core's DRAM share (at most
+    its DMA engine's rate), its PE array and its SFU."""
     d = shape.head_dim
     nbytes = 2 * keys * pad_to_sticks(d, cfg.stick_bytes // shape.item) * shape.item
+    rate = min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / max(1, active))
     pe = matmul_cycles(rows, keys, d, cfg) + matmul_cycles(rows, d, keys, cfg)
-    sfu = 4 * sfu_cycles(rows * keys, cfg) + sfu_cycles(rows * keys, cfg, transcendental=True) + sfu_cycles(rows * d, cfg)
-    return max(nbytes / (cfg.dram_bytes_per_cycle / max(1, active)), pe, sfu)
+    sfu = (4 * sfu_cycles(rows * keys, cfg) + sfu_cycles(rows * keys, cfg, transcendental=True)   # scale, mask, max,
+           + sfu_cycles(rows * d, cfg))                                                          # sum, exp; rescale
+    return max(nbytes / rate, pe, sfu)
 
 
 def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True,
-                         name: str = "paged attention", lx_allocator: str = "greedy") -> PagedPlan:
-    """Tile sizes, work division (split-KV when units < cores) and per-core programs for one launch shape.
+                         name: str = "paged attention", lx_allocator: str = "greedy",
+                         split_kv: bool = True) -> PagedPlan:
+    """Tile sizes, work division (split-KV when units < cores and the estimate says it pays; ``split_kv=False``
+    never splits) and per-core programs for one launch shape.
 
     Raises :class:`~spyre_lab.device.isa.LXOverflowError` when not even one query group and one block fit LX.
     """
@@ -293,7 +301,7 @@ def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: boo
             tiles = [KeyTile(False, j, min(nb, j + kb)) for j in range(0, nb, kb)]
             tiles += [KeyTile(True, f, min(last_query, f + fresh)) for f in range(0, last_query, fresh)]
             items.append(WorkItem(b, h, (r0, r1), tiles, stores_fresh=r1 == rows))
-    _divide(items, shape, cfg, tq)
+    division = _divide(items, shape, cfg, split_kv)
     programs = [CoreProgram() for _ in range(cfg.cores)]
     for core, work in enumerate(_per_core(items, cfg.cores)):
         for item, chunk in work:
@@ -306,30 +314,62 @@ def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: boo
            f"buffered in LX ({lx_plan.peak:,} of {lx_plan.budget:,} B); ")
     if split:
         ways = sorted({len(i.bounds) - 1 for i in split})
-        how += (f"fewer units than cores, so split-KV: each unit's key tiles over {'/'.join(map(str, ways))} "
-                f"neighbouring cores, partial (max, sum, acc) merged down a ring chain; {busy} cores busy")
+        how += (f"{division}: each unit's key tiles over {'/'.join(map(str, ways))} neighbouring cores, partial "
+                f"(max, sum, acc) merged down a ring chain; {busy} cores busy")
     else:
-        how += f"{len(items)} work item(s) over {busy} core(s), longest first"
+        how += f"{division}; {len(items)} work item(s) over {busy} core(s), longest first"
     return PagedPlan(shape, tq, kb, fresh, items, kernel, lx_plan, how)
 
 
-def _divide(items: list[WorkItem], shape: PagedShape, cfg: SpyreConfig, tq: int) -> None:
-    """Give each item its chunks: one when items fill the cores, else split-KV in proportion to its tiles."""
+def _divide(items: list[WorkItem], shape: PagedShape, cfg: SpyreConfig, split_kv: bool) -> str:
+    """Give each item its chunks, and say why: one chunk each when the items fill the cores; else split-KV
+    ways are added one at a time (to the item with the most tiles per chunk) and the layout with the lowest
+    :func:`estimate_cycles` is kept -- splitting pays only where one core's DMA engine or compute units, not
+    DRAM itself, limit a unit."""
     for item in items:
         item.bounds = [0, len(item.tiles)]
-    if len(items) >= cfg.cores or not items:
-        return
+    if not items:
+        return "no queries: nothing to do"
+    if len(items) >= cfg.cores:
+        return f"{len(items)} work items fill the {cfg.cores} cores: no split-KV"
+    if not split_kv:
+        return "split-KV switched off"
     ways = [1] * len(items)
-    spare = cfg.cores - len(items)
-    while spare > 0:                                               # the item with the most tiles per chunk splits
+    best = (estimate_cycles(items, ways, shape, cfg), list(ways))
+    first = best[0]
+    while sum(ways) < cfg.cores:
         i = max(range(len(items)), key=lambda i: (len(items[i].tiles) / ways[i], -i))
         if len(items[i].tiles) // (ways[i] + 1) < MIN_TILES_PER_CHUNK:
             break
         ways[i] += 1
-        spare -= 1
-    for item, w in zip(items, ways):
+        cycles = estimate_cycles(items, ways, shape, cfg)
+        if cycles < best[0]:
+            best = (cycles, list(ways))
+    for item, w in zip(items, best[1]):
         n = len(item.tiles)
         item.bounds = [round(n * c / w) for c in range(w + 1)]
+    if max(best[1]) == 1:
+        return (f"{len(items)} work items on {cfg.cores} cores, yet split-KV would not pay: DRAM, not the cores' "
+                f"DMA engines or compute, bounds each unit (estimate {cfg.cycles_to_us(first):,.1f} us)")
+    return (f"split-KV estimated {cfg.cycles_to_us(first):,.1f} -> {cfg.cycles_to_us(best[0]):,.1f} us: more cores "
+            f"stream each unit's blocks")
+
+
+def estimate_cycles(items: list[WorkItem], ways: Sequence[int], shape: PagedShape, cfg: SpyreConfig) -> float:
+    """Estimated cycles of the busiest chunk when item ``i`` runs on ``ways[i]`` cores: its tiles at the
+    slowest of its DRAM share (capped by one core's DMA engine) and its compute units, plus the ring merges."""
+    active = min(cfg.cores, sum(ways))
+    dp = pad_to_sticks(shape.head_dim, cfg.stick_bytes // shape.item)
+    worst = 0.0
+    for item, w in zip(items, ways):
+        rows = item.rows[1] - item.rows[0]
+        per_tile = [_tile_cycles(shape, rows, (t.hi - t.lo) * (1 if t.fresh else shape.block_size), cfg, active)
+                    for t in item.tiles]
+        chunk = sum(per_tile) / w
+        merge = (w - 1) * (ring_cycles(rows * (dp + 2) * ACC_BYTES, 1, cfg)
+                           + sfu_cycles(2 * rows * shape.head_dim, cfg))
+        worst = max(worst, chunk + merge)
+    return worst
 
 
 def _per_core(items: list[WorkItem], cores: int) -> list[list[tuple[WorkItem, int]]]:
