@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.engine.models.config import ModelConfig
+from spyre_lab.engine.platforms.paged_attention_op import ATTENTION_LANE
 
 GRANITE_3_3_8B = ModelConfig(
     architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096, intermediate_size=12800,
@@ -73,7 +74,9 @@ class StepTiming:
 
     ``host_us``: the host thread busy (enqueue, program correction callbacks, graph rebuilds, host
     fallbacks), waits excluded. ``device_us``: the cores busy. ``step_us``: the step's span, first
-    event to last. ``launches``: compute launches on the card.
+    event to last. ``launches``: compute launches on the card. ``attention_us``: the part of ``device_us``
+    spent in paged attention (the one-launch kernels, or the eager ops of the attention regions the
+    engine marks), ``attention_launches`` the launches it took; both read off the step's trace events.
     """
 
     step_us: float
@@ -84,6 +87,13 @@ class StepTiming:
     wall_s: float = 0.0
     extended_from: tuple[int, ...] = ()
     log: object = field(default=None, repr=False, compare=False)   # the step's StepLog (retime.py), when recorded
+    attention_us: float = 0.0
+    attention_launches: int = 0
+
+    @property
+    def attention_share(self) -> float:
+        """Attention's share of the step's modeled device time."""
+        return self.attention_us / self.device_us if self.device_us else 0.0
 
     @staticmethod
     def extend(shallow: StepTiming, deep: StepTiming, layers: int) -> StepTiming:
@@ -100,11 +110,14 @@ class StepTiming:
         return StepTiming(grow(shallow.step_us, deep.step_us), grow(shallow.host_us, deep.host_us),
                           grow(shallow.device_us, deep.device_us),
                           round(grow(shallow.launches, deep.launches)), layers,
-                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth), log)
+                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth), log,
+                          grow(shallow.attention_us, deep.attention_us),
+                          round(grow(shallow.attention_launches, deep.attention_launches)))
 
     def to_dict(self) -> dict[str, float | int | list[int]]:
         return {"step_us": self.step_us, "host_us": self.host_us, "device_us": self.device_us,
-                "launches": self.launches, "depth": self.depth, "extended_from": list(self.extended_from)}
+                "launches": self.launches, "depth": self.depth, "extended_from": list(self.extended_from),
+                "attention_us": self.attention_us, "attention_launches": self.attention_launches}
 
 
 def _busy(intervals: list[tuple[float, float]]) -> float:
@@ -125,8 +138,24 @@ def summarize(trace: object, depth: int, wall_s: float = 0.0) -> StepTiming:
               if e.lane.startswith("stream") and e.args.get("kind") == "Compute"]
     from spyre_lab.studies.retime import StepLog
 
+    attention = attention_launches(events)
     return StepTiming(trace.duration_us if events else 0.0, _busy(host), _busy(device), len(device), depth, wall_s,
-                      log=StepLog.from_trace(trace, depth))
+                      log=StepLog.from_trace(trace, depth), attention_us=_busy(attention),
+                      attention_launches=len(attention))
+
+
+def attention_launches(events: list) -> list[tuple[float, float]]:
+    """(start, end) of every attention launch on the card among a step's events: the paged-attention kernels
+    ("paged attention L<i>"), or each compute launch inside a region the engine marked on the attention lane."""
+    regions = [(e.start_us, e.start_us + e.dur_us) for e in events if e.lane == ATTENTION_LANE]
+    out = []
+    for e in events:
+        if not (e.lane.startswith("stream") and e.args.get("kind") == "Compute"):
+            continue
+        end = e.start_us + e.dur_us
+        if e.name.startswith("paged attention") or any(lo <= e.start_us and end <= hi for lo, hi in regions):
+            out.append((e.start_us, end))
+    return out
 
 
 def build_model(config: ModelConfig, platform: object, dtype: torch.dtype = torch.float16) -> torch.nn.Module:

@@ -28,6 +28,8 @@ from spyre_lab.engine.layers.attention import Attention, AttentionMetadata
 
 OP_NAME = "spyre_engine::paged_attention"
 KERNEL_OP_NAME = "spyre_engine::paged_attention_kernel"
+ATTENTION_LANE = "attention"
+"""Trace lane of the regions that group one layer's eager attention ops (the kernel is one event of its own)."""
 
 
 def grouped_paged_attention(
@@ -64,9 +66,25 @@ def paged_attention(
     slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, attn_bias: torch.Tensor,
     out_index: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
 ) -> torch.Tensor:
-    """`grouped_paged_attention` with the metadata spelled out (custom ops take tensors, not dataclasses)."""
+    """`grouped_paged_attention` with the metadata spelled out (custom ops take tensors, not dataclasses).
+
+    On spyre, the device ops it launches are marked in the trace as one region (lane ``attention``), so a
+    study can tell attention's share of a step from the events alone."""
     meta = AttentionMetadata(slot_mapping, block_tables, query_index, attn_bias, out_index)
-    return grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
+    if query.device.type != "spyre":
+        return grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim,
+                                       scale)
+    from spyre_lab.runtime.streams import TIMELINE, recording
+
+    with recording() as events:
+        out = grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim,
+                                      scale)
+    computes = [e for e in events.events if e.args.get("kind") == "Compute"]
+    if computes:
+        start = min(e.start_us for e in computes)
+        TIMELINE.emit(ATTENTION_LANE, "paged attention (eager ops)", start,
+                      max(e.end_us for e in computes) - start, ops=len(computes))
+    return out
 
 
 @paged_attention.register_fake
