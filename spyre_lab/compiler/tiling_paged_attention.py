@@ -263,6 +263,35 @@ def _tile_cycles(shape: PagedShape, rows: int, keys: int, cfg: SpyreConfig, acti
     return max(nbytes / rate, pe, sfu)
 
 
+def estimate_layout(shape: PagedShape, tq: int, kb: int, fresh: int, cfg: SpyreConfig) -> float:
+    """Estimated cycles of a tile layout (no split-KV): every (unit, query tile) item's tiles at the slowest of
+    its DRAM share, PE array and SFU, the items spread longest-first over the cores, floored by DRAM moving
+    every byte (query tiles re-read the K/V they see)."""
+    group, bs, item = shape.group, shape.block_size, shape.item
+    dp = pad_to_sticks(shape.head_dim, cfg.stick_bytes // item)
+    work: list[tuple[float, int]] = []                  # (cycles, bytes) per item
+    active = min(cfg.cores, sum(-(-q * group // tq) for b, _ in shape.units for q in (shape.seqs[b][1],)))
+
+    def tiles(rows: int, count: int, keys: int) -> float:
+        return count * _tile_cycles(shape, rows, keys, cfg, active) if count else 0.0
+
+    for b, _h in shape.units:
+        nb, q = shape.seqs[b]
+        rows_all = q * group
+        for r0 in range(0, rows_all, tq):
+            rows = min(rows_all, r0 + tq) - r0
+            seen = -(-(r0 + rows) // group)
+            cycles = (tiles(rows, nb // kb, kb * bs) + tiles(rows, 1 if nb % kb else 0, (nb % kb) * bs)
+                      + tiles(rows, seen // fresh, fresh) + tiles(rows, 1 if seen % fresh else 0, seen % fresh))
+            nbytes = (2 * rows * dp + 2 * (nb * bs + seen) * dp) * item
+            work.append((cycles, nbytes))
+    loads = [0.0] * cfg.cores
+    for cycles, _ in sorted(work, reverse=True):
+        i = loads.index(min(loads))
+        loads[i] += cycles
+    return max(max(loads), sum(n for _, n in work) / cfg.dram_bytes_per_cycle)
+
+
 def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True,
                          name: str = "paged attention", lx_allocator: str = "greedy",
                          split_kv: bool = True) -> PagedPlan:
@@ -274,22 +303,27 @@ def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: boo
     group, bs = shape.group, shape.block_size
     units = shape.units
     max_rows = max((q * group for _, q in shape.seqs if q > 0), default=group)
-    split_possible = len(units) < cfg.cores
-    kb = max(1, MAX_TILE_KEYS // bs)
-    fresh = max(1, min(MAX_TILE_KEYS, max((q for _, q in shape.seqs), default=1)))
+    kb_max = max(1, MAX_TILE_KEYS // bs)
+    most_queries = max((q for _, q in shape.seqs), default=1)
     options = sorted({max(group, min(max_rows, t) // group * group) for t in (max_rows, *QUERY_TILE_ROWS)},
                      reverse=True)
-    plan, tq = None, group
-    for kb_try in sorted({kb, max(1, kb // 2), 1}, reverse=True):
+    ranked = []
+    for kb_try in sorted({kb_max, max(1, kb_max // 2), max(1, kb_max // 4), 1}, reverse=True):
+        fresh_try = max(1, min(kb_try * bs, most_queries))      # this step's keys in tiles as wide as a cache tile
         for tq_try in options:
-            bufs = lx_buffers(shape, tq_try, kb_try * bs, fresh, cfg, split_possible)
+            bufs = lx_buffers(shape, tq_try, kb_try * bs, fresh_try, cfg, False)
             if sum(b.size for b in bufs) <= cfg.lx_budget_bytes:
-                plan, tq, kb = bufs, tq_try, kb_try
-                break
-        if plan is not None:
-            break
-    bufs = plan or lx_buffers(shape, group, bs, fresh, cfg, split_possible)
-    lx_plan = plan_scratchpad(bufs, cfg.lx_budget_bytes, lx_allocator, kernel=name)   # raises when nothing fits
+                ranked.append((estimate_layout(shape, tq_try, kb_try, fresh_try, cfg), -tq_try, -kb_try, bufs))
+    if ranked:
+        cycles, ntq, nkb, bufs = min(ranked, key=lambda r: r[:3])
+        tq, kb = -ntq, -nkb
+        fresh = max(1, min(kb * bs, most_queries))
+        tile_why = (f"lowest estimate of {len(ranked)} fitting tile shapes ({cfg.cycles_to_us(cycles):,.1f} us: "
+                    f"K/V re-read once per query tile, work balanced over the cores)")
+    else:
+        tq, kb, fresh, tile_why = group, 1, 1, "smallest tiles"
+        bufs = lx_buffers(shape, group, bs, fresh, cfg, False)
+    plan_scratchpad(bufs, cfg.lx_budget_bytes, lx_allocator, kernel=name)               # raises when nothing fits
 
     items: list[WorkItem] = []
     for b, h in units:
@@ -301,7 +335,14 @@ def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: boo
             tiles = [KeyTile(False, j, min(nb, j + kb)) for j in range(0, nb, kb)]
             tiles += [KeyTile(True, f, min(last_query, f + fresh)) for f in range(0, last_query, fresh)]
             items.append(WorkItem(b, h, (r0, r1), tiles, stores_fresh=r1 == rows))
-    division = _divide(items, shape, cfg, split_kv)
+    with_partial = lx_buffers(shape, tq, kb * bs, fresh, cfg, True)
+    fits_partial = sum(b.size for b in with_partial) <= cfg.lx_budget_bytes
+    division = _divide(items, shape, cfg, split_kv and fits_partial)
+    if not fits_partial and len(units) < cfg.cores:
+        division += " (no LX left for a partner's partial state)"
+    if any(len(i.bounds) > 2 for i in items):
+        bufs = with_partial
+    lx_plan = plan_scratchpad(bufs, cfg.lx_budget_bytes, lx_allocator, kernel=name)
     programs = [CoreProgram() for _ in range(cfg.cores)]
     for core, work in enumerate(_per_core(items, cfg.cores)):
         for item, chunk in work:
@@ -310,8 +351,8 @@ def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: boo
     busy = len(kernel.active_cores)
     split = [i for i in items if len(i.bounds) > 2]
     how = (f"{len(units)} (sequence, KV head) unit(s) of up to {max_rows} query rows ({group} heads share each KV "
-           f"block); query tile {tq} rows, key tile {kb} block(s) of {bs} (+ up to {fresh} fresh rows), K/V double-"
-           f"buffered in LX ({lx_plan.peak:,} of {lx_plan.budget:,} B); ")
+           f"block); query tile {tq} rows, key tile {kb} block(s) of {bs} (+ up to {fresh} fresh rows), the "
+           f"{tile_why}; K/V double-buffered in LX ({lx_plan.peak:,} of {lx_plan.budget:,} B); ")
     if split:
         ways = sorted({len(i.bounds) - 1 for i in split})
         how += (f"{division}: each unit's key tiles over {'/'.join(map(str, ways))} neighbouring cores, partial "
