@@ -112,6 +112,12 @@ def test_the_launch_shows_its_name_and_args_in_the_step_trace(kernel_on):
     args = events[0].args
     assert args["blocks_read"] >= 1 and args["kv_bytes"] > 0 and args["bottleneck"] in ("memory", "compute")
     assert "simulated" in args["timing"] and events[0].dur_us > 0
+    text = kernel_on.llm_engine.platform.explain_attention()
+    assert all(f"paged attention L{i}:" in text for i in range(LAYERS)) and "cache blocks read" in text
+    from spyre_lab.viz.timeline import layer_of_kernels
+
+    kernels = [e for e in step.device_trace.events if e.args.get("kind") == "Compute"]
+    assert max(layer_of_kernels(kernels)) == LAYERS           # the timeline's layer lanes start at each kernel
 
 
 # --- one launch against the eager ops, on the card ----------------------------------------------------------

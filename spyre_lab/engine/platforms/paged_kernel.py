@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from spyre_lab.compiler.access import Read
+from spyre_lab.compiler.explain import Explanation
 from spyre_lab.compiler.tiling_paged_attention import (
     PagedPlan,
     PagedShape,
@@ -86,6 +87,22 @@ def timed(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True, name:
     else:
         _TIMED.move_to_end(key)
     return hit
+
+
+def explain() -> Explanation:
+    """Each layer's paged-attention kernel as text: its last launch's shape, modeled time, DRAM bytes, plan."""
+    lines = []
+    for layer in sorted(_LAUNCHES.values(), key=lambda x: x.layer):
+        t = layer.kernel.current
+        if t is None:
+            continue
+        shape, args = t.plan.shape, t.args
+        lines += [f"{layer.name}: {t.time_us:.2f} us modeled ({args['bottleneck']}-bound) on {args['cores']} cores; "
+                  f"{args['blocks_read']} cache blocks read ({shape.block_size} tokens each), {args['kv_bytes']:,} B "
+                  f"of K/V, {args['dram_bytes']:,} B from DRAM in all",
+                  f"  shape: (cache blocks, queries) per sequence {list(shape.seqs)}",
+                  f"  plan: {t.plan.reason}"]
+    return Explanation("\n".join(lines) or "no paged-attention kernel launched yet")
 
 
 def cache_info() -> dict[str, int]:

@@ -121,6 +121,16 @@ class SpyrePlatform(Platform):
                                           "hits": after["hits"] - before["hits"]}
         return split
 
+    def explain_attention(self) -> str:
+        """The paged-attention kernels' last launches (one per layer): shape, modeled time, blocks and bytes read,
+        work division and tiles; or how attention runs when the kernel is off."""
+        if not self.paged_kernel:
+            return ("paged attention runs as eager device ops (the 'attention' fusion rule is off or the model is not "
+                    "compiled): see each op in the step's trace")
+        from spyre_lab.engine.platforms.paged_kernel import explain
+
+        return explain()
+
     @contextlib.contextmanager
     def device_timer(self, kind: str, num_tokens: int, batch: int) -> Iterator[DeviceTime]:
         timing = DeviceTime()
