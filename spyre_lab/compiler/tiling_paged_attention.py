@@ -65,7 +65,7 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                            block_tables: torch.Tensor, query_index: torch.Tensor, seq_lens: torch.Tensor,
                            query_lens: torch.Tensor, num_kv_heads: int, scale: float,
                            chunks: Sequence[Sequence[int]] | None = None,
-                           out: torch.Tensor | None = None) -> torch.Tensor:
+                           out: torch.Tensor | None = None, tile_blocks: int = 1) -> torch.Tensor:
     """Attention of each sequence's queries over its paged keys, block by block; ``[T, heads * d]`` out.
 
     ``query [T, heads*d]`` (flat tokens), caches ``[blocks, block_size, kv_heads, d]`` (this step's keys
@@ -78,7 +78,8 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     ``m' = max(m, rowmax s)``, ``p = exp(s - m')`` (fp16 into the PV product, as the PE array takes it),
     ``acc = acc * exp(m - m') + p v``, ``l = l * exp(m - m') + rowsum p``. ``chunks[b]`` (the blocks where
     chunks start after block 0, e.g. ``[3]``) computes each chunk's blocks from scratch and merges the partials
-    in chunk order, as split-KV does on the card. A row that sees no key gives 0.
+    in chunk order, as split-KV does on the card; ``tile_blocks`` blocks share one online-softmax update, as in
+    the kernel's key tiles. A row that sees no key gives 0.
     """
     num_tokens = query.shape[0]
     bs, kv, d = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
@@ -102,11 +103,11 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
             m = torch.full((kv, qlen * group, 1), -math.inf)
             l_sum = torch.zeros(kv, qlen * group, 1)
             acc = torch.zeros(kv, qlen * group, d)
-            for j in range(j0, j1):
-                block = int(block_tables[b, j])
-                k = k_cache[block].transpose(0, 1).float()                                  # [kv, bs, d]
-                v = v_cache[block].transpose(0, 1)
-                k_pos = (j * bs + torch.arange(bs)).view(1, 1, -1)
+            for t0 in range(j0, j1, tile_blocks):                 # one key tile: ``tile_blocks`` blocks
+                blocks = block_tables[b, t0:min(j1, t0 + tile_blocks)]
+                k = k_cache[blocks].flatten(0, 1).transpose(0, 1).float()                    # [kv, keys, d]
+                v = v_cache[blocks].flatten(0, 1).transpose(0, 1)
+                k_pos = (t0 * bs + torch.arange(k.shape[1])).view(1, 1, -1)
                 s = torch.matmul(q, k.transpose(1, 2)) * scale
                 s = s.masked_fill((k_pos > q_pos) | (k_pos >= seq_len), -math.inf)
                 m, l_sum, acc = _online_step(m, l_sum, acc, s, v)

@@ -96,6 +96,9 @@ def test_numerics_match_sdpa_through_block_tables(data, batch, kv, group, d, bs,
     chunks = [sorted(set(data.draw(st.lists(st.integers(1, 6), max_size=3)))) for _ in range(batch)]
     split = paged_online_attention(query, kc, vc, tables, qi, lens[:, 0], lens[:, 1], kv, scale, chunks)
     torch.testing.assert_close(split.float(), ours.float(), atol=2e-3, rtol=2e-3)      # split-KV: same numbers
+    tiled = paged_online_attention(query, kc, vc, tables, qi, lens[:, 0], lens[:, 1], kv, scale, chunks,
+                                   tile_blocks=data.draw(st.integers(1, 4)))
+    torch.testing.assert_close(tiled.float(), ours.float(), atol=2e-3, rtol=2e-3)      # key tiles of several blocks
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -152,7 +152,8 @@ class PagedAttentionKernel:
         lens = operands["seq_query_lens"]
         out = paged_online_attention(query, k_cache, v_cache, operands["block_tables"], operands["query_index"],
                                      lens[:, 0], lens[:, 1], kv, self.scale,
-                                     self.current.chunks if self.current else None)
+                                     self.current.chunks if self.current else None,
+                                     tile_blocks=self.current.plan.tile_blocks if self.current else 1)
         operands.write("k_cache", k_cache)
         operands.write("v_cache", v_cache)
         operands.write("out", out)
