@@ -54,13 +54,16 @@ class StepConfig:
     ``transpose_weights``: linear weights stored as ``W^T`` once at load (False: a restickify per call).
     ``dispatch``: ``"aot_patch"`` (programs built once, addresses patched per launch) or ``"rebuild"``
     (the execution graph rebuilt on the host at every launch). ``overlap``: the host prepares the next
-    launch while the card runs this one (False: it waits for every launch).
+    launch while the card runs this one (False: it waits for every launch). ``attention_kernel``: with
+    compiled blocks, each layer's paged attention is one kernel (the compiler's ``attention`` rule; False:
+    the engine's eager device ops), a mechanism beyond the published stack.
     """
 
     compile_blocks: bool = True
     transpose_weights: bool = True
     dispatch: str = "aot_patch"
     overlap: bool = True
+    attention_kernel: bool = True
 
     def differs_from(self, other: StepConfig) -> dict[str, tuple[object, object]]:
         """Field -> (this, other) for every field the two configurations set differently."""
@@ -204,13 +207,16 @@ class EngineProbe:
     compile_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from spyre_lab.compiler.backend import options_from
         from spyre_lab.engine.model_runner import ModelRunner
         from spyre_lab.engine.platforms.spyre import SpyrePlatform
 
+        options = self.compile_options or None
+        if not self.step.attention_kernel:
+            options = options_from(options).without("attention")
         self.platform = SpyrePlatform(prefill_buckets=list(self.prefill_buckets),
                                       batch_buckets=list(self.batch_buckets), compile_blocks=self.step.compile_blocks,
-                                      transpose_weights=self.step.transpose_weights,
-                                      compile_options=self.compile_options or None)
+                                      transpose_weights=self.step.transpose_weights, compile_options=options)
         max_len = max(CONTEXT, *self.prefill_buckets) + BLOCK_SIZE
         blocks = max(self.batch_buckets) * -(-max_len // BLOCK_SIZE)
         with _runtime(self.step):

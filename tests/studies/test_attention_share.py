@@ -20,7 +20,22 @@ def rule_on():
 
 @pytest.fixture(scope="module")
 def rule_off():
-    return time_steps(StepConfig(), BUCKETS, depth="probe", config=SMALL, compile_options=R.ATTENTION_OFF)
+    return time_steps(R.ATTENTION_OFF, BUCKETS, depth="probe", config=SMALL)
+
+
+def test_the_rule_off_stage_is_the_waterfall_stage_before_the_kernel():
+    from spyre_lab.studies import claims as C
+
+    stages = [step for _, step in C.WATERFALL]
+    assert stages[-1] == StepConfig() and stages[-2] == R.ATTENTION_OFF
+
+
+def test_compile_options_without_the_rule_switch_the_kernel_off_too():
+    from spyre_lab.compiler.options import CompileOptions
+
+    fusion = sorted(CompileOptions().without("attention").fusion)
+    (t,) = time_steps(StepConfig(), BUCKETS[1:], depth=2, config=SMALL, compile_options={"fusion": fusion}).values()
+    assert t.attention_launches >= 10 * 2                          # two layers of eager attention ops
 
 
 def test_one_attention_launch_per_layer_with_the_rule_on(rule_on, rule_off):
