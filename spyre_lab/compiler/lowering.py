@@ -277,8 +277,17 @@ class _Lowerer:
     def _tensor_reads(self, args, kwargs, hint: str) -> tuple[list[Read], tuple, dict]:
         """Replace every tensor argument with a slot; constants become constant buffers."""
         reads: list[Read] = []
+        floating_operand = any(isinstance(a, Read) and a.meta.dtype.is_floating_point
+                               for a in tree_flatten((args, kwargs))[0])
 
         def slot(a: object) -> object:
+            if (floating_operand and isinstance(a, torch.Tensor) and not isinstance(a, Read) and a.dim() == 0
+                    and a.dtype.is_floating_point and a.device.type == "cpu"):
+                # A 0-dim float constant next to a floating device operand (``x * 0.177`` reaches a one-op
+                # compile as mul(x, tensor(0.177))): an immediate operand of the kernel, as a Python number
+                # is. Same result dtype (the dimensioned operand's wins) and the same value the CPU uses; a
+                # constant buffer would round it to the card's fp16 first.
+                return a.item()
             if isinstance(a, torch.Tensor) and a.dim() == 0 and a.numel() == 1 and not isinstance(a, Read):
                 reads.append(self._constant_buffer(a, f"{hint}_{len(reads)}"))
                 return _Slot(len(reads) - 1)

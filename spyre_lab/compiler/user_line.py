@@ -26,13 +26,16 @@ def _folders(*paths: Path) -> tuple[str, ...]:
 _PACKAGE = Path(__file__).parents[1]
 LIBRARY_DIRS = _folders(Path(torch.__file__).parent, _PACKAGE)
 """Frames in these folders are library code: never the line a warning should name."""
+GENERATED_CODE = ("<eval_with_key>",)
+"""FX's generated ``forward`` of a GraphModule (a compiled graph's pieces): code nobody wrote, never the user's line."""
 DRIVER_DIRS = _folders(Path(torch.__file__).parent, _PACKAGE / "runtime", _PACKAGE / "compiler")
 """torch and the device driver itself: frames between an op's caller and the code that reports on it."""
 
 
 def is_library_frame(frame: FrameType) -> bool:
     filename = frame.f_code.co_filename
-    return filename.startswith(LIBRARY_DIRS) or (filename.startswith("<frozen ") and "importlib" in filename)
+    return (filename.startswith(LIBRARY_DIRS) or filename.startswith(GENERATED_CODE)
+            or (filename.startswith("<frozen ") and "importlib" in filename))
 
 
 def user_frame(skip: int = 1) -> FrameType | None:

@@ -9,6 +9,7 @@ tensor of the wrong shape.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -101,10 +102,22 @@ def iter_safetensors(folder: Path) -> Iterator[tuple[Path, str, torch.Tensor]]:
                 yield file, name, tensor
 
 
+@contextlib.contextmanager
+def default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    """Parameters and buffers are created in the model's dtype, as vLLM builds a model: on a device that stores
+    only fp16, a float32 weight would be rounded on creation (and warned about) only to be cast right after."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
+
+
 def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteForCausalLM:
     """Build the model under `platform` (so its layer overrides apply), load weights, hand it to the platform."""
     config = read_config(folder)
-    with set_current_platform(platform), torch.device(platform.device):
+    with set_current_platform(platform), torch.device(platform.device), default_dtype(dtype):
         model = MODEL_REGISTRY[config.architecture](config).to(dtype)
     current: list[tuple[Path, str, torch.Tensor]] = []
     seen: set[str] = set()

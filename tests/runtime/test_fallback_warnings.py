@@ -49,17 +49,18 @@ def test_a_fallback_inside_a_module_names_the_module_line_of_user_code(fresh_war
 
 
 def test_a_fallback_inside_spyre_lab_names_the_user_line_and_the_library_call_site(fresh_warnings):
-    """The engine's rotary table is built with arange/cos/sin on the card: the warning is filed under the
-    user's LLM(...) line and its text names the spyre_lab line that called the op."""
-    from spyre_lab.engine.layers.rotary import RotaryEmbedding
+    """The engine's top-p filter sorts and takes a cumsum, which have no spyre kernel: the warning is filed
+    under the user's line and its text names the spyre_lab line that called the op."""
+    from spyre_lab.engine.sampler import filter_top_k_top_p
 
-    with pytest.warns(UserWarning, match="has no spyre kernel") as caught, torch.device("spyre"):
-        RotaryEmbedding(16, 32, 10000.0)
-    fallbacks = [w for w in caught if "has no spyre kernel" in str(w.message)]   # (and the fp32-as-fp16 notice)
-    assert {str(w.message).split()[0] for w in fallbacks} == {"aten::arange", "aten::cos", "aten::sin"}
+    logits = torch.randn(32, dtype=torch.float16).to("spyre")
+    with pytest.warns(UserWarning, match="has no spyre kernel") as caught:
+        filter_top_k_top_p(logits, 0, 0.9)
+    fallbacks = [w for w in caught if "has no spyre kernel" in str(w.message)]
+    assert {str(w.message).split()[0] for w in fallbacks} == {"aten::sort", "aten::cumsum", "aten::scatter"}
     for w in fallbacks:
         assert w.filename == HERE
-        assert "(called from spyre_lab/engine/layers/rotary.py:" in str(w.message)
+        assert "(called from spyre_lab/engine/sampler.py:" in str(w.message)
 
 
 def test_fallbacks_are_counted_with_their_first_call_site(fresh_warnings):

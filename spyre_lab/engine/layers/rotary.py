@@ -18,6 +18,12 @@ from spyre_lab.engine.layers.custom_op import CustomOp
 CosSin = tuple[torch.Tensor, torch.Tensor]
 
 
+def on_build_device(table: torch.Tensor) -> torch.Tensor:
+    """A host-made constant table on the device and in the floating dtype the model is being built with
+    (``torch.device(...)`` and ``torch.set_default_dtype`` while the loader constructs the model)."""
+    return table.to(torch.get_default_device(), torch.get_default_dtype())
+
+
 class RotaryEmbedding(CustomOp):
     op_name = "RotaryEmbedding"
 
@@ -26,10 +32,13 @@ class RotaryEmbedding(CustomOp):
         if head_dim % 2:
             raise ValueError(f"rotary head_dim must be even, got {head_dim}")
         self.head_dim = head_dim
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float64), inv_freq)
+        # A constant: computed on the host in float64, then moved to wherever the model is being built (the
+        # loader builds it under torch.device("spyre")), as a runtime uploads a program's constants. The device
+        # never runs arange / cos / sin for it, and the table is rounded as on the CPU (float64 -> float32 -> dtype).
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float64, device="cpu"), inv_freq)
         cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
-        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.register_buffer("cos_sin_cache", on_build_device(cache), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> CosSin:
         """The angles of each token's position, cos and sin [T, 1, d/2]: gathered once per step, used by every layer."""

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from spyre_lab.engine.layers.activation import SiluAndMul
-from spyre_lab.engine.layers.rotary import CosSin, RotaryEmbedding
+from spyre_lab.engine.layers.rotary import CosSin, RotaryEmbedding, on_build_device
 
 
 class SlicedSiluAndMul(SiluAndMul):
@@ -40,10 +40,11 @@ class MatmulRotaryEmbedding(RotaryEmbedding):
         self.register_buffer("cos_full", torch.cat([cos, cos], dim=-1), persistent=False)
         self.register_buffer("sin_full", torch.cat([sin, sin], dim=-1), persistent=False)
         half = head_dim // 2
-        rotate_half = torch.zeros(head_dim, head_dim)
-        rotate_half[torch.arange(half, head_dim), torch.arange(half)] = -1.0  # out[:half] = -x[half:]
-        rotate_half[torch.arange(half), torch.arange(half, head_dim)] = 1.0  # out[half:] = x[:half]
-        self.register_buffer("rotate_half", rotate_half, persistent=False)
+        with torch.device("cpu"):                        # a constant, made on the host and moved once
+            rotate_half = torch.zeros(head_dim, head_dim)
+            rotate_half[torch.arange(half, head_dim), torch.arange(half)] = -1.0  # out[:half] = -x[half:]
+            rotate_half[torch.arange(half), torch.arange(half, head_dim)] = 1.0  # out[half:] = x[:half]
+        self.register_buffer("rotate_half", on_build_device(rotate_half), persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> CosSin:
         """Full-width cos and sin [T, 1, d], gathered with ``index_select`` (a device gather) once per step."""
