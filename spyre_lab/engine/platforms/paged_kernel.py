@@ -79,7 +79,7 @@ def timed(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True, name:
         blocks = sum(nb for nb, q in shape.seqs if q > 0) * shape.kv_heads
         args = {"rule": "attention", "kernel": "paged attention", "blocks_read": blocks,
                 "kv_bytes": shape.kv_bytes(), "dram_bytes": int(sim.dram_bytes), "bottleneck": sim.bottleneck,
-                "cores": len(sim.active_cores), "split_kv": plan.split_kv, "plan": plan.reason}
+                "cores": len(sim.active_cores), "split_kv": plan.split_kv}
         hit = Timed(plan, sim.time_us, events, args, plan.block_chunks())
         _TIMED[key] = hit
         while len(_TIMED) > CACHE_ENTRIES:
