@@ -141,7 +141,7 @@ def _work_division():
     """WorkDivisionView of the layer's first kernel (core slider, naive/planned)."""
     from spyre_lab import viz
 
-    return viz.WorkDivisionView(layer_program().device_launches[0])
+    return viz.WorkDivisionView(layer_program(), kernel=0)
 
 
 def _layout():

@@ -120,6 +120,13 @@ def get(key: str) -> Any | None:
     return None if entry is None else entry[0]
 
 
+def peek(key: str) -> tuple[Any, Any] | None:
+    """The ``(program, keep_alive)`` stored under ``key`` (keep_alive: the function it was compiled from), or None;
+    counts no hit or miss, so a view can look up what compiled without changing ``stats()``."""
+    with _lock:
+        return _programs.get(key)
+
+
 def stats() -> dict[str, int]:
     """Hits, misses and compiles since start (or the last ``clear()``)."""
     with _lock:

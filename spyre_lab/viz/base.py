@@ -166,7 +166,7 @@ class View:
         """Controls in one row, a one-line caption, then the figure."""
         if self._box is None:
             controls = self.make_controls()
-            self._fig_widget = go.FigureWidget(widget_safe(self.build()))
+            self._fig_widget = LoadedFigureWidget(widget_safe(self.build()))
             self._caption_widget = W.HTML(self._caption_html())
             rows: list[W.Widget] = []
             if controls:
@@ -212,6 +212,26 @@ class View:
         return cls(load_json_source(source), **kwargs)  # type: ignore[call-arg]
 
 
+class LoadedFigureWidget(go.FigureWidget):
+    """A FigureWidget whose comm opens with its figure already in the state the browser receives first.
+
+    plotly's FigureWidget opens its comm inside the widget constructor, while its data and layout traits are still
+    empty, and sends the figure in a second message; its own ``_repr_mimebundle_`` sends it again at display, but a
+    FigureWidget inside a VBox is never displayed by itself. When the browser is slow to set up the new model
+    (loading the widget module under load), that second message can come before the model listens, and the plot
+    draws empty for good. Opening the comm once the figure is set makes the first message complete.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)       # Widget.__init__ calls open(), which waits (see below)
+        self._figure_set = True
+        self.open()
+
+    def open(self) -> None:
+        if getattr(self, "_figure_set", False):
+            super().open()
+
+
 def widget_safe(fig: go.Figure) -> go.Figure:
     """``fig`` with its arrays as plain lists, NaN as null: what a FigureWidget can send to the browser.
 
@@ -240,12 +260,17 @@ def _plain(value: Any) -> Any:
 
 
 def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Make a live FigureWidget show ``fig``: traces updated in place when the structure matches, else replaced."""
+    """Make a live FigureWidget show ``fig`` in one message: traces updated in place where the types line up (a
+    longer or shorter list drops or appends only the difference), replaced only when the types differ."""
     with target.batch_update():
-        same = len(target.data) == len(fig.data) and all(a.type == b.type for a, b in zip(target.data, fig.data))
-        if same:
+        common = min(len(target.data), len(fig.data))
+        if all(a.type == b.type for a, b in zip(target.data[:common], fig.data[:common])):
+            if len(target.data) > common:
+                target.data = target.data[:common]
             for old, new in zip(target.data, fig.data):
                 old.update(new.to_plotly_json(), overwrite=True)
+            if len(fig.data) > common:
+                target.add_traces(list(fig.data[common:]))
         else:
             target.data = ()
             if fig.data:

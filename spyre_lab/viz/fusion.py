@@ -29,6 +29,18 @@ from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 DENSE_NODES = 30
 """Above this many LoopIR nodes the before-fusion graph drops its labels (hover names each node)."""
+LABEL_FIT_WIDTH = 700
+"""Figure width (px; a FigureWidget in JupyterLab draws 700 px wide) the after-fusion labels are fitted to: a label
+that would run into the next kernel's node is shortened (``resti…``) or left out, and a rule label that would touch
+its neighbour moves to a second row or is left out. Hover names every node and kernel in full; a wider figure only
+gains room."""
+LABEL_FONT = 9
+CHAR_PX = 0.6
+"""Width estimate of one label character, as a fraction of the font size (Helvetica / Arial average)."""
+MARKER_PX = 12
+_MARGIN = dict(l=20, r=20, t=70, b=20)
+_X_PAD = (0.6, 0.7)
+"""The after-fusion x axis runs from ``-0.6`` to ``kernels - 1 + 0.7``: the boxes and the last labels fit."""
 _EDGE_LX = NEUTRAL["edge_lx"]
 _EDGE_DRAM = NEUTRAL["edge_dram"]
 
@@ -162,6 +174,8 @@ class FusionView(View):
         notes.append(dict(text="box labels: " + ", ".join(f"{v} = {k}" for k, v in _SHORT.items() if k != "fallback"),
                           xref="paper", yref="y2 domain", x=0.0, y=-0.02, yanchor="top", xanchor="left",
                           showarrow=False, font=dict(size=10, color=NEUTRAL["muted"]), name="legend"))
+        kernels = len(recs) if self.saved is not None else self.program.num_kernels
+        layout["xaxis2"] = {**layout.get("xaxis2", {}), "range": [-_X_PAD[0], kernels - 1 + _X_PAD[1]]}
         layout = {**layout, "shapes": shapes, "annotations": notes, "height": height,
                   "title": dict(text=f"Fusion of {html.escape(str(name))} ({rules}): {len(recs)} kernels, "
                                      f"{total:.1f} µs modeled — {self.mode} timing", x=0.01, xanchor="left",
@@ -214,12 +228,17 @@ class FusionView(View):
                 data.append(dict(type="scatter", x=lx_x, y=lx_y, mode="lines", hoverinfo="skip", name="stays in LX",
                                  xaxis=axes[0], yaxis=axes[1], line=dict(color=_EDGE_LX, width=2)))
             order = list(names)
+            if row_after:
+                fitted = fit_node_labels({n: after[n] for n in order}, {n: names[n].op for n in order},
+                                         len(program.kernels))
+                text: list[str] | None = [fitted[n] for n in order]
+            else:
+                text = [names[n].op for n in order] if len(order) <= DENSE_NODES else None
             data.append(dict(
                 type="scatter", x=[pos[n][0] for n in order], y=[pos[n][1] for n in order],
-                mode="markers+text" if row_after or len(order) <= DENSE_NODES else "markers",
-                xaxis=axes[0], yaxis=axes[1],
-                text=[names[n].op for n in order] if row_after or len(order) <= DENSE_NODES else None,
-                textposition="middle right", textfont=dict(size=9),
+                mode="markers+text" if text is not None else "markers",
+                xaxis=axes[0], yaxis=axes[1], text=text, cliponaxis=not row_after,
+                textposition="middle right", textfont=dict(size=LABEL_FONT),
                 marker=dict(size=12, color=[kernel_color(kernel_of[n]) for n in order],
                             symbol=["square" if names[n].kind == "MatMul" else "circle" for n in order],
                             line=dict(color=NEUTRAL["text"], width=0.5)),
@@ -232,9 +251,7 @@ class FusionView(View):
             shapes.append(dict(type="rect", x0=i - 0.35, x1=i + 0.45, y0=-0.5, y1=len(_lowered_nodes(k)) - 0.5,
                                xref="x2", yref="y2", line=dict(color=color, width=1.5), fillcolor=color, opacity=0.15,
                                layer="below", name=f"kernel {launch.name}"))
-            notes.append(dict(x=i + 0.05, y=-0.55, xref="x2", yref="y2", text=_short_rule(k.rule), showarrow=False,
-                              xanchor="center", yanchor="bottom", font=dict(size=9, color=NEUTRAL["text"]), name="rule",
-                              hovertext=f"{launch.name}: {k.rule}"))
+        notes += rule_labels([(launch.name, k.rule) for launch, k in zip(program.launches, program.kernels)])
         data.append(dict(type="scatter", x=[0], y=[-1.4], mode="markers", marker=dict(opacity=0), hoverinfo="skip",
                          xaxis="x2", yaxis="y2", showlegend=False))
 
@@ -247,11 +264,13 @@ class FusionView(View):
                 text.append(op)
                 colors.append(UNIT_COLORS["host"] if r.host else kernel_color(r.name))
                 hover.append(f"{html.escape(r.name)} ({r.rule})")
-            notes.append(dict(x=r.index + 0.05, y=-0.55, xref="x2", yref="y2", text=_short_rule(r.rule),
-                              showarrow=False, xanchor="center", yanchor="bottom", font=dict(size=9), name="rule"))
-        data.append(dict(type="scatter", x=xs, y=ys, mode="markers+text", text=text, textposition="middle right",
-                         xaxis="x2", yaxis="y2", textfont=dict(size=9), marker=dict(size=12, color=colors),
-                         hovertext=hover, hoverinfo="text", meta={"row": "after"}))
+        notes += rule_labels([(r.name, r.rule) for r in recs])
+        fitted = fit_node_labels({i: (x, y) for i, (x, y) in enumerate(zip(xs, ys))}, dict(enumerate(text)), len(recs))
+        data.append(dict(type="scatter", x=xs, y=ys, mode="markers+text", text=[fitted[i] for i in range(len(xs))],
+                         textposition="middle right", xaxis="x2", yaxis="y2", textfont=dict(size=LABEL_FONT),
+                         cliponaxis=False, marker=dict(size=MARKER_PX, color=colors),
+                         hovertext=[f"<b>{html.escape(op)}</b><br>{h}" for op, h in zip(text, hover)],
+                         hoverinfo="text", meta={"row": "after"}))
 
 
 @functools.lru_cache(maxsize=16)
@@ -263,7 +282,7 @@ def _skeleton_cached(height: int, table: float) -> str:
                                         "after fusion: kernels in launch order (box = kernel, label = rule)",
                                         "kernels (modeled)"))
     fig.add_trace(go.Table(), row=3, col=1)
-    fig.update_layout(template="plotly_white", height=height, showlegend=False, margin=dict(l=20, r=20, t=70, b=20),
+    fig.update_layout(template="plotly_white", height=height, showlegend=False, margin=_MARGIN,
                       hovermode="closest")
     for row in (1, 2):
         fig.update_xaxes(visible=False, row=row, col=1)
@@ -290,6 +309,72 @@ _SHORT = {"reduction_fusion": "red", "matmul_epilogue": "epi", "pointwise_chain"
 def _short_rule(rule: str) -> str:
     """The rule as a label that fits above a one-node box (the table and the hover name it in full)."""
     return _SHORT.get(rule, rule[:4])
+
+
+def column_px(columns: int, width: int = LABEL_FIT_WIDTH) -> float:
+    """Pixels between two kernels of the after-fusion row in a figure ``width`` px wide."""
+    return (width - _MARGIN["l"] - _MARGIN["r"]) / (columns - 1 + _X_PAD[0] + _X_PAD[1])
+
+
+def text_px(text: str, size: int = LABEL_FONT) -> float:
+    """Estimated rendered width of ``text`` (plain characters; an ellipsis counts as one)."""
+    return len(text) * size * CHAR_PX
+
+
+def _shorten(text: str, room: float) -> str:
+    """``text`` if it fits in ``room`` px, else its longest prefix + "…" that does (two characters or more), or ""."""
+    if text_px(text) <= room:
+        return text
+    for keep in range(len(text) - 1, 1, -1):
+        if text_px(text[:keep] + "…") <= room:
+            return text[:keep] + "…"
+    return ""
+
+
+def fit_node_labels(pos: dict[Any, tuple[float, float]], labels: dict[Any, str], columns: int) -> dict[Any, str]:
+    """Each after-fusion node label shortened to the room before the next node on its row (or the figure's edge).
+
+    A label sits right of its marker; nodes of one kernel stack in a column, so only a later kernel with a node on
+    the same row can be in the way. Kernels side by side (a run of restickifies) leave a column's width each.
+    """
+    u = column_px(columns)
+    rows: dict[float, list[float]] = {}
+    for x, y in pos.values():
+        rows.setdefault(y, []).append(x)
+    edge = (columns - 1 + _X_PAD[1]) * u + _MARGIN["r"]            # px from column 0 to the figure's right edge
+    out = {}
+    for key, (x, y) in pos.items():
+        nxt = min((c for c in rows[y] if c > x), default=None)
+        right = (nxt * u - MARKER_PX / 2) if nxt is not None else edge
+        room = right - (x * u + MARKER_PX / 2) - 5                   # plotly's gap after the marker, a little air
+        out[key] = _shorten(labels[key], room)
+    return out
+
+
+def rule_labels(kernels: list[tuple[str, str]]) -> list[dict]:
+    """The short rule above each kernel's box: one row while they fit, else two staggered rows; a label that would
+    still touch its neighbour is hidden (its hover text, the node hover and the table name the rule)."""
+    u = column_px(len(kernels))
+    texts = [_short_rule(rule) for _, rule in kernels]
+    gap = 3.0
+
+    def clash(step: int) -> bool:
+        return any((text_px(texts[i]) + text_px(texts[i + step])) / 2 + gap > step * u
+                   for i in range(len(texts) - step))
+
+    rows = 1 if not clash(1) else 2
+    last_right: dict[int, float] = {}
+    notes = []
+    for i, ((name, rule), text) in enumerate(zip(kernels, texts)):
+        row = i % rows
+        center, half = (i + 0.05) * u, text_px(text) / 2
+        visible = center - half >= last_right.get(row, -1e9) + gap
+        if visible:
+            last_right[row] = center + half
+        notes.append(dict(x=i + 0.05, y=-0.55, xref="x2", yref="y2", text=text, showarrow=False, xanchor="center",
+                          yanchor="bottom", yshift=12 * row, font=dict(size=LABEL_FONT, color=NEUTRAL["text"]),
+                          name="rule", visible=visible, hovertext=f"{name}: {rule}"))
+    return notes
 
 
 def _table(recs: list[KernelRecord]) -> dict:
@@ -342,7 +427,7 @@ def _kept_function(program: Any) -> Any:
     """The function a Program was compiled from, if the program cache still holds it (None otherwise)."""
     from spyre_lab.compiler import cache
 
-    entry = getattr(cache, "_programs", {}).get(program.cache_key)
+    entry = cache.peek(program.cache_key)
     if entry is None or entry[0] is not program:
         return None
     return entry[1]

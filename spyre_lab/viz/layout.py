@@ -114,14 +114,21 @@ class LayoutView(View):
         element = W.IntSlider(value=self.element, min=0, max=numel - 1, description="element",
                               continuous_update=False, style={"description_width": "initial"},
                               layout=W.Layout(width="360px"))
-        orders = [",".join(map(str, p)) for p in itertools.permutations(range(len(self.shape)))] if \
-            0 < len(self.shape) <= 4 else [self.dim_order]
+        orders = [",".join(map(str, p)) for p in itertools.permutations(range(len(self.shape)))
+                  if self._drawable(p)] if 0 < len(self.shape) <= 4 else [self.dim_order]
+        orders = orders if self.dim_order in orders else [self.dim_order, *orders]
         order = dropdown(orders, self.dim_order, "dim_order", "170px")
         dtype = dropdown(list(DTYPES), self._dtype_name if self._dtype_name in DTYPES else "float16", "dtype",
                          "150px")
         dtype.disabled = self.tensor is not None
         return [self.bind("element", element), self.bind("dim_order", order),
                 self.bind("dtype", dtype, "_dtype_name")]
+
+    def _drawable(self, order: tuple[int, ...]) -> bool:
+        """Whether :meth:`build` can draw ``order``: a big tensor is drawn stick by stick along its last dim only."""
+        if not self.stick_cells:
+            return True
+        return StickLayout.default(self.shape, self.dtype, order).stick_dim == len(self.shape) - 1
 
     def on_change(self, name: str) -> None:
         if name == "_dtype_name" or name == "dtype":

@@ -76,38 +76,56 @@ class Roofline(View):
         t = r.time_us if self.include_launch else max(r.time_us - r.launch_us, 1e-9)
         return r.flops / r.dram_bytes, r.flops / (t * 1e-6)
 
-    def build(self) -> go.Figure:
+    def x_range(self) -> tuple[float, float]:
+        """The intensity axis: whole decades around every placed kernel and the ridge point."""
+        cfg = self.cfg
+        xs = [p[0] for r in self.records() if (p := self.point(r)) is not None] or [1.0]
+        x_lo = 10 ** math.floor(math.log10(min(min(xs), cfg.ridge_flop_per_byte) / 4))
+        x_hi = 10 ** math.ceil(math.log10(max(max(xs), cfg.ridge_flop_per_byte) * 4))
+        return x_lo, x_hi
+
+    def trace_dicts(self) -> list[dict[str, Any]]:
+        """The ceilings (PT, SFU, DRAM) then one marker per placed kernel, as plain scatter dicts (WhatIf reuses
+        them in its own subplot without plotly validating each on every control change)."""
         cfg = self.cfg
         recs = self.records()
         placed = [(r, p) for r in recs if (p := self.point(r)) is not None]
         total = sum(r.time_us or 0.0 for r in recs if not r.host)
-        fig = go.Figure()
-        xs = [p[0] for _, p in placed] or [1.0]
-        x_lo = 10 ** math.floor(math.log10(min(min(xs), cfg.ridge_flop_per_byte) / 4))
-        x_hi = 10 ** math.ceil(math.log10(max(max(xs), cfg.ridge_flop_per_byte) * 4))
+        x_lo, x_hi = self.x_range()
         grid = np.logspace(math.log10(x_lo), math.log10(x_hi), 200)
         dram = cfg.dram_bandwidth * grid
         sfu = sfu_peak_flops(cfg)
-        fig.add_trace(go.Scatter(x=grid, y=np.minimum(dram, cfg.peak_flops) / 1e12, mode="lines",
-                                 line=dict(color=UNIT_COLORS["pt"], width=2),
-                                 name=f"PT peak {cfg.peak_flops / 1e12:.1f} TFLOP/s", hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=grid, y=np.minimum(dram, sfu) / 1e12, mode="lines",
-                                 line=dict(color=UNIT_COLORS["sfu"], width=2, dash="dash"),
-                                 name=f"SFU peak {sfu / 1e12:.2f} TFLOP/s (estimate)", hoverinfo="skip"))
-        fig.add_trace(go.Scatter(x=grid, y=dram / 1e12, mode="lines",
-                                 line=dict(color=UNIT_COLORS["load"], width=1, dash="dot"),
-                                 name=f"DRAM {cfg.dram_bandwidth / 1e9:.1f} GB/s", hoverinfo="skip"))
+        traces: list[dict[str, Any]] = [
+            dict(type="scatter", x=grid, y=np.minimum(dram, cfg.peak_flops) / 1e12, mode="lines",
+                 line=dict(color=UNIT_COLORS["pt"], width=2), name=f"PT peak {cfg.peak_flops / 1e12:.1f} TFLOP/s",
+                 hoverinfo="skip"),
+            dict(type="scatter", x=grid, y=np.minimum(dram, sfu) / 1e12, mode="lines",
+                 line=dict(color=UNIT_COLORS["sfu"], width=2, dash="dash"),
+                 name=f"SFU peak {sfu / 1e12:.2f} TFLOP/s (estimate)", hoverinfo="skip"),
+            dict(type="scatter", x=grid, y=dram / 1e12, mode="lines",
+                 line=dict(color=UNIT_COLORS["load"], width=1, dash="dot"),
+                 name=f"DRAM {cfg.dram_bandwidth / 1e9:.1f} GB/s", hoverinfo="skip"),
+        ]
         for r, (x, y) in placed:
             share = (r.time_us or 0.0) / total if total else 0.0
-            fig.add_trace(go.Scatter(
-                x=[x], y=[y / 1e12], mode="markers+text", text=[f"k{r.index}"], textposition="top center",
-                textfont=dict(size=10), name=r.name, meta={"kernel": r.name},
+            traces.append(dict(
+                type="scatter", x=[x], y=[y / 1e12], mode="markers+text", text=[f"k{r.index}"],
+                textposition="top center", textfont=dict(size=10), name=r.name, meta={"kernel": r.name},
                 marker=dict(color=kernel_color(r.name), size=10 + 30 * math.sqrt(share),
                             symbol=_SYMBOL.get(r.bottleneck, "circle"), line=dict(color=NEUTRAL["text"], width=0.5)),
                 hovertext=[f"<b>{html.escape(r.name)}</b> ({r.rule})<br>{' → '.join(r.ops)}<br>"
                            f"{x:.2f} FLOP/B, {y / 1e12:.3f} TFLOP/s<br>{r.time_us:.2f} µs modeled "
                            f"({share:.0%} of device time), {r.bottleneck}-bound"],
                 hoverinfo="text", showlegend=len(placed) <= 24))
+        return traces
+
+    def build(self) -> go.Figure:
+        cfg = self.cfg
+        recs = self.records()
+        fig = go.Figure()
+        x_lo, x_hi = self.x_range()
+        for trace in self.trace_dicts():
+            fig.add_trace(go.Scatter(trace))
         notes = []
         skipped = [r for r in recs if self.point(r) is None]
         if skipped:

@@ -26,7 +26,6 @@ from typing import Any
 import ipywidgets as W
 import plotly.graph_objects as go
 import torch
-from plotly.subplots import make_subplots
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
@@ -34,12 +33,14 @@ from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.trace import Trace
 from spyre_lab.viz import style
-from spyre_lab.viz.base import View, base_layout, toggle
+from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
 from spyre_lab.viz.roofline import Roofline
 from spyre_lab.viz.timeline import step_lanes
 
 LX_KIB_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
 DRAM_GBS_CHOICES = (25.6, 51.2, 102.4, 204.8, 409.6, 819.2)
+SUBPLOT_TITLE_SIZE = 14
+"""Panel titles a little smaller than the figure title; a panel title never reaches past the figure's edge."""
 
 
 @dataclass(frozen=True)
@@ -95,19 +96,22 @@ def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str
     kernel's numerics out because no modeled time depends on them; that keeps a what-if change fast.
     """
     from spyre_lab.runtime.jobplan import RuntimeOptions, launch, timing_only
-    from spyre_lab.runtime.programs import load
+    from spyre_lab.runtime.programs import EXACT_INTERMEDIATE_DTYPES, load
     from spyre_lab.runtime.streams import current_stream, recording, synchronize
+    from spyre_lab.runtime.tensor import empty_spyre
 
     options = RuntimeOptions(dispatch=dispatch)  # type: ignore[arg-type]
     index = inputs[0].device.index or 0
     loaded = load(program, program.options.timing)
     bound = dict(zip(program.inputs, inputs))
     bound.update(loaded.constants(index))
+    visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
     for kernel in loaded.kernels:
         for slot in kernel.address_slots:
-            if slot not in bound:
+            if slot not in bound:        # as run_program binds them: internal fp32 intermediates keep their format
                 info = program.buffers[slot]
-                bound[slot] = torch.empty(info.shape, dtype=info.dtype, device=torch.device("spyre", index))
+                bound[slot] = empty_spyre(info.shape, None, info.dtype, index,
+                                          exact=slot not in visible and info.dtype in EXACT_INTERMEDIATE_DTYPES)
     synchronize()
     with timing_only(), recording() as trace:
         launch(loaded, bound, stream=current_stream(index), options=options)
@@ -234,25 +238,33 @@ class WhatIf(View):
             controls.append(self.bind("phase", toggle(["prefill", "decode"], self.phase, "timeline")))
         return controls
 
-    # ---- the figure ------------------------------------------------------------------------------------
+    # ---- the figure ----------------------------------------------------------------------------------------
     def build(self) -> go.Figure:
         now, base = self.current, self.baseline
         phase = self.phase
-        fig = make_subplots(rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.5, 0.5],
-                            column_widths=[0.62, 0.38], vertical_spacing=0.13, horizontal_spacing=0.1,
-                            subplot_titles=(f"one {phase} launch, now vs baseline ({style.MODELED_TIME_AXIS})",
-                                            f"roofline of the {phase} kernels (modeled)",
-                                            "TTFT / TPOT (modeled estimates, ms)"))
-        self._timeline(fig, now, base, phase)
-        self._roofline(fig, now, base, phase)
-        self._bars(fig, now, base)
-        layout = base_layout(f"WhatIf — {self.name}: switches vs kernels, roofline and TTFT / TPOT",
-                             height=self.figure_height)
-        layout.update(legend=dict(orientation="h", y=-0.1, x=0, xanchor="left"), barmode="group")
-        fig.update_layout(**layout)
-        return fig
+        layout, axes = cached_subplots(
+            rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.5, 0.5],
+            column_widths=[0.62, 0.38], vertical_spacing=0.13, horizontal_spacing=0.1,
+            subplot_titles=[f"one {phase} launch, now vs baseline ({style.MODELED_TIME_AXIS})",
+                            f"roofline of the {phase} kernels (modeled)", "TTFT / TPOT<br>modeled estimates (ms)"],
+            template="plotly_white", height=self.figure_height, margin=dict(l=70, r=30, t=70, b=50))
+        data: list[dict[str, Any]] = []
+        axis_updates: dict[str, dict[str, Any]] = {}
+        self._timeline(data, axis_updates, axes[(1, 1)], now, base, phase)
+        self._roofline(data, axis_updates, axes[(2, 1)], now, base, phase)
+        self._bars(data, axis_updates, axes[(2, 2)], now, base)
+        titles = [a | {"font": {**a.get("font", {}), "size": SUBPLOT_TITLE_SIZE}}
+                  for a in layout.get("annotations", [])]
+        frame = base_layout(f"WhatIf — {self.name}: switches vs kernels, roofline and TTFT / TPOT",
+                            height=self.figure_height)
+        layout = {**layout, **{k: frame[k] for k in ("title", "font", "showlegend")}, "annotations": titles,
+                  "legend": dict(orientation="h", y=-0.1, x=0, xanchor="left"), "barmode": "group"}
+        for key, update in axis_updates.items():
+            layout[key] = {**layout.get(key, {}), **update}
+        return go.Figure(dict(data=data, layout=layout), _validate=False)
 
-    def _timeline(self, fig: go.Figure, now: Outcome, base: Outcome, phase: str) -> None:
+    def _timeline(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome, base: Outcome,
+                  phase: str) -> None:
         order_all: list[str] = []
         for label, outcome in (("baseline", base), ("now", now)):
             lanes, order = step_lanes(outcome.traces[phase])
@@ -261,50 +273,68 @@ class WhatIf(View):
                 key = f"{label} · " + ("kernels" if name not in ("host", "program correction", "PCIe") else name)
                 merged.setdefault(key, []).extend(lanes[name])
             for key, events in merged.items():
-                fig.add_bar(x=[e.dur_us for e, _ in events], y=[key] * len(events),
-                            base=[e.start_us for e, _ in events], orientation="h", showlegend=False,
-                            marker=dict(color=[c for _, c in events], line=dict(width=0),
-                                        opacity=0.55 if label == "baseline" else 1.0),
-                            customdata=[[e.name] for e, _ in events],
-                            hovertemplate="%{customdata[0]}<br>%{base:.2f} + %{x:.2f} µs (modeled)<extra>"
-                                          + key + "</extra>", row=1, col=1)
+                data.append(dict(type="bar", x=[e.dur_us for e, _ in events], y=[key] * len(events),
+                                 base=[e.start_us for e, _ in events], orientation="h", showlegend=False,
+                                 marker=dict(color=[c for _, c in events], line=dict(width=0),
+                                             opacity=0.55 if label == "baseline" else 1.0),
+                                 customdata=[[e.name] for e, _ in events],
+                                 hovertemplate="%{customdata[0]}<br>%{base:.2f} + %{x:.2f} µs (modeled)<extra>"
+                                               + key + "</extra>", xaxis=refs[0], yaxis=refs[1]))
                 order_all.append(key)
-        fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order_all)), row=1, col=1)
         span = max(now.span_us(phase), base.span_us(phase))
-        fig.update_xaxes(range=[0, span * 1.02], title_text=style.MODELED_TIME_AXIS, row=1, col=1)
+        axis[_axis_key(refs[1])] = dict(categoryorder="array", categoryarray=list(reversed(order_all)))
+        axis[_axis_key(refs[0])] = dict(range=[0, span * 1.02], title=dict(text=style.MODELED_TIME_AXIS))
 
-    def _roofline(self, fig: go.Figure, now: Outcome, base: Outcome, phase: str) -> None:
+    def _roofline(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome, base: Outcome,
+                  phase: str) -> None:
         """The current program's Roofline (ceilings and kernels), with the baseline's kernels and ceilings in grey."""
-        drawn = Roofline(now.programs[phase]).build()
-        for trace in drawn.data:
-            trace.showlegend = trace.mode == "lines"   # ceilings in the legend; kernels say their name on hover
-            fig.add_trace(trace, row=2, col=1)
+        drawn = Roofline(now.programs[phase]).trace_dicts()
+        ceilings = [t for t in drawn if t["mode"] == "lines"]
+        kernels = [t for t in drawn if t["mode"] != "lines"]
+        for trace in ceilings:
+            data.append(trace | dict(xaxis=refs[0], yaxis=refs[1]))
+        # the kernels as one trace (each says its name on hover), so a switch that changes the kernel count
+        # updates that trace in place instead of adding and removing traces in the live widget
+        data.append(dict(type="scatter", mode="markers+text", name="kernels", showlegend=False, hoverinfo="text",
+                         x=[t["x"][0] for t in kernels], y=[t["y"][0] for t in kernels],
+                         text=[t["text"][0] for t in kernels], hovertext=[t["hovertext"][0] for t in kernels],
+                         textposition="top center", textfont=dict(size=10),
+                         marker={key: [t["marker"][key] for t in kernels] for key in ("color", "size", "symbol")}
+                         | dict(line=dict(color=style.NEUTRAL["text"], width=0.5)),
+                         meta={"kernels": [t["name"] for t in kernels]}, xaxis=refs[0], yaxis=refs[1]))
         baseline = Roofline(base.programs[phase])
         points = [(r, p) for r in baseline.records() if (p := baseline.point(r)) is not None]
-        if base.cfg != now.cfg:
-            xs = list(drawn.data[0].x)
-            fig.add_scatter(x=xs, y=[min(base.cfg.dram_bandwidth * x, base.cfg.peak_flops) / 1e12 for x in xs],
-                            mode="lines", name="baseline ceilings", line=dict(color=style.BASELINE_COLOR, dash="dash"),
-                            hoverinfo="skip", row=2, col=1)
-        fig.add_scatter(x=[p[0] for _, p in points], y=[p[1] / 1e12 for _, p in points], mode="markers",
-                        name="baseline kernels", marker=dict(symbol="circle-open", size=9, color=style.BASELINE_COLOR),
-                        hovertext=[f"baseline {r.name}: {r.time_us:.2f} µs" for r, _ in points], hoverinfo="text",
-                        row=2, col=1)
-        fig.update_xaxes(type="log", title_text="FLOP per DRAM byte", row=2, col=1)
-        fig.update_yaxes(type="log", title_text="modeled TFLOP/s", row=2, col=1)
+        xs = list(ceilings[0]["x"])
+        data.append(dict(type="scatter", x=xs, y=[min(base.cfg.dram_bandwidth * x, base.cfg.peak_flops) / 1e12
+                                                  for x in xs],
+                         mode="lines", name="baseline ceilings", line=dict(color=style.BASELINE_COLOR, dash="dash"),
+                         visible=base.cfg != now.cfg, hoverinfo="skip", xaxis=refs[0], yaxis=refs[1]))
+        data.append(dict(type="scatter", x=[p[0] for _, p in points], y=[p[1] / 1e12 for _, p in points],
+                         mode="markers", name="baseline kernels",
+                         marker=dict(symbol="circle-open", size=9, color=style.BASELINE_COLOR),
+                         hovertext=[f"baseline {r.name}: {r.time_us:.2f} µs" for r, _ in points], hoverinfo="text",
+                         xaxis=refs[0], yaxis=refs[1]))
+        axis[_axis_key(refs[0])] = dict(type="log", title=dict(text="FLOP per DRAM byte"))
+        axis[_axis_key(refs[1])] = dict(type="log", title=dict(text="modeled TFLOP/s"))
 
-    def _bars(self, fig: go.Figure, now: Outcome, base: Outcome) -> None:
+    def _bars(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome,
+              base: Outcome) -> None:
         names = ["TTFT", "TPOT"] if "decode" in self._inputs else ["TTFT"]
         for label, outcome, color in (("baseline", base, style.BASELINE_COLOR), ("now", now, style.CHANGED_COLOR)):
             ys = [outcome.ttft_ms, outcome.tpot_ms][: len(names)]
-            text = [f"{y:.3f}" if label == "baseline" else f"{y:.3f} ({_delta(y, b)})"
+            text = [f"{y:.3f}" if label == "baseline" else f"{y:.3f}<br>({_delta(y, b)})"
                     for y, b in zip(ys, [base.ttft_ms, base.tpot_ms])]
-            fig.add_bar(x=names, y=ys, name=label, marker_color=color, text=text, textposition="outside",
-                        hovertemplate="%{x}: %{y:.3f} ms (modeled estimate)<extra>" + label + "</extra>",
-                        row=2, col=2)
+            data.append(dict(type="bar", x=names, y=ys, name=label, marker=dict(color=color), text=text,
+                             textposition="outside", constraintext="none", cliponaxis=False,
+                             hovertemplate="%{x}: %{y:.3f} ms (modeled estimate)<extra>" + label + "</extra>",
+                             xaxis=refs[0], yaxis=refs[1]))
         top = max(now.ttft_ms, base.ttft_ms, now.tpot_ms if "decode" in self._inputs else 0,
                   base.tpot_ms if "decode" in self._inputs else 0)
-        fig.update_yaxes(title_text="ms (modeled)", range=[0, top * 1.25], row=2, col=2)
+        axis[_axis_key(refs[1])] = dict(title=dict(text="ms (modeled)"), range=[0, top * 1.25])
+
+
+def _axis_key(ref: str) -> str:
+    return ("xaxis" if ref.startswith("x") else "yaxis") + ref[1:]
 
 
 def _delta(now: float, base: float) -> str:

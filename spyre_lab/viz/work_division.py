@@ -149,15 +149,16 @@ class WorkDivisionView(View):
                                        horizontal_spacing=0.08, specs=[[{"colspan": 2}, None], [{}, {}]],
                                        subplot_titles=["iteration space, colored by the core that computes it",
                                                        "per-core utilization (PT/SFU busy share, modeled)",
-                                                       "cost model terms (modeled µs)" if _is_matmul(spec, self)
-                                                       else "busiest core: modeled busy time per unit (µs)"],
+                                                       _corner_title(spec, self)],
                                        template="plotly_white", height=self.figure_height,
                                        margin=dict(l=60, r=20, t=80, b=90))
         data: list[dict] = []
         notes = list(layout.get("annotations", []))
         self._space(spec, data, notes, axes[(1, 1)])
         self._utilization(spec, data, axes[(2, 1)])
-        if _is_matmul(spec, self):
+        if _is_attention(self):
+            self._attention_work(spec, data, notes, axes[(2, 2)])
+        elif _is_matmul(spec, self):
             self._cost_terms(spec, data, notes, axes[(2, 2)])
         else:
             self._unit_busy(spec, data, axes[(2, 2)])
@@ -181,6 +182,8 @@ class WorkDivisionView(View):
     def _display_dims(self, spec: Any) -> tuple[str, str | None, list[str]]:
         """(x dim, y dim, facet dims): x is the innermost output dim, y the most-split other output dim."""
         d = spec.division
+        if _is_attention(self):                # heads x query rows: the two dims the attention planner splits
+            return "M", "B", []
         dims = list(spec.dims)
         outputs = [k for k in dims if k not in d.reduction_dims]
         x = "N" if "N" in outputs and "N" in spec.dims and spec.dims["N"] > 1 else outputs[-1]
@@ -274,6 +277,39 @@ class WorkDivisionView(View):
                              marker=dict(color=UNIT_COLORS[unit]), xaxis=axes[0], yaxis=axes[1],
                              hovertemplate=f"{name}: %{{y:.2f}} µs<extra></extra>", meta={"panel": "cost"}))
 
+    def _attention_work(self, spec: Any, data: list[dict], notes: list[dict], axes: tuple[str, str]) -> None:
+        """Per core, the query-key scores it computes: its heads x the unmasked keys of its query rows (what
+        ``divide_attention`` balances; under a causal mask early rows are cheap, so their ranges are longer)."""
+        keys = self._row_keys(spec)
+        cores, work, hover, colors = [], [], [], []
+        for core, ranges in enumerate(spec.slices):
+            if not ranges or core >= self.cores:
+                continue
+            (h0, h1), (r0, r1) = ranges["B"], ranges["M"]
+            scored = (h1 - h0) * sum(keys[r0:r1])
+            cores.append(core)
+            work.append(scored)
+            colors.append(core_color(core, self.cores))
+            hover.append(f"core {core}: heads {h0}–{h1 - 1}, query rows {r0}–{r1 - 1}: {scored:,} scores")
+        data.append(dict(type="bar", x=cores, y=work, marker=dict(color=colors), name="scores", showlegend=False,
+                         hovertext=hover, hoverinfo="text", xaxis=axes[0], yaxis=axes[1], meta={"panel": "attention"}))
+        masked = "" if self.saved is None else " (saved program: every key counted, the mask is not saved)"
+        notes.append(dict(text=_wrap(spec.division.reason + masked, 70), xref=f"{axes[0]} domain",
+                          yref=f"{axes[1]} domain", x=0.0, y=-0.22, xanchor="left", yanchor="top", align="left",
+                          showarrow=False, font=dict(size=10, color=NEUTRAL["muted"]), name="reason"))
+
+    def _row_keys(self, spec: Any) -> list[int]:
+        """Per query row, the keys the constant mask leaves unmasked (all ``N`` keys without one, or when saved)."""
+        n, m = spec.dims["N"], spec.dims["M"]
+        if self.saved is None:
+            from spyre_lab.compiler.tiling_attention import unmasked_keys
+
+            node = self._kernels[self.kernel].nodes[0]
+            keys = unmasked_keys(node.const_extras, node.additive_only)
+            if keys is not None:
+                return list(keys)
+        return [n] * m
+
     def _unit_busy(self, spec: Any, data: list[dict], axes: tuple[str, str]) -> None:
         if self.saved is not None:
             data.append(dict(type="bar", x=[], y=[], xaxis=axes[0], yaxis=axes[1], showlegend=False,
@@ -297,7 +333,23 @@ def _matmul(a: Any, w: Any) -> Any:
     return a @ w
 
 
+def _is_attention(view: WorkDivisionView) -> bool:
+    """A fused attention kernel (rule "attention", ``compiler/tiling_attention.py``): heads x query rows per core."""
+    k = view._kernels[view.kernel]
+    return (k.get("rule") if view.saved is not None else k.rule) == "attention"
+
+
+def _corner_title(spec: Any, view: WorkDivisionView) -> str:
+    if _is_attention(view):
+        return "attention: query-key scores per core (heads x rows)"
+    if _is_matmul(spec, view):
+        return "cost model terms (modeled µs)"
+    return "busiest core: modeled busy time per unit (µs)"
+
+
 def _is_matmul(spec: Any, view: WorkDivisionView) -> bool:
+    if _is_attention(view):            # two matmuls inside, but divided by its own planner, not matmul_cost
+        return False
     k = view._kernels[view.kernel]
     if view.saved is not None:
         return {"B", "M", "N", "K"} <= set(spec.dims) and k.get("rule") != "mlp" and "matmul" in k.get("ops", ())
@@ -344,11 +396,16 @@ class _SavedSpec:
                                 "the Program)", None, reduction)
         order = sorted(coords, key=lambda c: division._index(coords[c]))
         self.division = WorkDivision(splits, tuple(order), strategy, division.reason, None, reduction)
-        first = per_core[str(order[0])]
+        # a slice starts where the earlier slices of its dim end (slices may be uneven: attention balances its rows)
+        extent: dict[str, dict[int, int]] = {}
+        for c, where in coords.items():
+            for k, e in per_core[str(c)].items():
+                extent.setdefault(k, {})[where.get(k, 0)] = e
         self.slices: list[dict[str, tuple[int, int]]] = [{} for _ in range(cfg.cores)]
         for c, where in coords.items():
             ext = per_core[str(c)]
-            self.slices[c] = {k: (where.get(k, 0) * first[k], where.get(k, 0) * first[k] + ext[k]) for k in ext}
+            start = {k: sum(e for i, e in extent[k].items() if i < where.get(k, 0)) for k in ext}
+            self.slices[c] = {k: (start[k], start[k] + ext[k]) for k in ext}
 
 
 def _program_of(source: Any) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -29,6 +30,9 @@ REQUIRED = os.environ.get("SPYRE_LAB_REQUIRE_BROWSER") == "1"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 RUN_TIMEOUT_S = 600
+EXPECTED_WARNINGS = re.compile(
+    r"aten::\w+ has no spyre kernel|spyre: aten\.embedding runs on the host CPU"      # the engine's CPU fallbacks
+    r"|spyre stores torch\.float(32|64) tensors as float16")  # rotary tables; the SDPA mask constants (WhatIf)
 
 
 def _missing() -> str | None:
@@ -60,7 +64,7 @@ def lab(tmp_path_factory):
     home = tmp_path_factory.mktemp("jupyter-home")
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(home / "config"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                JUPYTERLAB_WORKSPACES_DIR=str(home / "workspaces"), JUPYTERLAB_SETTINGS_DIR=str(home / "settings"),
-               HF_HUB_OFFLINE="1", PYTHONWARNINGS="ignore")
+               HF_HUB_OFFLINE="1")
     # the widget front-ends (ipywidgets, anywidget, plotly) are lab extensions installed as data files next to the
     # packages; a venv that shares another's packages must point JupyterLab at that one's data directory too
     import ipywidgets
@@ -196,6 +200,11 @@ def test_every_view_renders_and_a_slider_redraws(lab):
         assert "Error displaying widget" not in body
         errors = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
         assert errors.count() == 0, errors.first.inner_text()
+        # warnings are shown, as a learner sees them; each must be one of the documented ones
+        stderr = page.eval_on_selector_all(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
+                                           "els => els.map(e => e.innerText)")
+        warned = [line for text in stderr for line in text.splitlines() if "Warning:" in line]
+        assert all(EXPECTED_WARNINGS.search(line) for line in warned), warned
         plots = page.locator(".js-plotly-plot")
         assert plots.count() == len(view_cells)
         page.screenshot(path=str(OUT / "notebook.png"))

@@ -12,6 +12,7 @@ import warnings
 
 import pytest
 import torch
+from warning_checks import only_warnings
 
 import spyre_lab.runtime  # noqa: F401  (registers the device even with autoload switched off)
 from spyre_lab.compiler import lowering
@@ -55,8 +56,7 @@ def test_the_runtime_is_never_traced_by_dynamo():
     """On main Dynamo compiled spyre_lab's dispatch code after the graph break, handed a SymInt-only
     graph to the backend and ended in StopIteration."""
     torch._dynamo.reset()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "aten::index has no spyre kernel")
+    with only_warnings("aten::index has no spyre kernel"):
         torch.compile(CASES["bool_mask"], backend="spyre")(_x().to("spyre"))
     from spyre_lab.runtime.dynamo_backend import compiled_graphs
 

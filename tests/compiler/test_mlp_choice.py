@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import re
-import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from warning_checks import only_warnings
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.explain import explain_program
@@ -31,8 +31,7 @@ def choice(program) -> tuple[dict[str, float], str]:
 
 @pytest.mark.parametrize("m", [8, 1024])
 def test_mlp_fusion_follows_the_modeled_times(m):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with only_warnings():
         program = compile_graph(mlp, inputs(m))
         separate = compile_graph(mlp, inputs(m), CompileOptions(fusion=frozenset(FUSION_RULES) - {"mlp"}))
     times, picked = choice(program)
@@ -50,8 +49,7 @@ def test_mlp_fusion_follows_the_modeled_times(m):
 def test_small_m_fuses_everything_and_large_m_does_not():
     """At M=8 one fused kernel reads each weight once; at M=1024 LX caps the rows per tile and the fused
     kernel re-reads its weights per row tile, so the modeled times rank the options the other way round."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with only_warnings():
         small, _ = choice(compile_graph(mlp, inputs(8)))
         large, _ = choice(compile_graph(mlp, inputs(1024)))
     assert small["fused"] < small["separate"]
@@ -70,8 +68,7 @@ def test_the_estimated_mlp_plan_is_the_launch(monkeypatch):
 
     monkeypatch.setattr(codegen, "generate_kernel", counting)
     cache.clear()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with only_warnings():
         program = compile_graph(mlp, inputs(8, 1024, 2816))
     assert planned_rules.count("mlp") == 2          # fused, fused without down: each planned once
     (kernel,), (launch,) = program.kernels, program.launches

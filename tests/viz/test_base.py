@@ -71,3 +71,21 @@ def test_widget_gets_plain_lists_with_null_gaps():
     assert line.x == (0.0, 1.0, None, 2.0, 3.0) and line.y == (0, 1, 2, 3, 4)
     assert [list(row) for row in heat.z] == [[1.0, None]]
     assert np.isnan(np.asarray(view.figure.data[0].x, dtype=float)[2])        # the static figure keeps numpy
+
+
+def test_the_widget_opens_with_its_figure_in_the_first_message(monkeypatch):
+    """The browser builds the plot from the comm's first state: it must hold the traces (a later update can arrive
+    before a slow front end listens, and the plot stays empty)."""
+    import comm
+
+    from spyre_lab.viz import LayoutView
+
+    opened = []
+    create = comm.create_comm
+    monkeypatch.setattr(comm, "create_comm", lambda **kw: opened.append(kw) or create(**kw))
+    view = LayoutView((8, 100))
+    view.widget  # noqa: B018
+    (first,) = [o["data"]["state"] for o in opened if "_widget_data" in o["data"]["state"]]
+    assert len(first["_widget_data"]) == len(view.figure.data) > 0
+    assert first["_widget_layout"]["title"]["text"] == view.figure.layout.title.text
+    assert view.fig_widget.comm is not None and view.fig_widget.data[0].type == "heatmap"

@@ -1,5 +1,7 @@
 """LayoutView: host cells colored by where they land on the device, padding counted, one element followed."""
 
+import json
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
@@ -72,3 +74,37 @@ def test_big_tensor_aggregates_to_sticks_visibly():
     assert len(fig.to_json()) < 2_000_000
     with pytest.raises(TypeError, match="tensor or a shape"):
         LayoutView("4096x4096")
+
+
+def _strict(value):
+    """JSON as the widget channel carries it: no NaN / Infinity (arrays as lists)."""
+    return json.dumps(value, allow_nan=False, default=lambda o: o.tolist() if hasattr(o, "tolist") else repr(o))
+
+
+@pytest.mark.parametrize("shape", [(5, 10, 150), (4096, 4096)])
+def test_the_widget_sends_gaps_as_null_never_nan(shape):
+    view = LayoutView(shape)
+    static = view.figure
+    assert np.isnan(np.asarray(_panel(static, "padding").z, dtype=float)).any()     # the gaps are there to send
+    fw = view.fig_widget
+    _strict(fw.get_state())                                                       # the first display
+    _strict([t.to_plotly_json() for t in fw.data])
+    sent = []
+    fw._send = lambda msg, buffers=None: sent.append(msg)                         # every later message
+    orders = view.controls["dim_order"].options
+    view.controls["dtype"].value = "float32"
+    view.controls["element"].value = 5
+    view.controls["dim_order"].value = orders[-1]
+    assert any("_py2js_update" in m["state"] or "_py2js_restyle" in m["state"] for m in sent)
+    for m in sent:
+        _strict(m)
+    pad = np.asarray(_panel(fw, "padding").z, dtype=object)
+    assert (pad == None).any() and not any(isinstance(v, float) and v != v for v in pad.ravel())  # noqa: E711
+    assert view.figure.layout.title.text == fw.layout.title.text
+
+
+def test_big_tensor_offers_only_orders_it_can_draw():
+    view = LayoutView((4096, 4096))
+    for order in view.controls["dim_order"].options:
+        view.controls["dim_order"].value = order                  # every offered order draws
+        assert "Stick layout" in view.fig_widget.layout.title.text

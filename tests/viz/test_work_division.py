@@ -5,6 +5,7 @@ import re
 
 import plotly.graph_objects as go
 import pytest
+import torch
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.examples import granite_layer, layer_inputs
@@ -108,3 +109,43 @@ def test_saved_program_draws_the_same_slices(tmp_path, view):
     assert a == b and len(a) == live.spec().division.cores_used
     assert saved.controls["cores"].disabled and saved.controls["strategy"].disabled
     assert "saved" in saved.caption
+
+
+def _causal(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+@pytest.fixture(scope="module")
+def sdpa():
+    torch.manual_seed(0)
+    program = compile_graph(_causal, [torch.randn(1, 8, 128, 64, dtype=torch.float16) for _ in range(3)])
+    (name,) = [launch.name for launch, k in zip(program.launches, program.kernels) if k.rule == "attention"]
+    return program, name
+
+
+def test_attention_kernel_shows_heads_by_query_rows(sdpa, tmp_path):
+    program, name = sdpa
+    view = WorkDivisionView(program, kernel=name)
+    spec = view.spec()
+    assert set(spec.division.splits) == {"B", "M"}                     # the attention planner's own split
+    fig = view.figure
+    rects = _slices(fig)
+    assert len(rects) == spec.division.cores_used
+    covered = sum(_area(t) for t in rects)
+    assert covered == spec.dims["B"] * spec.dims["M"]                  # heads x query rows, each cell once
+    for t in rects:                                                    # x: query rows, y: heads
+        ranges = spec.slices[t.meta["core"]]
+        assert (min(t.x), max(t.x)) == ranges["M"] and (min(t.y), max(t.y)) == ranges["B"]
+    assert not _panel(fig, "cost")                                     # no matmul cost model for attention
+    (work,) = _panel(fig, "attention")
+    keys = [min(r + 1, spec.dims["N"]) for r in range(spec.dims["M"])]   # causal: row r scores keys 0..r
+    want = [(s["B"][1] - s["B"][0]) * sum(keys[s["M"][0]:s["M"][1]]) for s in spec.slices if s]
+    assert list(work.y) == want and sum(want) == spec.dims["B"] * sum(keys)
+    assert any(a.name == "reason" and "query rows" in a.text for a in fig.layout.annotations)
+    assert "attention" in fig.layout.annotations[2].text
+    path = tmp_path / "sdpa.json"
+    program.save_json(str(path))
+    saved = WorkDivisionView.from_json(path, kernel=name)
+    assert sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in _slices(saved.figure)) == \
+        sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in rects)
+    assert not _panel(saved.figure, "cost") and _panel(saved.figure, "attention")
