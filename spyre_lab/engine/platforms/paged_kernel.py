@@ -63,10 +63,9 @@ class Timed:
 _TIMED: OrderedDict[tuple, Timed] = OrderedDict()
 
 
-def timed(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True, name: str = "paged attention",
-          contexts: tuple[int, ...] | None = None) -> Timed:
-    """The plan and simulated time of one launch shape on ``cfg`` (cached; the per-core summary trace
-    names the kernel ``name``). ``contexts`` (tokens per sequence) fill the DRAM-floor argument."""
+def timed(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True) -> Timed:
+    """The plan and simulated time (analytic mode) of one launch shape on ``cfg``, cached: every layer and
+    every step with the same shape shares one simulation."""
     key = (shape, cfg, double_buffer)
     hit = _TIMED.get(key)
     if hit is None:
