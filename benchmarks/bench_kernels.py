@@ -1,4 +1,4 @@
-"""Kernel planning on the modeled card: work division, DRAM broadcast, fused softmax, fused MLP, fused attention.
+"""Kernel planning on the modeled card: work division, DRAM broadcast, fused softmax, MLP, attention, paged attention.
 
 Prints modeled kernel times (``KernelSpec.simulate``, analytic mode unless stated) next to the
 published claims they relate to, and the wall-clock time codegen itself took. Nothing here is tuned
@@ -304,8 +304,68 @@ def bench_attention() -> None:
               f"({len(program.launches)} kernels; ms by rule: {top}) | compile {tc:.1f} s")
 
 
+def _eager_paged_us(batch: int, context: int, block_size: int) -> tuple[float, int]:
+    """The engine's eager attention ops (`grouped_paged_attention`) for one decode step of this shape, timed on the
+    card in timing-only mode: (modeled device us summed over its launches, launches)."""
+    import math
+
+    from spyre_lab.engine.layers.attention import AttentionMetadata, causal_bias
+    from spyre_lab.engine.platforms.paged_attention_op import grouped_paged_attention
+    from spyre_lab.runtime.jobplan import timing_only
+    from spyre_lab.runtime.streams import recording
+
+    blocks = math.ceil((context + 1) / block_size)
+    num_blocks = batch * blocks
+    cache = (num_blocks + 1, block_size, KV_HEADS, HEAD_DIM)
+    tables = torch.arange(num_blocks).view(batch, blocks)
+    positions = torch.full((batch, 1), context)
+    meta = AttentionMetadata(tables[:, -1] * block_size + context % block_size, tables, torch.arange(batch).view(-1, 1),
+                             causal_bias(positions, blocks * block_size, F16), torch.arange(batch))
+    with timing_only():
+        dev = AttentionMetadata(*(t.to("spyre") for t in (meta.slot_mapping, meta.block_tables, meta.query_index,
+                                                           meta.attn_bias, meta.out_index)))
+        q = torch.empty(batch, HEADS * HEAD_DIM, dtype=F16, device="spyre")
+        kv = torch.empty(batch, KV_HEADS * HEAD_DIM, dtype=F16, device="spyre")
+        kc, vc = (torch.empty(cache, dtype=F16, device="spyre") for _ in range(2))
+        with recording() as trace:
+            grouped_paged_attention(q, kv, kv, kc, vc, dev, HEADS, KV_HEADS, HEAD_DIM, HEAD_DIM ** -0.5)
+    computes = [e for e in trace.events if e.lane.startswith("stream") and e.args.get("kind") == "Compute"]
+    return sum(e.dur_us for e in computes), len(computes)
+
+
+def bench_paged() -> None:
+    """Paged decode attention as one kernel (KV write + attention through block tables) vs its DRAM floor."""
+    from spyre_lab.compiler.tiling_paged_attention import PagedShape, context_blocks, plan_paged_attention
+
+    block_size = 16                                   # the engine's default block size
+    print(f"\n== paged attention: Granite-3.3-8B shape ({HEADS} q / {KV_HEADS} KV heads x {HEAD_DIM}), decode, "
+          f"block size {block_size}, fp16 ==")
+    print("   floor = context K/V bytes + Q + out at DRAM bandwidth; kernel time includes its launch "
+          f"({SPYRE.kernel_launch_cycles / SPYRE.clock_hz * 1e6:.1f} us); eager = the engine's ~11-13 eager ops "
+          "with the 'attention' rule off, device time summed")
+    print(f"   {'batch':>5} {'context':>7} | {'kernel us':>9} {'floor us':>9} {'floor/kernel':>12} "
+          f"{'(after launch)':>14} | {'cores':>5} {'split-KV':>8} {'bound':>7} | {'eager us':>9} {'ops':>4} "
+          f"{'kernel/eager':>12} | plan s")
+    for batch in (1, 4, 16):
+        for context in (512, 2048, 8192):
+            shape = PagedShape(HEADS, KV_HEADS, HEAD_DIM, block_size,
+                               tuple((context_blocks(context, block_size), 1) for _ in range(batch)))
+            t0 = time.perf_counter()
+            plan = plan_paged_attention(shape, SPYRE)
+            r = simulate(plan.kernel, SPYRE, mode="analytic", trace=False)
+            tp = time.perf_counter() - t0
+            floor = (shape.context_kv_bytes([context + 1] * batch) + shape.qo_bytes()) / SPYRE.dram_bandwidth * 1e6
+            eager, ops = _eager_paged_us(batch, context, block_size)
+            print(f"   {batch:>5} {context:>7} | {r.time_us:9.1f} {floor:9.1f} {floor / r.time_us:12.0%} "
+                  f"{floor / (r.time_us - r.launch_us):14.0%} | {len(r.active_cores):>5} "
+                  f"{'yes' if plan.split_kv else 'no':>8} {r.bottleneck:>7} | {eager:9.1f} {ops:>4} "
+                  f"{r.time_us / eager:12.2f} | {tp:.1f}")
+    one = PagedShape(HEADS, KV_HEADS, HEAD_DIM, block_size, ((context_blocks(8192, block_size), 1),))
+    print(f"   plan (batch 1, context 8192): {plan_paged_attention(one, SPYRE).reason}")
+
+
 SECTIONS = {"matmul": bench_matmul, "roofline": bench_roofline, "softmax": bench_softmax, "mlp": bench_mlp,
-            "attention": bench_attention}
+            "attention": bench_attention, "paged": bench_paged}
 
 
 def main(argv: list[str]) -> None:

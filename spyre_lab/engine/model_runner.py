@@ -152,6 +152,10 @@ class ModelRunner:
 
         query_index = torch.as_tensor(query_index)
         out_index = torch.as_tensor(token_seq) * query_index.shape[1] + torch.as_tensor(token_offset)
+        lens = None
+        if getattr(self.platform, "paged_kernel", False):  # keys covered; real queries: the run of rising positions
+            pos = torch.as_tensor(query_positions)
+            lens = torch.stack([pos.amax(1) + 1, 1 + (pos[:, 1:] > pos[:, :-1]).long().cumprod(1).sum(1)], dim=1)
         meta = AttentionMetadata(
             slot_mapping=longs(slots),
             block_tables=longs(tables),
@@ -159,6 +163,7 @@ class ModelRunner:
             attn_bias=causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
                                   self.dtype).to(self.device),
             out_index=longs(out_index),
+            seq_query_lens=None if lens is None else longs(lens),
         )
         return ModelInput(longs(input_ids), longs(positions), meta, longs(ends), bucket)
 

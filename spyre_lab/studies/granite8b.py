@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.engine.models.config import ModelConfig
+from spyre_lab.engine.platforms.paged_attention_op import ATTENTION_LANE
 
 GRANITE_3_3_8B = ModelConfig(
     architecture="GraniteForCausalLM", vocab_size=49159, hidden_size=4096, intermediate_size=12800,
@@ -53,13 +54,16 @@ class StepConfig:
     ``transpose_weights``: linear weights stored as ``W^T`` once at load (False: a restickify per call).
     ``dispatch``: ``"aot_patch"`` (programs built once, addresses patched per launch) or ``"rebuild"``
     (the execution graph rebuilt on the host at every launch). ``overlap``: the host prepares the next
-    launch while the card runs this one (False: it waits for every launch).
+    launch while the card runs this one (False: it waits for every launch). ``attention_kernel``: with
+    compiled blocks, each layer's paged attention is one kernel (the compiler's ``attention`` rule; False:
+    the engine's eager device ops), a mechanism beyond the published stack.
     """
 
     compile_blocks: bool = True
     transpose_weights: bool = True
     dispatch: str = "aot_patch"
     overlap: bool = True
+    attention_kernel: bool = True
 
     def differs_from(self, other: StepConfig) -> dict[str, tuple[object, object]]:
         """Field -> (this, other) for every field the two configurations set differently."""
@@ -73,7 +77,9 @@ class StepTiming:
 
     ``host_us``: the host thread busy (enqueue, program correction callbacks, graph rebuilds, host
     fallbacks), waits excluded. ``device_us``: the cores busy. ``step_us``: the step's span, first
-    event to last. ``launches``: compute launches on the card.
+    event to last. ``launches``: compute launches on the card. ``attention_us``: the part of ``device_us``
+    spent in paged attention (the one-launch kernels, or the eager ops of the attention regions the
+    engine marks), ``attention_launches`` the launches it took; both read off the step's trace events.
     """
 
     step_us: float
@@ -84,6 +90,13 @@ class StepTiming:
     wall_s: float = 0.0
     extended_from: tuple[int, ...] = ()
     log: object = field(default=None, repr=False, compare=False)   # the step's StepLog (retime.py), when recorded
+    attention_us: float = 0.0
+    attention_launches: int = 0
+
+    @property
+    def attention_share(self) -> float:
+        """Attention's share of the step's modeled device time."""
+        return self.attention_us / self.device_us if self.device_us else 0.0
 
     @staticmethod
     def extend(shallow: StepTiming, deep: StepTiming, layers: int) -> StepTiming:
@@ -100,11 +113,14 @@ class StepTiming:
         return StepTiming(grow(shallow.step_us, deep.step_us), grow(shallow.host_us, deep.host_us),
                           grow(shallow.device_us, deep.device_us),
                           round(grow(shallow.launches, deep.launches)), layers,
-                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth), log)
+                          shallow.wall_s + deep.wall_s, (shallow.depth, deep.depth), log,
+                          grow(shallow.attention_us, deep.attention_us),
+                          round(grow(shallow.attention_launches, deep.attention_launches)))
 
     def to_dict(self) -> dict[str, float | int | list[int]]:
         return {"step_us": self.step_us, "host_us": self.host_us, "device_us": self.device_us,
-                "launches": self.launches, "depth": self.depth, "extended_from": list(self.extended_from)}
+                "launches": self.launches, "depth": self.depth, "extended_from": list(self.extended_from),
+                "attention_us": self.attention_us, "attention_launches": self.attention_launches}
 
 
 def _busy(intervals: list[tuple[float, float]]) -> float:
@@ -125,8 +141,24 @@ def summarize(trace: object, depth: int, wall_s: float = 0.0) -> StepTiming:
               if e.lane.startswith("stream") and e.args.get("kind") == "Compute"]
     from spyre_lab.studies.retime import StepLog
 
+    attention = attention_launches(events)
     return StepTiming(trace.duration_us if events else 0.0, _busy(host), _busy(device), len(device), depth, wall_s,
-                      log=StepLog.from_trace(trace, depth))
+                      log=StepLog.from_trace(trace, depth), attention_us=_busy(attention),
+                      attention_launches=len(attention))
+
+
+def attention_launches(events: list) -> list[tuple[float, float]]:
+    """(start, end) of every attention launch on the card among a step's events: the paged-attention kernels
+    ("paged attention L<i>"), or each compute launch inside a region the engine marked on the attention lane."""
+    regions = [(e.start_us, e.start_us + e.dur_us) for e in events if e.lane == ATTENTION_LANE]
+    out = []
+    for e in events:
+        if not (e.lane.startswith("stream") and e.args.get("kind") == "Compute"):
+            continue
+        end = e.start_us + e.dur_us
+        if e.name.startswith("paged attention") or any(lo <= e.start_us and end <= hi for lo, hi in regions):
+            out.append((e.start_us, end))
+    return out
 
 
 def build_model(config: ModelConfig, platform: object, dtype: torch.dtype = torch.float16) -> torch.nn.Module:
@@ -175,13 +207,16 @@ class EngineProbe:
     compile_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        from spyre_lab.compiler.backend import options_from
         from spyre_lab.engine.model_runner import ModelRunner
         from spyre_lab.engine.platforms.spyre import SpyrePlatform
 
+        options = self.compile_options or None
+        if not self.step.attention_kernel:
+            options = options_from(options).without("attention")
         self.platform = SpyrePlatform(prefill_buckets=list(self.prefill_buckets),
                                       batch_buckets=list(self.batch_buckets), compile_blocks=self.step.compile_blocks,
-                                      transpose_weights=self.step.transpose_weights,
-                                      compile_options=self.compile_options or None)
+                                      transpose_weights=self.step.transpose_weights, compile_options=options)
         max_len = max(CONTEXT, *self.prefill_buckets) + BLOCK_SIZE
         blocks = max(self.batch_buckets) * -(-max_len // BLOCK_SIZE)
         with _runtime(self.step):

@@ -21,6 +21,8 @@ from spyre_lab.studies.sweeps import RANDOM_SAMPLES, SWEEP_RANGES, run_sweep
 
 SCHEMA = "spyre_lab.reproduce/1"
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
+ATTENTION_OFF = StepConfig(attention_kernel=False)
+"""Every mechanism on but the paged-attention kernel: attention as the engine's eager device ops."""
 
 
 def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = True,
@@ -28,7 +30,8 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
     """Run every study; returns the ``SCHEMA`` dict (see ``docs/reproduce.md`` for a rendering).
 
     Keys: ``schema``, ``modeled`` (always True), ``device`` (the swept SpyreConfig fields),
-    ``model`` (the 8B architecture), ``engine`` (``method``, ``steps``: one row per bucket), ``claims``
+    ``model`` (the 8B architecture), ``engine`` (``method``, ``steps``: one row per bucket, ``attention``:
+    attention's share of the prefill and decode steps with the ``attention`` rule on and off), ``claims``
     (one :class:`~spyre_lab.studies.claims.Claim` dict each, in order matmul, softmax, mlp, prefill,
     decode), ``sweep`` (None, or ``configurations``, ``ranges``, ``verdicts``, ``points``), ``wall_s``.
     """
@@ -46,6 +49,7 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
         times = steps if step == StepConfig() else time_steps(step, C.ENGINE_BUCKETS, depth)
         waterfall.append((label, step, {b: times[b] for b in C.ENGINE_BUCKETS}))
     wall["engine_waterfall"] = time.perf_counter() - start
+    rule_off = next(times for _, step, times in waterfall if step == ATTENTION_OFF)   # the stage before the kernel
     start = time.perf_counter()
     claims = []
     for name, fn in (("matmul", C.matmul_claim), ("softmax", C.softmax_claim), ("mlp", C.mlp_claim)):
@@ -63,6 +67,8 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
                        f"per layer to {GRANITE_3_3_8B.num_hidden_layers}" if depth == "probe"
                        else f"the spyre platform's real path at {depth} layers"),
             "steps": [_step_row(kind, size, t) for (kind, size), t in steps.items()],
+            "attention": [_attention_row(kind, size, rule, t) for (kind, size) in C.ENGINE_BUCKETS
+                          for rule, t in (("on", steps[kind, size]), ("off", rule_off[kind, size]))],
         },
         "claims": [c.to_dict() for c in claims],
         "sweep": None,
@@ -85,6 +91,13 @@ def _progress(enabled: bool) -> Callable[[str], None]:
         if enabled:
             print(f"[reproduce] {message}", flush=True)
     return say
+
+
+def _attention_row(kind: str, size: int, rule: str, t: Any) -> dict[str, Any]:
+    """Attention's part of one step's modeled device time, with the compiler's ``attention`` rule on or off."""
+    return {"kind": kind, "size": size, "attention_rule": rule, "attention_us": t.attention_us,
+            "attention_launches": t.attention_launches, "device_us": t.device_us, "step_us": t.step_us,
+            "share": t.attention_share}
 
 
 def _step_row(kind: str, size: int, t: Any) -> dict[str, Any]:
@@ -121,6 +134,20 @@ def to_markdown(result: dict[str, Any]) -> str:
         out.append(f"| {label} | {_us(r['step_us'])} | {_us(r['host_us'])} | {_us(r['device_us'])} | "
                    f"{r['launches']} | {r['tokens_per_s']:,.1f} |")
     out.append("")
+    attention = result["engine"].get("attention")
+    if attention:
+        out += ["### Attention's share of the step", "",
+                "Paged attention's launches on the card, read off each step's trace: with the compiler's `attention` "
+                "rule on, one paged-attention kernel per layer (KV write and attention, each KV block read once "
+                "through the block table); off, the engine's eager device ops (KV writes, page gathers, scores, "
+                "softmax, PV).", "",
+                "| step | attention rule | attention | launches | device busy | share of device time |",
+                "|---|---|---:|---:|---:|---:|"]
+        for r in attention:
+            label = f"prefill {r['size']} tokens" if r["kind"] == "prefill" else f"decode batch {r['size']}"
+            out.append(f"| {label} | {r['attention_rule']} | {_us(r['attention_us'])} | {r['attention_launches']} | "
+                       f"{_us(r['device_us'])} | {r['share']:.1%} |")
+        out.append("")
     for c in result["claims"]:
         out += [f"## {c['title']}", "",
                 f"- published: **{c['published']}**",
@@ -173,6 +200,10 @@ def to_text(result: dict[str, Any]) -> str:
     for r in result["engine"]["steps"]:
         lines.append(f"  8B {r['kind']:<7} {r['size']:>5}: step {_us(r['step_us']):>12}  host {_us(r['host_us']):>12}"
                      f"  device {_us(r['device_us']):>12}  {r['tokens_per_s']:>10,.1f} tok/s")
+    for r in result["engine"].get("attention", []):
+        lines.append(f"  8B {r['kind']:<7} {r['size']:>5}: attention rule {r['attention_rule']:<3}  attention "
+                     f"{_us(r['attention_us']):>12} in {r['attention_launches']:>4} launches = {r['share']:.1%} of "
+                     f"device {_us(r['device_us'])}")
     lines.append("")
     for c in result["claims"]:
         lines += [f"{c['title']}",

@@ -121,13 +121,14 @@ def _lane_of(event: TraceEvent) -> str | None:
 def layer_of_kernels(kernels: Sequence[TraceEvent]) -> list[int]:
     """Layer lane of each device kernel, in time order: a new lane starts where an attention starts.
 
-    The engine's attention begins with the paged KV write (``index_copy``, one for K and one for V), so lane 0
+    The engine's attention begins with the paged KV write (``index_copy``, one for K and one for V; or is one
+    ``paged attention L<i>`` kernel that writes the KV itself), so lane 0
     holds what runs before the first attention (embedding, first norm, QKV) and lane ``i + 1`` holds layer ``i``'s
     attention, o_proj and MLP up to the next layer's QKV (the last lane ends with the final norm and the head).
     """
     lanes, layer, in_write = [], 0, False
     for e in kernels:
-        is_write = "index_copy" in e.name
+        is_write = "index_copy" in e.name or e.name.startswith("paged attention")
         if is_write and not in_write:
             layer += 1
         in_write = is_write

@@ -55,7 +55,8 @@ def test_mlp_scheduler_never_picks_a_slower_option():
 def test_waterfall_switches_one_mechanism_per_stage():
     stages = [step for _, step in C.WATERFALL]
     assert stages[-1] == StepConfig()
-    assert stages[0] == StepConfig(compile_blocks=False, transpose_weights=False, dispatch="rebuild", overlap=False)
+    assert stages[0] == StepConfig(compile_blocks=False, transpose_weights=False, dispatch="rebuild", overlap=False,
+                                   attention_kernel=False)
     for before, after in itertools.pairwise(stages):
         assert len(after.differs_from(before)) == 1
 
@@ -67,8 +68,8 @@ def test_engine_claims_from_a_waterfall_change_only_the_step_options():
             for i, (label, step) in enumerate(C.WATERFALL)]
     for claim in C.engine_claims(fake):
         assert _option_names(claim.changed) == {"step.compile_blocks", "step.transpose_weights", "step.dispatch",
-                                                "step.overlap"}
-        assert claim.ratio == pytest.approx(100.0 / 60.0)
+                                                "step.overlap", "step.attention_kernel"}
+        assert claim.ratio == pytest.approx(100.0 / (100.0 - 10 * (len(C.WATERFALL) - 1)))
         assert sum(r["share"] for r in claim.rows) == pytest.approx(1.0)
 
 

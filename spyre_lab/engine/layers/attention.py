@@ -36,6 +36,9 @@ class AttentionMetadata:
     query_index: torch.Tensor  # [B, Q] int64: flat token index of each sequence's queries (padding -> 0)
     attn_bias: torch.Tensor  # [B, 1, Q, L] model dtype: 0 where a query may see a key (key pos <= query pos), -inf else
     out_index: torch.Tensor  # [T] int64: where each flat token's query sits among the B*Q queries (b * Q + q)
+    # [B, 2] int64 per sequence: keys its context covers (this step's included) and this step's real queries
+    # (the last positions of the context); what a kernel walking the block tables needs for its loop bounds
+    seq_query_lens: torch.Tensor | None = None
 
 
 def causal_bias(query_positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:

@@ -11,6 +11,10 @@ between them and runs attention itself eagerly. This module does the same for th
   looks like q", so Dynamo never traces into the KV-cache writes (which functionalization would
   drop: the cache is a module attribute, not a graph output).
 * `OpaqueAttention` is the `Attention` layer a platform registers to call that op.
+* ``spyre_engine::paged_attention_kernel`` / `KernelAttention`: the same attention as one device launch
+  per layer (`paged_kernel`): the KV write and the attention in one tiled kernel that reads each cache
+  block once through the block table. The spyre platform uses it while its compile options keep the
+  ``attention`` fusion rule.
 
 Every index and mask tensor the op reads (slot mapping, block tables, query index, additive mask,
 output index) is built on the host by the model runner and copied over, as the real plugin does.
@@ -23,6 +27,9 @@ import torch
 from spyre_lab.engine.layers.attention import Attention, AttentionMetadata
 
 OP_NAME = "spyre_engine::paged_attention"
+KERNEL_OP_NAME = "spyre_engine::paged_attention_kernel"
+ATTENTION_LANE = "attention"
+"""Trace lane of the regions that group one layer's eager attention ops (the kernel is one event of its own)."""
 
 
 def grouped_paged_attention(
@@ -59,9 +66,25 @@ def paged_attention(
     slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, attn_bias: torch.Tensor,
     out_index: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
 ) -> torch.Tensor:
-    """`grouped_paged_attention` with the metadata spelled out (custom ops take tensors, not dataclasses)."""
+    """`grouped_paged_attention` with the metadata spelled out (custom ops take tensors, not dataclasses).
+
+    On spyre, the device ops it launches are marked in the trace as one region (lane ``attention``), so a
+    study can tell attention's share of a step from the events alone."""
     meta = AttentionMetadata(slot_mapping, block_tables, query_index, attn_bias, out_index)
-    return grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
+    if query.device.type != "spyre":
+        return grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim,
+                                       scale)
+    from spyre_lab.runtime.streams import TIMELINE, recording
+
+    with recording() as events:
+        out = grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim,
+                                      scale)
+    computes = [e for e in events.events if e.args.get("kind") == "Compute"]
+    if computes:
+        start = min(e.start_us for e in computes)
+        TIMELINE.emit(ATTENTION_LANE, "paged attention (eager ops)", start,
+                      max(e.end_us for e in computes) - start, ops=len(computes))
+    return out
 
 
 @paged_attention.register_fake
@@ -69,10 +92,46 @@ def _(query: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(query)
 
 
+@torch.library.custom_op(KERNEL_OP_NAME, mutates_args=("k_cache", "v_cache"))
+def paged_attention_kernel(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, seq_query_lens: torch.Tensor,
+    num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer: int,
+) -> torch.Tensor:
+    """Paged attention as one launch on spyre (`paged_kernel.PagedAttentionLaunch`); on the CPU, its numerics.
+
+    Rows of tokens no sequence's real queries own (bucket padding) come back 0."""
+    if query.device.type == "spyre":
+        from spyre_lab.engine.platforms.paged_kernel import layer_launch
+
+        run = layer_launch(layer, num_heads, num_kv_heads, head_dim, scale)
+        return run(query, key, value, k_cache, v_cache, slot_mapping, block_tables, query_index, seq_query_lens)
+    from spyre_lab.compiler.tiling_paged_attention import paged_online_attention
+
+    tokens = query.shape[0]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.reshape(tokens, num_kv_heads, -1))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.reshape(tokens, num_kv_heads, -1))
+    return paged_online_attention(query.reshape(tokens, -1), k_cache, v_cache, block_tables, query_index,
+                                  seq_query_lens[:, 0], seq_query_lens[:, 1], num_kv_heads, scale)
+
+
+@paged_attention_kernel.register_fake
+def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+      *args: object) -> torch.Tensor:
+    return query.new_empty(query.shape[0], args[4] * args[6])          # [T, num_heads * head_dim]
+
+
+_ATTENTION_TARGETS: tuple = ()
+
+
 def is_paged_attention(node: torch.fx.Node) -> bool:
-    """Is this FX node a call of the paged-attention op (as Dynamo or make_fx records it)?"""
-    return node.op == "call_function" and node.target in (
-        torch.ops.spyre_engine.paged_attention, torch.ops.spyre_engine.paged_attention.default)
+    """Is this FX node a call of a paged-attention op (as Dynamo or make_fx records it)?"""
+    global _ATTENTION_TARGETS
+    if not _ATTENTION_TARGETS:
+        ops = torch.ops.spyre_engine
+        _ATTENTION_TARGETS = (ops.paged_attention, ops.paged_attention.default, ops.paged_attention_kernel,
+                              ops.paged_attention_kernel.default)
+    return node.op == "call_function" and node.target in _ATTENTION_TARGETS
 
 
 class OpaqueAttention(Attention):
@@ -83,4 +142,20 @@ class OpaqueAttention(Attention):
         return torch.ops.spyre_engine.paged_attention(
             query, key, value, self.k_cache, self.v_cache, meta.slot_mapping, meta.block_tables, meta.query_index,
             meta.attn_bias, meta.out_index, self.num_heads, self.num_kv_heads, self.head_dim, self.scale,
+        )
+
+
+class KernelAttention(Attention):
+    """`Attention` as the one-launch paged-attention op; ``layer_index`` (set by the platform) names its kernel."""
+
+    layer_index = 0
+
+    def forward_oot(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    meta: AttentionMetadata) -> torch.Tensor:
+        if meta.seq_query_lens is None:
+            raise ValueError("the paged-attention kernel needs AttentionMetadata.seq_query_lens (built by the "
+                             "model runner); build metadata with it, or switch the 'attention' fusion rule off")
+        return torch.ops.spyre_engine.paged_attention_kernel(
+            query, key, value, self.k_cache, self.v_cache, meta.slot_mapping, meta.block_tables, meta.query_index,
+            meta.seq_query_lens, self.num_heads, self.num_kv_heads, self.head_dim, self.scale, self.layer_index,
         )

@@ -11,7 +11,10 @@ Two ways to run a step (the ``dispatch`` column of the engine's stats says which
 * ``"piecewise-compiled"`` (default, ``compile_blocks=True``): the model is compiled with
   ``torch.compile(fullgraph=True, dynamic=False)`` and split at attention (`piecewise`); each piece
   between two attentions is one device Program, identical blocks share one Program per bucket, and
-  the paged attention runs between them as eager device ops. Linear weights are stored transposed
+  the paged attention runs between them as one launch per layer (`paged_kernel`: the KV write and the
+  attention in one tiled kernel) while the compile options keep the ``attention`` fusion rule, or as
+  about 11 eager device ops per layer without it (``compile_options={"fusion": ...}`` without
+  "attention", or ``CompileOptions().without("attention")``). Linear weights are stored transposed
   at load time (`transposed_linear`). The compiles happen in `LLM.warmup()`, one bucket at a time.
 * ``"eager-ops"`` (``compile_blocks=False``): every aten op is its own one-op program. Slow, but each
   op can be watched on its own.
@@ -33,8 +36,10 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from spyre_lab.compiler import cache as program_cache
+from spyre_lab.compiler.backend import options_from
+from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
-from spyre_lab.engine.platforms.paged_attention_op import OpaqueAttention
+from spyre_lab.engine.platforms.paged_attention_op import KernelAttention, OpaqueAttention
 from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_backend
 from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
@@ -55,7 +60,7 @@ class SpyrePlatform(Platform):
         batch_buckets: Sequence[int] | None = None,
         compile_blocks: bool = True,
         transpose_weights: bool = True,
-        compile_options: Mapping[str, Any] | None = None,
+        compile_options: Mapping[str, Any] | CompileOptions | None = None,
     ) -> None:
         if compile_blocks and not static_shapes:
             raise ValueError("compile_blocks=True needs static_shapes=True (one compiled program per bucket); "
@@ -66,14 +71,17 @@ class SpyrePlatform(Platform):
         #: bucket -> program-cache counters while its pieces compiled: pieces, compiles, hits
         self.compile_stats: dict[tuple[str, int], dict[str, int]] = {}
         self._bucket: tuple[str, int] | None = None  # the step being run (set by device_timer)
-        self.compile_options = dict(compile_options or {})
+        self.compile_options = (compile_options if isinstance(compile_options, CompileOptions)
+                                else dict(compile_options or {}))
+        #: attention as one paged-attention launch per layer: the compiled path with the "attention" rule on
+        self.paged_kernel = compile_blocks and "attention" in options_from(compile_options).fusion
         self.dispatch_mode = "piecewise-compiled" if compile_blocks else "eager-ops"
         super().__init__(static_shapes, prefill_buckets, batch_buckets)
 
     def register_ops(self) -> None:
         if not self.compile_blocks:
             return
-        self.register_oot("Attention", OpaqueAttention)
+        self.register_oot("Attention", KernelAttention if self.paged_kernel else OpaqueAttention)
         for name, layer in DEVICE_LAYERS.items():
             self.register_oot(name, layer)
         if self.transpose_weights:
@@ -87,6 +95,8 @@ class SpyrePlatform(Platform):
         for module in model.modules():
             if isinstance(module, TransposedWeight):
                 module.store_transposed()
+        for layer, module in enumerate(m for m in model.modules() if isinstance(m, KernelAttention)):
+            module.layer_index = layer                    # names its kernel: "paged attention L3"
         _COMPILED.add(self)
         model.compile(backend=self._backend, fullgraph=True, dynamic=False)
         return model
@@ -110,6 +120,16 @@ class SpyrePlatform(Platform):
         self.compile_stats[bucket] = {"pieces": len(pieces), "compiles": after["compiles"] - before["compiles"],
                                           "hits": after["hits"] - before["hits"]}
         return split
+
+    def explain_attention(self) -> str:
+        """The paged-attention kernels' last launches (one per layer): shape, modeled time, blocks and bytes read,
+        work division and tiles; or how attention runs when the kernel is off."""
+        if not self.paged_kernel:
+            return ("paged attention runs as eager device ops (the 'attention' fusion rule is off or the model is not "
+                    "compiled): see each op in the step's trace")
+        from spyre_lab.engine.platforms.paged_kernel import explain
+
+        return explain()
 
     @contextlib.contextmanager
     def device_timer(self, kind: str, num_tokens: int, batch: int) -> Iterator[DeviceTime]:
