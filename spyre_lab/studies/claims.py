@@ -234,6 +234,10 @@ WATERFALL: tuple[tuple[str, StepConfig], ...] = (
 )
 """Each stage switches on one mechanism over the one before it."""
 
+PUBLISHED_STACK = sum(1 for _, step in WATERFALL if not step.attention_kernel)
+"""The first stages are the published stack; the claims compare all off with the last of them. The stages after
+it go beyond what was published and are shown as extra rows, outside the ratio."""
+
 ENGINE_BUCKETS = (("prefill", PREFILL_TOKENS), ("decode", 1))
 
 
@@ -254,11 +258,13 @@ def _dominant(t: StepTiming) -> str:
 
 
 def engine_claims(waterfall: list[tuple[str, StepConfig, dict]], cfg: SpyreConfig = SPYRE) -> list[Claim]:
-    """Prefill and decode claims from a waterfall: all-off vs all-on, each stage's share of the saving."""
+    """Prefill and decode claims from a waterfall: all off vs the published stack all on, each stage's share of
+    that saving; stages beyond the published stack are extra rows (their share: of the same saving, on top)."""
     claims = []
+    end = PUBLISHED_STACK - 1
     for kind, published in (("prefill", "1.7x"), ("decode", "2.4x")):
         bucket = next(b for b in ENGINE_BUCKETS if b[0] == kind)
-        first, last = waterfall[0][2][bucket], waterfall[-1][2][bucket]
+        first, last = waterfall[0][2][bucket], waterfall[end][2][bucket]
         saved = first.step_us - last.step_us
         rows, prev = [], None
         for label, _, times in waterfall:
@@ -267,15 +273,21 @@ def engine_claims(waterfall: list[tuple[str, StepConfig, dict]], cfg: SpyreConfi
             rows.append({"stage": label, "step_us": t.step_us, "host_us": t.host_us, "device_us": t.device_us,
                          "launches": t.launches, "share": share})
             prev = t
+        beyond = ""
+        if len(waterfall) > PUBLISHED_STACK:
+            extra = waterfall[-1][2][bucket]
+            beyond = (f" Beyond the published stack, paged attention as one kernel per layer (reading each KV block "
+                      f"once instead of about 11 eager ops) takes the step from {last.step_us / 1e3:,.1f} to "
+                      f"{extra.step_us / 1e3:,.1f} ms ({first.step_us / extra.step_us:.2f}x all off): the last row, "
+                      "not part of the ratio.")
         claims.append(Claim(
             kind, f"Granite-3.3-8B {kind}, batch 1, {'1024 tokens' if kind == 'prefill' else 'context 1024'}: "
-                  "all mechanisms off vs on", published, waterfall[0][0], "all on", first.step_us, last.step_us,
-            _dominant(first), _dominant(last),
+                  "all mechanisms off vs the published stack on", published, waterfall[0][0], "published stack on",
+            first.step_us, last.step_us, _dominant(first), _dominant(last),
             "Compiled blocks turn hundreds of single-op launches into a few programs per layer, stored transposes "
             "remove a restickify per weight, patched AOT programs replace a per-launch graph rebuild, and overlap "
-            "hides the remaining host work behind the card; the last stage, beyond the published stack, makes each "
-            "layer's paged attention one kernel that reads each KV block once instead of about 11 eager ops.",
-            _step_options(waterfall[0][1], cfg), _step_options(waterfall[-1][1], cfg), rows,
+            "hides the remaining host work behind the card." + beyond,
+            _step_options(waterfall[0][1], cfg), _step_options(waterfall[end][1], cfg), rows,
             _engine_note(first, last)))
     return claims
 
