@@ -164,9 +164,20 @@ class LoadedProgram:
         generation = get_device(device_index).generation
         cached = self.constants_on.get(device_index)
         if cached is None or cached[0] != generation:
-            uploaded = {b: t.to(torch.device("spyre", device_index)) for b, t in self.program.constants.items()}
+            uploaded = {b: upload_constant(t, device_index) for b, t in self.program.constants.items()}
             self.constants_on[device_index] = cached = (generation, uploaded)
         return cached[1]
+
+
+def upload_constant(t: torch.Tensor, device_index: int) -> torch.Tensor:
+    """A program constant on the card. The compiler's own fp32 constants (SDPA's mask and fill values, a
+    decomposition's epsilon) keep the card's fp32 format, as its fp32 intermediates do: nobody outside the
+    program sees them, so the fp16 storage policy for user tensors does not apply."""
+    if t.dtype not in EXACT_INTERMEDIATE_DTYPES:
+        return t.to(torch.device("spyre", device_index))
+    on_card = empty_spyre(t.shape, None, t.dtype, device_index, exact=True)
+    on_card.copy_(t)
+    return on_card
 
 
 _LOADED: dict[tuple[int, str], LoadedProgram] = {}

@@ -73,3 +73,20 @@ def test_fp32_intermediates_stay_fp32_in_dram(monkeypatch):
     (out,) = programs.run_program(program, [x.to("spyre")])
     assert (torch.float32, True) in made.values() and (torch.float32, False) not in made.values()
     torch.testing.assert_close(out.cpu(), F.rms_norm(x, [64]), atol=1e-3, rtol=2 * 2**-10)
+
+
+def test_a_programs_fp32_constants_are_uploaded_exactly():
+    """Compiler-made fp32 constants (a mask, an epsilon) keep the card's fp32 format like fp32 intermediates: the
+    value on the card is the compiler's, not its fp16 rounding, and no storage warning is given."""
+    import warnings
+
+    from spyre_lab.runtime.programs import upload_constant
+
+    values = torch.tensor([1.0001, -float("inf"), 3.14159265, 1e-6])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        on_card = upload_constant(values, 0)
+    assert not [w for w in caught if "spyre stores" in str(w.message)]
+    assert on_card.device.type == "spyre" and on_card.dtype == torch.float32
+    assert torch.equal(on_card.cpu(), values)
+    assert not torch.equal(values.half().float(), values)          # fp16 storage would have changed them

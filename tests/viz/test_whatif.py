@@ -193,13 +193,14 @@ def test_fp32_intermediates_are_bound_as_the_runtime_binds_them(fresh_dtype_warn
     assert [str(c.message) for c in caught] == []
 
 
-def test_granite_layer_warns_once_for_its_exact_fp32_mask_constants(fresh_dtype_warnings):
-    """The one warning left is true: SDPA's decomposition computes fp16 attention in fp32 and builds the causal mask
-    (0 / -inf) and a zero fill as fp32 constants, which the runtime uploads as fp16 -- values fp16 holds exactly."""
-    with pytest.warns(UserWarning) as caught:
+def test_granite_layer_keeps_its_fp32_mask_constants_exact_without_a_warning(fresh_dtype_warnings):
+    """SDPA's decomposition computes fp16 attention in fp32 and builds the causal mask (0 / -inf) and a zero fill as
+    fp32 constants: compiler-made values nobody outside the program sees, so the runtime keeps them in the card's
+    fp32 format, as it keeps fp32 intermediates, and warns about nothing."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         view = WhatIf.granite_layer("tiny-granite", prompt_len=16)
-    assert [str(c.message)[:45] for c in caught] == ["spyre stores torch.float32 tensors as float16"]
+    assert [str(c.message) for c in caught] == []
     constants = [t for p in view.baseline.programs.values() for t in p.constants.values()]
     assert constants and all(t.dtype == torch.float32 for t in constants)
-    assert all(torch.equal(t.half().float(), t) for t in constants)      # narrowing changes no value
     assert all(x.dtype == torch.float16 for x in view._inputs["prefill"])    # the learner's tensors are fp16
