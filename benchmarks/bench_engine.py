@@ -118,7 +118,7 @@ def bench_spyre_platform(max_model_len: int = 64) -> None:
             host = sum(type(launch).__name__ == "HostFallback" for launch in block.launches)
             stats = platform.compile_stats["decode", 1]
             print(f"  decoder block (decode bucket): {len(block.launches) - host} device kernels + {host} host "
-                  f"fallbacks in its compiled piece, + the paged-attention device ops; {stats['pieces']} pieces per "
+                  f"fallbacks in its compiled piece, + one paged-attention kernel launch; {stats['pieces']} pieces per "
                   f"bucket -> {stats['compiles']} compiles, {stats['hits']} program-cache hits")
 
 

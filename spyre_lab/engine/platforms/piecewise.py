@@ -1,11 +1,12 @@
-"""Piecewise compilation: split a Dynamo graph at paged attention, compile the pieces, run attention eagerly.
+"""Piecewise compilation: split a Dynamo graph at paged attention, compile the pieces, run attention between them.
 
 This is vLLM's piecewise CUDA-graph scheme on the spyre backend. Dynamo traces the whole model once
 per shape bucket (``fullgraph=True``, ``dynamic=False``); attention is one opaque node
 (`paged_attention_op`). `piecewise_backend` cuts the graph at those nodes with ``split_module``:
 everything between two attentions (o_proj, residual, RMSNorm, gate_up + SiLU*mul, down, residual,
 the next RMSNorm, fused QKV, RoPE) becomes one piece compiled by ``torch.compile``'s "spyre" backend
-into a device Program; the attention nodes stay in the outer graph and run as eager device ops.
+into a device Program; the attention nodes stay in the outer graph and run between the pieces, as one
+paged-attention kernel launch per layer (or, with the compiler's ``attention`` rule off, as eager device ops).
 
 Identical decoder blocks give identical pieces. Dynamo names a piece's inputs after the layer they
 came from (``..._layers_modules_2_...``), so each piece is renamed to positional names before it is
