@@ -28,6 +28,10 @@ except ImportError as error:  # the runtime layer is optional for the engine
 
 EXPECTED_WARNINGS = (
     r"spyre: aten\.embedding runs on the host CPU",            # the embedding gather, as in torch-spyre
+    # eager-ops mode (every op its own launch): the portable layers' mask check and advanced indexing run on the
+    # host, and RMSNorm's x.float() is a tensor of its own, stored as fp16 by the dtype policy
+    r"aten::(isneginf|index|index_put_?|_index_put_impl_) has no spyre kernel",
+    r"spyre stores torch\.float32 tensors as float16",
 )
 
 
