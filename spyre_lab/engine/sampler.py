@@ -31,7 +31,7 @@ class Sampler:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        logits = logits.float().cpu()
+        logits = logits.cpu().float()   # copy the model's dtype (half the bytes of fp32 over PCIe), widen on the host
         next_tokens = logits.argmax(-1).tolist()
         for row, seq in enumerate(seqs):
             params = seq.sampling_params

@@ -29,3 +29,17 @@ def test_building_the_model_on_spyre_needs_no_fallback_and_no_narrowing():
     assert spyre_table.device.type == "spyre" and spyre_table.dtype == torch.float16
     assert torch.equal(spyre_table.cpu(), cpu_table)        # the same rounding as the CPU platform's table
     assert torch.get_default_dtype() == torch.float32       # the loader put the default dtype back
+
+
+def test_a_spyre_engine_run_gives_no_storage_warning():
+    """The sampler copies the logits in the model's dtype and widens them on the host: no fp32 tensor is made on
+    the card for it (an fp16 card would store it as fp16, and say so)."""
+    from spyre_lab.engine import SamplingParams
+
+    llm = LLM("tiny-granite", platform="spyre", max_model_len=64)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = llm.generate(["count from 5 to 12:"], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+    assert out[0].outputs[0].text == " 5 6"                 # the known continuation, 4 tokens
+    narrowed = [str(w.message) for w in caught if "spyre stores" in str(w.message)]
+    assert not narrowed, narrowed
