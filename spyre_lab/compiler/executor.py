@@ -303,12 +303,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
             times[launch.name] = None
             continue
         sim = launch.simulate(mode)
-        if sim.trace is not None:
-            trace.extend(sim.trace, offset_us=clock)
-        else:                                  # analytic mode: one summary event per busy unit per core
-            for (core, unit), busy in sorted(sim.busy_us.items()):
-                if busy > 0:
-                    trace.add(f"core{core}.{unit}", launch.name, clock, busy, summary=True)
+        trace.extend(sim.core_trace(launch.name), offset_us=clock)
         trace.add(KERNEL_LANE, launch.name, clock, sim.time_us, rule=kernel.rule,
                   ops=[n.op for n in kernel.nodes], bottleneck=sim.bottleneck)
         times[launch.name] = sim.time_us

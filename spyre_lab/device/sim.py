@@ -75,6 +75,17 @@ class SimResult:
     def active_cores(self) -> list[int]:
         return self.kernel.active_cores
 
+    def core_trace(self, name: str) -> Trace:
+        """Per-core events from the launch start: the event trace when it was recorded, else (analytic mode) one
+        summary event per busy unit per core, named ``name`` -- what a launch's trace places on its core lanes."""
+        if self.trace is not None:
+            return self.trace
+        summary = Trace()
+        for (core, unit), busy in sorted(self.busy_us.items()):
+            if busy > 0:
+                summary.add(f"core{core}.{unit}", name, 0.0, busy, summary=True)
+        return summary
+
     def busiest(self) -> tuple[int, str, float]:
         """(core, unit, busy us) of the busiest unit on any core; ties go to the lower core, then pipeline order."""
         (core, unit), busy = max(self.busy_us.items(), key=lambda kv: (kv[1], -kv[0][0], -UNIT_NAMES.index(kv[0][1])),

@@ -79,12 +79,7 @@ class CompiledKernel:
                 self._timing = (0.0, "unplanned kernel: no tile plan, no time", None, {})
             else:
                 sim = self.spec.simulate(self.mode)
-                trace = sim.trace
-                if trace is None:
-                    trace = Trace()
-                    for (core, unit), busy in sorted(sim.busy_us.items()):
-                        if busy > 0:
-                            trace.add(f"core{core}.{unit}", self.name, 0.0, busy, summary=True)
+                trace = sim.core_trace(self.name)
                 args = {"rule": self.kernel.rule, "ops": [n.op for n in self.kernel.nodes],
                         "bottleneck": sim.bottleneck}
                 self._timing = (sim.time_us, f"simulated, {self.mode}", trace, args)

@@ -71,10 +71,7 @@ def timed(shape: PagedShape, cfg: SpyreConfig, double_buffer: bool = True) -> Ti
     if hit is None:
         plan = plan_paged_attention(shape, cfg, double_buffer, name="paged attention")
         sim = simulate(plan.kernel, cfg, mode="analytic", trace=False)
-        events = Trace()
-        for (core, unit), busy in sorted(sim.busy_us.items()):
-            if busy > 0:
-                events.add(f"core{core}.{unit}", "paged attention", 0.0, busy, summary=True)
+        events = sim.core_trace("paged attention")
         blocks = sum(nb for nb, q in shape.seqs if q > 0) * shape.kv_heads
         args = {"rule": "attention", "kernel": "paged attention", "blocks_read": blocks,
                 "kv_bytes": shape.kv_bytes(), "dram_bytes": int(sim.dram_bytes), "bottleneck": sim.bottleneck,
