@@ -121,9 +121,9 @@ class ModelRunner:
         token_seq += [0] * padding
         token_offset += [0] * padding
         ends = torch.tensor(query_lens).cumsum(0) - 1
-        return self._to_input(
-            input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset, ends, bucket
-        )
+        seq_query_lens = [(len(seq), query_len) for seq, query_len in zip(seqs, query_lens)]
+        return self._to_input(input_ids, positions, slots, tables, query_index, query_positions, token_seq,
+                              token_offset, ends, bucket, seq_query_lens)
 
     def prepare_decode(self, seqs: list[Sequence]) -> ModelInput:
         bucket = None
@@ -141,21 +141,17 @@ class ModelRunner:
         query_positions = torch.tensor(positions).unsqueeze(1)
         token_seq, token_offset = list(range(batch)), [0] * batch
         ends = torch.arange(len(seqs))
-        return self._to_input(
-            input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset, ends, bucket
-        )
+        seq_query_lens = [(len(seq), 1) for seq in seqs] + [(0, 0)] * padding   # padding rows: nothing to attend
+        return self._to_input(input_ids, positions, slots, tables, query_index, query_positions, token_seq,
+                              token_offset, ends, bucket, seq_query_lens)
 
     def _to_input(self, input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset,
-                  ends, bucket) -> ModelInput:
+                  ends, bucket, seq_query_lens) -> ModelInput:
         def longs(values) -> torch.Tensor:
             return torch.as_tensor(values, dtype=torch.long).to(self.device)
 
         query_index = torch.as_tensor(query_index)
         out_index = torch.as_tensor(token_seq) * query_index.shape[1] + torch.as_tensor(token_offset)
-        lens = None
-        if getattr(self.platform, "paged_kernel", False):  # keys covered; real queries: the run of rising positions
-            pos = torch.as_tensor(query_positions)
-            lens = torch.stack([pos.amax(1) + 1, 1 + (pos[:, 1:] > pos[:, :-1]).long().cumprod(1).sum(1)], dim=1)
         meta = AttentionMetadata(
             slot_mapping=longs(slots),
             block_tables=longs(tables),
@@ -163,7 +159,7 @@ class ModelRunner:
             attn_bias=causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
                                   self.dtype).to(self.device),
             out_index=longs(out_index),
-            seq_query_lens=None if lens is None else longs(lens),
+            seq_query_lens=longs(seq_query_lens) if self.platform.needs_seq_query_lens else None,
         )
         return ModelInput(longs(input_ids), longs(positions), meta, longs(ends), bucket)
 
@@ -250,4 +246,5 @@ class ModelRunner:
             token_offset=positions,
             ends=torch.tensor([size - 1]) if kind == "prefill" else flat,
             bucket=(kind, size),
+            seq_query_lens=[(query_len, query_len)] * batch,
         )

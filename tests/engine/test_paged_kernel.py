@@ -208,3 +208,15 @@ def test_launch_shapes_are_simulated_once():
     for layer in range(4):
         _kernel(*dev, smeta, sizes, layer=layer)
     assert paged_kernel.cache_info()["shapes"] == before
+
+
+def test_padding_rows_of_a_decode_batch_attend_to_nothing(kernel_on):
+    """The decode bucket (3) holds at most 2 sequences: the model runner gives the padding row no keys and no
+    queries, so the kernel's launch shape reads no block for it (the eager path attends it to the scratch block)."""
+    from spyre_lab.engine.platforms import paged_kernel
+
+    with only_warnings(*EXPECTED_WARNINGS):
+        kernel_on.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
+    launch = next(x for x in paged_kernel._LAUNCHES.values() if x.layer == 0)
+    seqs = launch.kernel.current.plan.shape.seqs
+    assert len(seqs) == 3 and seqs[1:] == ((0, 0), (0, 0)) and seqs[0][1] == 1

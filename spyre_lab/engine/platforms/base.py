@@ -63,6 +63,9 @@ class Platform:
     default_dtype: ClassVar[torch.dtype] = torch.float32
     #: what a model call is, as shown in step stats ("eager", "piecewise-compiled", ...); may differ per instance
     dispatch_mode: str = "eager"
+    #: its attention bounds its loops by each sequence's (keys, queries), read from ``AttentionMetadata.seq_query_lens``
+    #: (a paged-attention kernel); the model runner builds and copies that tensor only for such a platform
+    needs_seq_query_lens: bool = False
 
     def __init__(
         self,
