@@ -8,13 +8,9 @@ op-by-op mode ("eager-ops").
 
 from __future__ import annotations
 
-import contextlib
-import re
-import warnings
-from collections.abc import Iterator
-
 import pytest
 import torch
+from warning_checks import only_warnings
 
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.platforms.registry import available_platforms, resolve_platform
@@ -35,24 +31,13 @@ EXPECTED_WARNINGS = (
 )
 
 
-@contextlib.contextmanager
-def expected_warnings() -> Iterator[list]:
-    """Every warning the block gives must be one of the documented ones above; any other fails the test. They are
-    one-time warnings (per op, per dtype), so an earlier test may already have given them: none is required."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        yield caught
-    unexpected = [str(w.message) for w in caught if not any(re.search(p, str(w.message)) for p in EXPECTED_WARNINGS)]
-    assert not unexpected, unexpected
-
-
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPTS = {"3 + 4 =": " 7", "count from 5 to 12:": " 5 6 7 8"}  # known completions (the second cut at 8 tokens)
 SMALL = dict(max_model_len=32, max_num_seqs=2, prefill_buckets=[32], batch_buckets=[2])
 
 
 def spyre_llm(warmup: bool = True, **platform_options) -> LLM:
-    with expected_warnings():  # CPU-fallback notices for ops the runtime has no kernel for
+    with only_warnings(*EXPECTED_WARNINGS):  # CPU-fallback notices for ops the runtime has no kernel for
         llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=SMALL["prefill_buckets"],
                                                           batch_buckets=SMALL["batch_buckets"], **platform_options),
                   max_model_len=SMALL["max_model_len"], max_num_seqs=SMALL["max_num_seqs"])
@@ -79,7 +64,7 @@ def test_spyre_platform_is_discovered():
 
 def test_compiled_blocks_give_the_cpu_platforms_greedy_tokens(compiled, cpu_fp16):
     assert next(compiled.llm_engine.model.parameters()).device.type == "spyre"
-    with expected_warnings():
+    with only_warnings(*EXPECTED_WARNINGS):
         outs = compiled.generate(list(PROMPTS), GREEDY, use_tqdm=False)
     reference = cpu_fp16.generate(list(PROMPTS), GREEDY, use_tqdm=False)
     assert [o.outputs[0].text for o in outs] == [r.outputs[0].text for r in reference] == list(PROMPTS.values())
@@ -97,7 +82,7 @@ def test_prefill_logits_match_cpu_within_fp16_tolerance(compiled, cpu_fp16):
         seq = Sequence("logits", engine.tokenizer.encode("count from 5 to 12:"), Params(temperature=0))
         engine.block_manager.allocate(seq)
         try:
-            with expected_warnings():
+            with only_warnings(*EXPECTED_WARNINGS):
                 logits.append(engine.runner.execute(engine.runner.prepare_prefill([seq])).float().cpu())
         finally:
             engine.block_manager.free(seq)
@@ -151,7 +136,7 @@ def test_compile_options_reach_the_spyre_backend(compiled):
 
 def test_eager_ops_mode_is_kept_for_comparison():
     llm = spyre_llm(compile_blocks=False)
-    with expected_warnings():
+    with only_warnings(*EXPECTED_WARNINGS):
         out = llm.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
     assert out.outputs[0].text == " 7"
     rows = [r for r in llm.stats.to_rows() if not r["kind"].startswith("warmup")]
@@ -160,7 +145,7 @@ def test_eager_ops_mode_is_kept_for_comparison():
 
 def test_a_bucket_skipped_by_warmup_compiles_on_its_first_step(caplog):
     llm = spyre_llm(warmup=False)
-    with expected_warnings():
+    with only_warnings(*EXPECTED_WARNINGS):
         out = llm.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)[0]
     assert out.outputs[0].text == " 7"
     dispatch = [r["dispatch"] for r in llm.stats.to_rows()]

@@ -5,6 +5,7 @@ import warnings
 import plotly.graph_objects as go
 import pytest
 import torch
+from warning_checks import only_warnings
 
 from spyre_lab.compiler.options import FUSION_RULES
 from spyre_lab.viz import style
@@ -14,16 +15,10 @@ from spyre_lab.viz.whatif import WhatIf
 torch.set_num_threads(1)
 
 
-EXPECTED = "spyre stores torch.float32 tensors as float16"   # the mask constants (see the last test); once a process
-
-
 @pytest.fixture(scope="module")
 def view():
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        made = WhatIf.granite_layer("tiny-granite", prompt_len=64)
-    assert all(str(c.message).startswith(EXPECTED) for c in caught), [str(c.message) for c in caught]
-    return made
+    with only_warnings():                 # the layer's fp32 mask constants stay exact on the card: nothing to say
+        return WhatIf.granite_layer("tiny-granite", prompt_len=64)
 
 
 @pytest.fixture(autouse=True)
