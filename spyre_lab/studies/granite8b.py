@@ -252,7 +252,8 @@ class EngineProbe:
         return runner._to_input(
             input_ids=[0] * size, positions=positions, slots=[runner.scratch_block * BLOCK_SIZE] * size,
             tables=tables, query_index=flat.view(size, 1), query_positions=positions.view(size, 1),
-            token_seq=flat, token_offset=torch.zeros(size, dtype=torch.long), ends=flat, bucket=("decode", size))
+            token_seq=flat, token_offset=torch.zeros(size, dtype=torch.long), ends=flat, bucket=("decode", size),
+            seq_query_lens=[(context + 1, 1)] * size)   # each sequence: its context and this step's token
 
 
 def time_steps(step: StepConfig, buckets: Sequence[tuple[str, int]], depth: str | int = "probe",
