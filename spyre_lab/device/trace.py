@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,11 @@ class Trace:
 
     def shifted(self, offset_us: float) -> Trace:
         return Trace(meta=self.meta).extend(self, offset_us)
+
+    def kept(self, keep: Callable[[str], bool]) -> Trace:
+        """The events on the lanes ``keep`` accepts, in order (a trace that builds its events lazily overrides
+        this so the dropped ones are never made)."""
+        return Trace([e for e in self.events if keep(e.lane)], meta=dict(self.meta))
 
     # --- reading -----------------------------------------------------------------------------
     def __iter__(self) -> Iterator[TraceEvent]:

@@ -129,10 +129,8 @@ class EngineStats:
         fed = getattr(result, "tokens_per_seq", None) or [1] * len(seqs)
         batch = [(s.request_id, int(n)) for s, n in zip(seqs, fed)]
         trace = getattr(result, "device_trace", None)
-        if trace is not None:   # a runtime LazyTrace filters without making the dropped events
-            kept = getattr(trace, "kept", None)
-            trace = kept(_keep_lane) if kept else Trace([e for e in trace.events if _keep_lane(e.lane)],
-                                                        meta=dict(trace.meta))
+        if trace is not None:
+            trace = trace.kept(_keep_lane)
         detail = StepDetail(
             step=step, batch=batch,
             phases_ms={"schedule": schedule_ms, **getattr(result, "phases_ms", {})},

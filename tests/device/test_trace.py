@@ -33,3 +33,13 @@ def test_chrome_trace_round_trip_and_determinism(tmp_path):
     assert sorted((e.lane, e.name, e.start_us, e.dur_us) for e in back) == sorted(
         (e.lane, e.name, e.start_us, e.dur_us) for e in _sample())
     assert _sample().to_chrome_trace() == doc  # same inputs, identical trace
+
+
+def test_kept_filters_lanes_in_order_and_leaves_the_trace_alone():
+    t = Trace(meta={"run": 1})
+    t.add("host", "a", 0.0, 1.0)
+    t.add("core0.pt", "k", 1.0, 2.0)
+    t.add("PCIe", "b", 3.0, 1.0)
+    kept = t.kept(lambda lane: not lane.startswith("core"))
+    assert [e.name for e in kept.events] == ["a", "b"] and kept.meta == {"run": 1}
+    assert len(t.events) == 3
