@@ -214,9 +214,11 @@ def test_padding_rows_of_a_decode_batch_attend_to_nothing(kernel_on):
     """The decode bucket (3) holds at most 2 sequences: the model runner gives the padding row no keys and no
     queries, so the kernel's launch shape reads no block for it (the eager path attends it to the scratch block)."""
     from spyre_lab.engine.platforms import paged_kernel
+    from spyre_lab.engine.platforms.paged_attention_op import KernelAttention
 
     with only_warnings(*EXPECTED_WARNINGS):
         kernel_on.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
-    launch = next(x for x in paged_kernel._LAUNCHES.values() if x.layer == 0)
-    seqs = launch.kernel.current.plan.shape.seqs
+    attn = next(m for m in kernel_on.llm_engine.model.modules() if isinstance(m, KernelAttention))
+    launch = paged_kernel.layer_launch(attn.layer_index, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
+    seqs = launch.kernel.current.plan.shape.seqs             # its last launch: this run's last decode step
     assert len(seqs) == 3 and seqs[1:] == ((0, 0), (0, 0)) and seqs[0][1] == 1
