@@ -147,21 +147,41 @@ class ModelRunner:
 
     def _to_input(self, input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset,
                   ends, bucket, seq_query_lens) -> ModelInput:
-        def longs(values) -> torch.Tensor:
-            return torch.as_tensor(values, dtype=torch.long).to(self.device)
+        """The step's inputs on the device: every integer field packed into one host buffer, copied over once.
 
+        As a real runner prepares a step: the host writes token ids, positions, slot mapping, block tables,
+        query and output indices, per-sequence lengths and the logits rows into one staging buffer, one
+        H2D transfer moves it, and the model reads views of it (no launch: a view is an offset into the
+        same DRAM). Field order is fixed and the one field whose length varies inside a bucket (the logits
+        rows: one per real sequence) comes last, so a compiled program, which keeps its operands' offsets,
+        finds every field where it was at warmup. The additive mask (model dtype, not an integer) is built
+        and copied only for a platform whose attention reads it (``Platform.needs_attn_bias``)."""
         query_index = torch.as_tensor(query_index)
         out_index = torch.as_tensor(token_seq) * query_index.shape[1] + torch.as_tensor(token_offset)
+        fields = {"input_ids": input_ids, "positions": positions, "slot_mapping": slots, "block_tables": tables,
+                  "query_index": query_index, "out_index": out_index}
+        if self.platform.needs_seq_query_lens:
+            fields["seq_query_lens"] = seq_query_lens
+        fields["logits_indices"] = ends                     # last: its length is the number of real sequences
+        host = [torch.as_tensor(values, dtype=torch.long) for values in fields.values()]
+        packed = torch.cat([t.reshape(-1) for t in host]).to(self.device)
+        views, offset = {}, 0
+        for name, t in zip(fields, host):
+            views[name] = packed.as_strided(t.shape, t.stride(), offset)
+            offset += t.numel()
+        attn_bias = None
+        if self.platform.needs_attn_bias:
+            attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
+                                    self.dtype).to(self.device)
         meta = AttentionMetadata(
-            slot_mapping=longs(slots),
-            block_tables=longs(tables),
-            query_index=longs(query_index),
-            attn_bias=causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
-                                  self.dtype).to(self.device),
-            out_index=longs(out_index),
-            seq_query_lens=longs(seq_query_lens) if self.platform.needs_seq_query_lens else None,
+            slot_mapping=views["slot_mapping"],
+            block_tables=views["block_tables"],
+            query_index=views["query_index"],
+            attn_bias=attn_bias,
+            out_index=views["out_index"],
+            seq_query_lens=views.get("seq_query_lens"),
         )
-        return ModelInput(longs(input_ids), longs(positions), meta, longs(ends), bucket)
+        return ModelInput(views["input_ids"], views["positions"], meta, views["logits_indices"], bucket)
 
     # ---- execution ------------------------------------------------------------------------------
     @torch.inference_mode()

@@ -34,7 +34,9 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot each token's k/v is written to
     block_tables: torch.Tensor  # [B, max_blocks] int64: block ids of each sequence (padded with the scratch block)
     query_index: torch.Tensor  # [B, Q] int64: flat token index of each sequence's queries (padding -> 0)
-    attn_bias: torch.Tensor  # [B, 1, Q, L] model dtype: 0 where a query may see a key (key pos <= query pos), -inf else
+    # [B, 1, Q, L] model dtype: 0 where a query may see a key (key pos <= query pos), -inf else; None when the
+    # platform's attention does not read it (a paged-attention kernel bounds its loops by seq_query_lens)
+    attn_bias: torch.Tensor | None
     out_index: torch.Tensor  # [T] int64: where each flat token's query sits among the B*Q queries (b * Q + q)
     # [B, 2] int64 per sequence: keys its context covers (this step's included) and this step's real queries
     # (the last positions of the context); what a kernel walking the block tables needs for its loop bounds

@@ -66,6 +66,10 @@ class Platform:
     #: its attention bounds its loops by each sequence's (keys, queries), read from ``AttentionMetadata.seq_query_lens``
     #: (a paged-attention kernel); the model runner builds and copies that tensor only for such a platform
     needs_seq_query_lens: bool = False
+    #: its attention reads the additive mask ``AttentionMetadata.attn_bias`` (attention over gathered pages, as in
+    #: ``layers.attention``); a platform whose attention bounds its loops by ``seq_query_lens`` instead sets False,
+    #: and the model runner neither builds nor copies the mask
+    needs_attn_bias: bool = True
 
     def __init__(
         self,

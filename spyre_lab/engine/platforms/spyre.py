@@ -76,6 +76,7 @@ class SpyrePlatform(Platform):
         #: attention as one paged-attention launch per layer: the compiled path with the "attention" rule on
         self.paged_kernel = compile_blocks and "attention" in options_from(compile_options).fusion
         self.needs_seq_query_lens = self.paged_kernel
+        self.needs_attn_bias = not self.paged_kernel
         self.dispatch_mode = "piecewise-compiled" if compile_blocks else "eager-ops"
         super().__init__(static_shapes, prefill_buckets, batch_buckets)
 
