@@ -60,8 +60,7 @@ def grouped_paged_attention(
     return out.reshape(batch * max_query, num_heads * head_dim).index_select(0, meta.out_index)
 
 
-@torch.library.custom_op(OP_NAME, mutates_args=("k_cache", "v_cache"))
-def paged_attention(
+def _paged_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, attn_bias: torch.Tensor,
     out_index: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
@@ -87,13 +86,15 @@ def paged_attention(
     return out
 
 
+paged_attention = torch.library.custom_op(OP_NAME, mutates_args=("k_cache", "v_cache"))(_paged_attention)
+
+
 @paged_attention.register_fake
 def _(query: torch.Tensor, *args: object) -> torch.Tensor:
     return torch.empty_like(query)
 
 
-@torch.library.custom_op(KERNEL_OP_NAME, mutates_args=("k_cache", "v_cache"))
-def paged_attention_kernel(
+def _paged_attention_kernel(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     slot_mapping: torch.Tensor, block_tables: torch.Tensor, query_index: torch.Tensor, seq_query_lens: torch.Tensor,
     num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer: int,
@@ -115,23 +116,48 @@ def paged_attention_kernel(
                                   seq_query_lens[:, 0], seq_query_lens[:, 1], num_kv_heads, scale)
 
 
+paged_attention_kernel = torch.library.custom_op(KERNEL_OP_NAME, mutates_args=("k_cache", "v_cache"))(
+    _paged_attention_kernel)
+
+
 @paged_attention_kernel.register_fake
 def _(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
       *args: object) -> torch.Tensor:
     return query.new_empty(query.shape[0], args[4] * args[6])          # [T, num_heads * head_dim]
 
 
-_ATTENTION_TARGETS: tuple = ()
+_ATTENTION_TARGETS: dict = {}
+
+
+def _targets() -> dict:
+    if not _ATTENTION_TARGETS:
+        ops = torch.ops.spyre_engine
+        _ATTENTION_TARGETS.update({ops.paged_attention: _paged_attention, ops.paged_attention.default: _paged_attention,
+                                   ops.paged_attention_kernel: _paged_attention_kernel,
+                                   ops.paged_attention_kernel.default: _paged_attention_kernel})
+    return _ATTENTION_TARGETS
 
 
 def is_paged_attention(node: torch.fx.Node) -> bool:
-    """Is this FX node a call of a paged-attention op (as Dynamo or make_fx records it)?"""
-    global _ATTENTION_TARGETS
-    if not _ATTENTION_TARGETS:
-        ops = torch.ops.spyre_engine
-        _ATTENTION_TARGETS = (ops.paged_attention, ops.paged_attention.default, ops.paged_attention_kernel,
-                              ops.paged_attention_kernel.default)
-    return node.op == "call_function" and node.target in _ATTENTION_TARGETS
+    """Is this FX node a call of a paged-attention op (as Dynamo or make_fx records it, or as `call_directly`
+    left it)?"""
+    if node.op != "call_function":
+        return False
+    targets = _targets()
+    return node.target in targets or node.target in _FUNCTIONS
+
+
+_FUNCTIONS = (_paged_attention, _paged_attention_kernel)
+
+
+def call_directly(node: torch.fx.Node) -> None:
+    """Make a paged-attention node call the op's function itself instead of going through the dispatcher.
+
+    Between compiled pieces nothing needs what the dispatcher adds to a custom op (autograd, version
+    counters of the mutated caches, alias checks); in this pure-Python runtime that bookkeeping cost more
+    host time than the launch it wraps. The function is the one the op's registration runs, so the call
+    does exactly what the op does."""
+    node.target = _targets()[node.target]
 
 
 class OpaqueAttention(Attention):

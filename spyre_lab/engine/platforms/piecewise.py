@@ -6,7 +6,8 @@ per shape bucket (``fullgraph=True``, ``dynamic=False``); attention is one opaqu
 everything between two attentions (o_proj, residual, RMSNorm, gate_up + SiLU*mul, down, residual,
 the next RMSNorm, fused QKV, RoPE) becomes one piece compiled by ``torch.compile``'s "spyre" backend
 into a device Program; the attention nodes stay in the outer graph and run between the pieces, as one
-paged-attention kernel launch per layer (or, with the compiler's ``attention`` rule off, as eager device ops).
+paged-attention kernel launch per layer (or, with the compiler's ``attention`` rule off, as eager device ops),
+each calling the op's function directly (`paged_attention_op.call_directly`).
 
 Identical decoder blocks give identical pieces. Dynamo names a piece's inputs after the layer they
 came from (``..._layers_modules_2_...``), so each piece is renamed to positional names before it is
@@ -23,7 +24,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
-from spyre_lab.engine.platforms.paged_attention_op import is_paged_attention
+from spyre_lab.engine.platforms.paged_attention_op import call_directly, is_paged_attention
 from spyre_lab.runtime.dynamo_backend import CompiledGraph, spyre_backend
 
 
@@ -76,7 +77,11 @@ def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     # values made inside the graph get the fake tensors Dynamo recorded for them
     real = dict(zip((node.name for node in gm.graph.nodes if node.op == "placeholder"), example_inputs))
     for name, piece in list(split.named_children()):
-        if any(is_paged_attention(node) for node in piece.graph.nodes):
+        attention = [node for node in piece.graph.nodes if is_paged_attention(node)]
+        if attention:
+            for node in attention:
+                call_directly(node)
+            piece.recompile()
             continue
         example = [real.get(node.name, node.meta.get("example_value")) for node in piece.graph.nodes
                    if node.op == "placeholder"]
