@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import bisect
 import logging
+import math
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +25,17 @@ from spyre_lab.engine.sampler import Sampler
 from spyre_lab.engine.sequence import Sequence
 
 logger = logging.getLogger(__name__)
+
+STAGING_LAYOUTS = 64
+"""Input layouts whose device staging buffer is kept (a static-shape platform uses a few; dynamic shapes, more)."""
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 @dataclass
@@ -82,6 +95,8 @@ class ModelRunner:
                 self.kv_caches.append((module.k_cache, module.v_cache))
         self.sampler = Sampler(seed)
         self.warmed_buckets: set[tuple[str, int]] = set()
+        # input layout (field shapes) -> its staging buffer on the device and the model's views of it
+        self._staging: OrderedDict[tuple, tuple[torch.Tensor, dict[str, torch.Tensor]]] = OrderedDict()
 
     @property
     def kv_cache_bytes(self) -> int:
@@ -150,12 +165,15 @@ class ModelRunner:
         """The step's inputs on the device: every integer field packed into one host buffer, copied over once.
 
         As a real runner prepares a step: the host writes token ids, positions, slot mapping, block tables,
-        query and output indices, per-sequence lengths and the logits rows into one staging buffer, one
-        H2D transfer moves it, and the model reads views of it (no launch: a view is an offset into the
-        same DRAM). Field order is fixed and the one field whose length varies inside a bucket (the logits
-        rows: one per real sequence) comes last, so a compiled program, which keeps its operands' offsets,
-        finds every field where it was at warmup. The additive mask (model dtype, not an integer) is built
-        and copied only for a platform whose attention reads it (``Platform.needs_attn_bias``)."""
+        query and output indices, per-sequence lengths and the logits rows into one staging buffer, and one
+        H2D transfer moves it into a device buffer kept for that layout (a static-shape platform has a few:
+        one per bucket and number of real sequences). The model reads views of it, made once: a view is an
+        offset into the same DRAM, so a step launches nothing but the transfer. Field order is fixed and the
+        one field whose length varies inside a bucket (the logits rows: one per real sequence) comes last, so
+        a compiled program, which keeps its operands' offsets, finds every field where it was at warmup. So
+        the tensors of a `ModelInput` hold their values until the next step with the same layout is prepared.
+        The additive mask (model dtype, not an integer) is built and copied only for a platform whose
+        attention reads it (``Platform.needs_attn_bias``)."""
         query_index = torch.as_tensor(query_index)
         out_index = torch.as_tensor(token_seq) * query_index.shape[1] + torch.as_tensor(token_offset)
         fields = {"input_ids": input_ids, "positions": positions, "slot_mapping": slots, "block_tables": tables,
@@ -163,12 +181,9 @@ class ModelRunner:
         if self.platform.needs_seq_query_lens:
             fields["seq_query_lens"] = seq_query_lens
         fields["logits_indices"] = ends                     # last: its length is the number of real sequences
-        host = [torch.as_tensor(values, dtype=torch.long) for values in fields.values()]
-        packed = torch.cat([t.reshape(-1) for t in host]).to(self.device)
-        views, offset = {}, 0
-        for name, t in zip(fields, host):
-            views[name] = packed.as_strided(t.shape, t.stride(), offset)
-            offset += t.numel()
+        host = {name: torch.as_tensor(values, dtype=torch.long) for name, values in fields.items()}
+        packed = torch.cat([t.reshape(-1) for t in host.values()])
+        views = self._staged(tuple((name, tuple(t.shape)) for name, t in host.items()), packed)
         attn_bias = None
         if self.platform.needs_attn_bias:
             attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
@@ -182,6 +197,25 @@ class ModelRunner:
             seq_query_lens=views.get("seq_query_lens"),
         )
         return ModelInput(views["input_ids"], views["positions"], meta, views["logits_indices"], bucket)
+
+    def _staged(self, layout: tuple[tuple[str, tuple[int, ...]], ...], packed: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``packed`` copied into the device buffer kept for ``layout`` (made, with its views, on first use);
+        the views by field name. Layouts seen least recently are dropped past `STAGING_LAYOUTS`."""
+        staged = self._staging.get(layout)
+        if staged is None:
+            buffer = torch.empty(packed.shape, dtype=packed.dtype, device=self.device)
+            views, offset = {}, 0
+            for name, shape in layout:
+                views[name] = buffer.as_strided(shape, contiguous_strides(shape), offset)
+                offset += math.prod(shape)
+            staged = self._staging[layout] = (buffer, views)
+            while len(self._staging) > STAGING_LAYOUTS:
+                self._staging.popitem(last=False)
+        else:
+            self._staging.move_to_end(layout)
+        buffer, views = staged
+        buffer.copy_(packed)                                # the step's one H2D transfer
+        return views
 
     # ---- execution ------------------------------------------------------------------------------
     @torch.inference_mode()
