@@ -203,11 +203,12 @@ class ModelRunner:
         the views by field name. Layouts seen least recently are dropped past `STAGING_LAYOUTS`."""
         staged = self._staging.get(layout)
         if staged is None:
-            buffer = torch.empty(packed.shape, dtype=packed.dtype, device=self.device)
-            views, offset = {}, 0
-            for name, shape in layout:
-                views[name] = buffer.as_strided(shape, contiguous_strides(shape), offset)
-                offset += math.prod(shape)
+            with torch.inference_mode(False):           # a normal tensor: later steps write it outside inference mode
+                buffer = torch.empty(packed.shape, dtype=packed.dtype, device=self.device)
+                views, offset = {}, 0
+                for name, shape in layout:
+                    views[name] = buffer.as_strided(shape, contiguous_strides(shape), offset)
+                    offset += math.prod(shape)
             staged = self._staging[layout] = (buffer, views)
             while len(self._staging) > STAGING_LAYOUTS:
                 self._staging.popitem(last=False)
