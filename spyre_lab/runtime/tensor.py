@@ -223,9 +223,35 @@ class DeviceBuffer:
         flat.as_strided(size, stride, offset).copy_(values)
         self.write_flat(flat)
 
+    def write_rows(self, size: Sequence[int], stride: Sequence[int], offset: int, index: torch.Tensor,
+                   values: torch.Tensor) -> None:
+        """``window.index_copy_(0, index, values)`` on the strided window (size, stride, offset): only those
+        rows are written (values narrowed and checked as any write), the rest of the storage is left as it is.
+
+        What a kernel that stores a few rows of a large buffer needs (a paged-attention launch writes this
+        step's K/V slots of a whole cache). Mirrors handed out may be shared, so they are never changed in
+        place: the first row write copies the mirror into one this buffer keeps to itself, and later row
+        writes update that copy until some other write replaces it."""
+        self.check_valid()
+        host = self.host_flat()
+        if _ROW_MIRRORS.get(self) is not host:
+            host = self._host = host.clone()
+            _ROW_MIRRORS[self] = host
+        staged = values.to(self.layout.dtype)
+        if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:
+            check_fits_fp16(values, staged)
+        elif staged.dtype == torch.int64:
+            check_fits_int32(staged)
+        host.as_strided(size, stride, offset).index_copy_(0, index, staged.to(self.host_dtype))
+        self._data = None
+
     def __repr__(self) -> str:
         return (f"DeviceBuffer(spyre:{self.device.index} @ {self.address:#x}, {self.device_nbytes} B, "
                 f"host {self.host_dtype} x {self.numel}, device {self.layout.device_dtype} {self.layout.device_size})")
+
+
+_ROW_MIRRORS: weakref.WeakKeyDictionary[DeviceBuffer, torch.Tensor] = weakref.WeakKeyDictionary()
+"""Per buffer, the mirror its row writes made for themselves (see :meth:`DeviceBuffer.write_rows`)."""
 
 
 @functools.lru_cache(maxsize=4096)

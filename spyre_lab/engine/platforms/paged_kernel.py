@@ -139,20 +139,26 @@ class PagedAttentionKernel:
         return self.current.args if self.current else {}
 
     def run(self, operands: Operands) -> None:
-        query, key, value = operands["query"], operands["key"], operands["value"]
-        k_cache, v_cache = operands["k_cache"].clone(), operands["v_cache"].clone()
-        slots = operands["slot_mapping"]
+        query, slots = operands["query"], operands["slot_mapping"]
         tokens, kv, d = query.shape[0], self.num_kv_heads, self.head_dim
-        k_cache.view(-1, kv, d).index_copy_(0, slots, key.reshape(tokens, kv, d).to(k_cache.dtype))
-        v_cache.view(-1, kv, d).index_copy_(0, slots, value.reshape(tokens, kv, d).to(v_cache.dtype))
+        for cache, new in (("k_cache", operands["key"]), ("v_cache", operands["value"])):
+            _write_slots(operands, cache, slots, new.reshape(tokens, kv, d))     # this step's slots, nothing else
         lens = operands["seq_query_lens"]
-        out = paged_online_attention(query, k_cache, v_cache, operands["block_tables"], operands["query_index"],
-                                     lens[:, 0], lens[:, 1], kv, self.scale,
+        out = paged_online_attention(query, operands["k_cache"], operands["v_cache"], operands["block_tables"],
+                                     operands["query_index"], lens[:, 0], lens[:, 1], kv, self.scale,
                                      self.current.chunks if self.current else None,
                                      tile_blocks=self.current.plan.tile_blocks if self.current else 1)
-        operands.write("k_cache", k_cache)
-        operands.write("v_cache", v_cache)
         operands.write("out", out)
+
+
+def _write_slots(operands: Operands, slot: str, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """Store ``values`` ([tokens, kv_heads, d]) into cache slots ``slots`` of the cache bound to ``slot``
+    ([blocks, block_size, kv_heads, d], slots numbered block * block_size + offset): a row write of the
+    buffer behind the patched address, so a launch writes its own K/V and leaves the rest of the cache alone."""
+    buffer, size, stride, offset = operands._windows[slot]     # the window the prologue resolved (no public getter)
+    if stride[0] != size[1] * stride[1]:
+        raise ValueError(f"the {slot} operand's blocks are not contiguous (size {size}, stride {stride})")
+    buffer.write_rows((size[0] * size[1], *size[2:]), stride[1:], offset, slots, values)
 
 
 @dataclass(eq=False)
