@@ -68,6 +68,8 @@ class SpyrePlatform(Platform):
         self.compile_blocks, self.transpose_weights = compile_blocks, transpose_weights
         #: bucket ("prefill", 64) / ("decode", 4) -> its compiled pieces in call order (see spyre_lab.explain)
         self.compiled_pieces: dict[tuple[str, int], list[CompiledGraph]] = {}
+        #: bucket -> the split graph a step runs: its compiled pieces with the attention calls between them
+        self.split_graphs: dict[tuple[str, int], fx.GraphModule] = {}
         #: bucket -> program-cache counters while its pieces compiled: pieces, compiles, hits
         self.compile_stats: dict[tuple[str, int], dict[str, int]] = {}
         self._bucket: tuple[str, int] | None = None  # the step being run (set by device_timer)
@@ -119,6 +121,7 @@ class SpyrePlatform(Platform):
             hidden = tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args)[0]
             bucket = ("call", hidden.meta["example_value"].shape[0])
         self.compiled_pieces[bucket] = pieces = compiled_pieces(split)
+        self.split_graphs[bucket] = split
         self.compile_stats[bucket] = {"pieces": len(pieces), "compiles": after["compiles"] - before["compiles"],
                                           "hits": after["hits"] - before["hits"]}
         return split
