@@ -88,37 +88,49 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
     if out is None:
         out = torch.zeros(num_tokens, heads * d, dtype=query.dtype)
     q_all = query.reshape(num_tokens, kv, group, d)
-    for b in range(block_tables.shape[0]):
-        seq_len, qlen = int(seq_lens[b]), int(query_lens[b])
+    lens = zip(seq_lens.tolist(), query_lens.tolist())
+    for b, (seq_len, qlen) in enumerate(lens):
         if qlen <= 0 or seq_len <= 0:
             continue
         tokens = query_index[b, :qlen]
-        q = q_all[tokens].permute(1, 0, 2, 3).reshape(kv, qlen * group, d).float()       # rows query-major
-        q_pos = (seq_len - qlen + torch.arange(qlen)).repeat_interleave(group).view(1, -1, 1)
+        q = q_all.index_select(0, tokens).permute(1, 0, 2, 3).reshape(kv, qlen * group, d).float()   # query-major
+        # a query sees the keys up to its own position; it is inside the context, so no key past the context
+        q_pos = torch.arange(seq_len - qlen, seq_len).repeat_interleave(group).view(1, -1, 1)
         nblocks = context_blocks(seq_len, bs)
         cuts = [c for c in (chunks[b] if chunks is not None else ()) if 0 < c < nblocks]
         bounds = [0, *cuts, nblocks]
+        table = block_tables[b]
         parts = []
         for j0, j1 in itertools.pairwise(bounds):
-            m = torch.full((kv, qlen * group, 1), -math.inf)
-            l_sum = torch.zeros(kv, qlen * group, 1)
-            acc = torch.zeros(kv, qlen * group, d)
+            state = None                                              # (m, l, acc): none before the first tile
             for t0 in range(j0, j1, tile_blocks):                 # one key tile: ``tile_blocks`` blocks
-                blocks = block_tables[b, t0:min(j1, t0 + tile_blocks)]
-                k = k_cache[blocks].flatten(0, 1).transpose(0, 1).float()                    # [kv, keys, d]
-                v = v_cache[blocks].flatten(0, 1).transpose(0, 1)
-                k_pos = (t0 * bs + torch.arange(k.shape[1])).view(1, 1, -1)
+                blocks = table[t0:min(j1, t0 + tile_blocks)]
+                k = k_cache.index_select(0, blocks).flatten(0, 1).transpose(0, 1).float()      # [kv, keys, d]
+                v = v_cache.index_select(0, blocks).flatten(0, 1).transpose(0, 1)
+                k_pos = torch.arange(t0 * bs, t0 * bs + k.shape[1]).view(1, 1, -1)
                 s = torch.matmul(q, k.transpose(1, 2)) * scale
-                s = s.masked_fill((k_pos > q_pos) | (k_pos >= seq_len), -math.inf)
-                m, l_sum, acc = _online_step(m, l_sum, acc, s, v)
-            parts.append((m, l_sum, acc))
+                s = s.masked_fill(k_pos > q_pos, -math.inf)
+                state = _online_step(*state, s, v) if state is not None else _first_step(s, v)
+            parts.append(state)
         m, l_sum, acc = parts[-1]
         for pm, pl, pacc in reversed(parts[:-1]):                    # the ring chain: r+1 merged into r
             m, l_sum, acc = merge_partials((pm, pl, pacc), (m, l_sum, acc))
-        o = torch.where(l_sum == 0, 0.0, acc / torch.where(l_sum == 0, 1.0, l_sum))
+        empty = l_sum == 0
+        o = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_sum))
         o = o.view(kv, qlen, group, d).permute(1, 0, 2, 3).reshape(qlen, heads * d)
-        out[tokens] = o.to(out.dtype)
+        out.index_copy_(0, tokens, o.to(out.dtype))               # a sequence's tokens are distinct
     return out
+
+
+def _first_step(s: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_online_step` from the empty state (max -inf, sum 0, accumulator 0), with the terms that are exactly
+    known left out: the running max is the tile's, the old state is rescaled by exp(-inf) = 0, so the sum is
+    the tile's and the accumulator the tile's ``p v`` (plus 0.0, which turns a -0.0 into 0.0 as the full update
+    does)."""
+    new_m = s.amax(dim=-1, keepdim=True)
+    safe = torch.where(new_m == -math.inf, 0.0, new_m)               # a row masked so far: nothing to shift
+    p = torch.exp(s - safe)
+    return new_m, p.sum(dim=-1, keepdim=True), torch.matmul(p.to(v.dtype).float(), v.float()) + 0.0
 
 
 def _online_step(m: torch.Tensor, l_sum: torch.Tensor, acc: torch.Tensor, s: torch.Tensor,

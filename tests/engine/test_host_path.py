@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -268,3 +269,69 @@ def test_served_tokens_equal_the_cpu_platforms(kernel_on, cpu):
         ours = [o.outputs[0].token_ids for o in kernel_on.generate(prompts, greedy, use_tqdm=False)]
     assert ours == [o.outputs[0].token_ids for o in cpu16.generate(prompts, greedy, use_tqdm=False)]
     assert KernelAttention in {type(m) for m in kernel_on.llm_engine.model.modules()}
+
+
+# ---- the kernel's numerics, with the exactly known terms of the first tile left out ---------------------------
+
+def _every_tile_updated(query, k_cache, v_cache, tables, query_index, seq_lens, query_lens, kv, scale, chunks,
+                        tile_blocks):
+    """`paged_online_attention` as first written: each chunk starts from (max -inf, sum 0, accumulator 0) and every
+    tile goes through the full online update; keys past a query or past the context are masked separately."""
+    from spyre_lab.compiler.tiling_paged_attention import _online_step, context_blocks, merge_partials
+
+    tokens_all, bs, d = query.shape[0], k_cache.shape[1], k_cache.shape[3]
+    heads = query.shape[-1] // d
+    group = heads // kv
+    out = torch.zeros(tokens_all, heads * d, dtype=query.dtype)
+    q_all = query.reshape(tokens_all, kv, group, d)
+    for b in range(tables.shape[0]):
+        seq_len, qlen = int(seq_lens[b]), int(query_lens[b])
+        if qlen <= 0 or seq_len <= 0:
+            continue
+        tokens = query_index[b, :qlen]
+        q = q_all[tokens].permute(1, 0, 2, 3).reshape(kv, qlen * group, d).float()
+        q_pos = (seq_len - qlen + torch.arange(qlen)).repeat_interleave(group).view(1, -1, 1)
+        nblocks = context_blocks(seq_len, bs)
+        bounds = [0, *[c for c in (chunks[b] if chunks else ()) if 0 < c < nblocks], nblocks]
+        parts = []
+        for j0, j1 in itertools.pairwise(bounds):
+            m, l_sum, acc = torch.full((kv, qlen * group, 1), -math.inf), torch.zeros(kv, qlen * group, 1), \
+                torch.zeros(kv, qlen * group, d)
+            for t0 in range(j0, j1, tile_blocks):
+                blocks = tables[b, t0:min(j1, t0 + tile_blocks)]
+                k = k_cache[blocks].flatten(0, 1).transpose(0, 1).float()
+                v = v_cache[blocks].flatten(0, 1).transpose(0, 1)
+                k_pos = (t0 * bs + torch.arange(k.shape[1])).view(1, 1, -1)
+                s = torch.matmul(q, k.transpose(1, 2)) * scale
+                s = s.masked_fill((k_pos > q_pos) | (k_pos >= seq_len), -math.inf)
+                m, l_sum, acc = _online_step(m, l_sum, acc, s, v)
+            parts.append((m, l_sum, acc))
+        m, l_sum, acc = parts[-1]
+        for part in reversed(parts[:-1]):
+            m, l_sum, acc = merge_partials(part, (m, l_sum, acc))
+        o = torch.where(l_sum == 0, 0.0, acc / torch.where(l_sum == 0, 1.0, l_sum))
+        out[tokens] = o.view(kv, qlen, group, d).permute(1, 0, 2, 3).reshape(qlen, heads * d).to(out.dtype)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_kernel_numerics_equal_the_every_tile_update_bit_for_bit(seed):
+    """Same bits (signed zeros included) as the plain online update, with split-KV chunks, multi-block tiles,
+    sequences without queries, and values with signed zeros."""
+    g = torch.Generator().manual_seed(seed)
+    bs, kv, group, d, blocks, width = (1, 2, 4, 16)[seed % 4], 1 + seed % 2, 2, 16, 12, 5
+    k_cache = torch.randn(blocks + 1, bs, kv, d, generator=g).half()
+    v_cache = torch.randn(blocks + 1, bs, kv, d, generator=g).half()
+    v_cache[v_cache.abs() < 0.4] = -0.0
+    seqs = [(width * bs, 3), (bs + 1, 1), (0, 0), (2 * bs, 2)]
+    tables = torch.randint(0, blocks, (len(seqs), width), generator=g)
+    rows, flat = [], 0
+    for _, q in seqs:
+        rows.append(list(range(flat, flat + q)) + [0] * (3 - q))
+        flat += q
+    query = (4 * torch.randn(flat, kv * group * d, generator=g)).half()
+    lens = torch.tensor(seqs)
+    for chunks, tile_blocks in ((None, 1), ([[2], [1], [], [1]], 2), ([[1, 3], [], [], []], 8)):
+        args = (query, k_cache, v_cache, tables, torch.tensor(rows), lens[:, 0], lens[:, 1], kv, 0.3, chunks)
+        ours = paged_online_attention(*args, tile_blocks=tile_blocks)
+        assert torch.equal(ours.view(torch.int16), _every_tile_updated(*args, tile_blocks).view(torch.int16))
