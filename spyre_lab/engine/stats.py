@@ -7,6 +7,8 @@ device model; a platform without one (cpu) reports None, shown as "n/a".
 from __future__ import annotations
 
 import json
+from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,27 @@ def _keep_lane(lane: str) -> bool:
     return not lane.startswith("core")
 
 
+class _KeptLater(Trace):
+    """A step's modeled events on the lanes ``keep`` accepts, picked out when first read: most step records are
+    never looked at, and a step's recording holds a few thousand per-core events to skip."""
+
+    def __init__(self, source: Trace, keep: Callable[[str], bool]) -> None:
+        self._source: Trace | None = source
+        self._keep = keep
+        self._kept: list[TraceEvent] = []
+        self.meta = dict(source.meta)
+
+    @property  # type: ignore[override]
+    def events(self) -> list[TraceEvent]:
+        if self._source is not None:
+            self._kept, self._source = self._source.kept(self._keep).events, None
+        return self._kept
+
+    @events.setter
+    def events(self, value: list[TraceEvent]) -> None:
+        self._kept, self._source = value, None
+
+
 def _format(value: object) -> str:
     if value is None:
         return "n/a"
@@ -121,6 +144,7 @@ class EngineStats:
     details: dict[int, StepDetail] = field(default_factory=dict)
     #: device traces are kept for the most recent this many steps (older ones are dropped to bound memory)
     max_device_traces: int = 128
+    _traced: deque[int] = field(default_factory=deque, init=False, repr=False, compare=False)  # steps with a trace
 
     def record_detail(self, step: int, schedule_ms: float, seqs: list, preempted: list, result: Any,
                       kv: KVSnapshot | None, is_prefill: bool) -> StepDetail:
@@ -130,7 +154,7 @@ class EngineStats:
         batch = [(s.request_id, int(n)) for s, n in zip(seqs, fed)]
         trace = getattr(result, "device_trace", None)
         if trace is not None:
-            trace = trace.kept(_keep_lane)
+            trace = _KeptLater(trace, _keep_lane)
         detail = StepDetail(
             step=step, batch=batch,
             phases_ms={"schedule": schedule_ms, **getattr(result, "phases_ms", {})},
@@ -140,9 +164,12 @@ class EngineStats:
             kv=kv, device_trace=trace,
         )
         self.details[step] = detail
-        traced = [n for n, d in self.details.items() if d.device_trace is not None]
-        for n in traced[:-self.max_device_traces] if len(traced) > self.max_device_traces else ():
-            self.details[n].device_trace = None
+        if trace is not None:
+            self._traced.append(step)
+        while len(self._traced) > self.max_device_traces:
+            dropped = self.details.get(self._traced.popleft())
+            if dropped is not None:
+                dropped.device_trace = None
         return detail
 
     def to_rows(self, what: str = "steps") -> list[dict]:
@@ -237,12 +264,15 @@ class EngineStats:
             entry.pop("kv", None)
             entry["batch"] = [tuple(b) for b in entry["batch"]]
             stats.details[entry["step"]] = StepDetail(**entry, kv=kv, device_trace=trace)
+            if trace is not None:
+                stats._traced.append(entry["step"])
         return stats
 
     def reset(self) -> None:
         self.steps.clear()
         self.requests.clear()
         self.details.clear()
+        self._traced.clear()
 
     def __str__(self) -> str:
         summary = "\n".join(f"{k}: {_format(v)}" for k, v in self.summary().items())

@@ -335,3 +335,35 @@ def test_kernel_numerics_equal_the_every_tile_update_bit_for_bit(seed):
         args = (query, k_cache, v_cache, tables, torch.tensor(rows), lens[:, 0], lens[:, 1], kv, 0.3, chunks)
         ours = paged_online_attention(*args, tile_blocks=tile_blocks)
         assert torch.equal(ours.view(torch.int16), _every_tile_updated(*args, tile_blocks).view(torch.int16))
+
+
+# ---- step records -----------------------------------------------------------------------------------------
+
+def test_step_records_keep_the_device_lanes_and_only_the_latest_traces(kernel_on):
+    """A step record's trace is the step's events without the per-core lanes (picked out when first read), and
+    only the most recent ``max_device_traces`` steps keep theirs."""
+    from types import SimpleNamespace
+
+    from spyre_lab.engine.stats import EngineStats
+
+    engine = kernel_on.llm_engine
+    saved, engine.stats = engine.stats, EngineStats(max_device_traces=3)
+    try:
+        with only_warnings(*EXPECTED_WARNINGS):
+            kernel_on.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
+                               use_tqdm=False)
+        details = engine.stats.details
+        assert [n for n, d in details.items() if d.device_trace is not None] == sorted(details)[-3:]
+        last = details[max(details)].device_trace
+        assert len(last) and not [e for e in last if e.lane.startswith("core")]
+        assert {e.lane for e in last} >= {"host", "pcie"}
+    finally:
+        engine.stats = saved
+    x = torch.ones(64, 64, dtype=torch.float16).to("spyre")
+    with recording() as trace:
+        (x @ x).cpu()
+    stats = EngineStats()
+    detail = stats.record_detail(0, 0.0, [], [], SimpleNamespace(device_trace=trace), None, False)
+    assert [e for e in trace if e.lane.startswith("core")]
+    assert detail.device_trace.events == trace.kept(lambda lane: not lane.startswith("core")).events
+    assert detail.device_trace.duration_us == trace.kept(lambda lane: not lane.startswith("core")).duration_us
