@@ -174,15 +174,16 @@ def test_fields_sit_where_warmup_put_them_and_a_layout_reuses_its_buffer(kernel_
 
 
 def test_attention_between_pieces_calls_the_ops_function(kernel_on):
-    """The split graph's attention nodes call the op's function directly (no custom-op dispatch) and are still
-    recognised as attention."""
+    """Between the compiled pieces, the split graph calls each layer's attention function itself (no submodule,
+    no custom-op dispatch); the calls are still recognised as attention."""
     with only_warnings(*EXPECTED_WARNINGS):
         kernel_on.warmup(show_progress=False)
     graph = kernel_on.llm_engine.platform.split_graphs["decode", 4]
-    nodes = [n for child in graph.children() if isinstance(child, torch.fx.GraphModule)
-             for n in child.graph.nodes if is_paged_attention(n)]
-    assert len(nodes) == 4 and all(not isinstance(n.target, torch._ops.OpOverloadPacket | torch._ops.OpOverload)
-                                   for n in nodes)
+    calls = [n for n in graph.graph.nodes if is_paged_attention(n)]
+    assert len(calls) == 4 and all(n.op == "call_function" and callable(n.target) for n in calls)
+    assert not [n for n in calls if isinstance(n.target, torch._ops.OpOverloadPacket | torch._ops.OpOverload)]
+    children = list(graph.children())
+    assert len(children) == 5 and all(type(c).__name__ == "CompiledPiece" for c in children)
 
 
 # ---- the paged-attention launch's KV write ----------------------------------------------------------------

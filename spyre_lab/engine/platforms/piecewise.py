@@ -7,7 +7,7 @@ everything between two attentions (o_proj, residual, RMSNorm, gate_up + SiLU*mul
 the next RMSNorm, fused QKV, RoPE) becomes one piece compiled by ``torch.compile``'s "spyre" backend
 into a device Program; the attention nodes stay in the outer graph and run between the pieces, as one
 paged-attention kernel launch per layer (or, with the compiler's ``attention`` rule off, as eager device ops),
-each calling the op's function directly (`paged_attention_op.call_directly`).
+each a direct call of the op's function in the outer graph (`inline_attention`).
 
 Identical decoder blocks give identical pieces. Dynamo names a piece's inputs after the layer they
 came from (``..._layers_modules_2_...``), so each piece is renamed to positional names before it is
@@ -77,15 +77,37 @@ def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     # values made inside the graph get the fake tensors Dynamo recorded for them
     real = dict(zip((node.name for node in gm.graph.nodes if node.op == "placeholder"), example_inputs))
     for name, piece in list(split.named_children()):
-        attention = [node for node in piece.graph.nodes if is_paged_attention(node)]
-        if attention:
-            for node in attention:
-                call_directly(node)
-            piece.recompile()
+        if any(is_paged_attention(node) for node in piece.graph.nodes):
             continue
         example = [real.get(node.name, node.meta.get("example_value")) for node in piece.graph.nodes
                    if node.op == "placeholder"]
         setattr(split, name, CompiledPiece(spyre_backend(canonicalize(piece), example, **kwargs)))
+    return inline_attention(split)
+
+
+def inline_attention(split: fx.GraphModule) -> fx.GraphModule:
+    """Put each attention submodule's call into the outer graph, as a direct call of the op's function
+    (`paged_attention_op.call_directly`): between two pieces the step then calls the attention itself,
+    not a submodule that calls the op through the dispatcher (both cost more host time than the launch)."""
+    graph = split.graph
+    for node in list(graph.nodes):
+        sub = getattr(split, node.target) if node.op == "call_module" else None
+        if not isinstance(sub, fx.GraphModule) or not any(is_paged_attention(n) for n in sub.graph.nodes):
+            continue
+        env = dict(zip((n for n in sub.graph.nodes if n.op == "placeholder"), node.args, strict=True))
+        with graph.inserting_before(node):
+            for inner in sub.graph.nodes:
+                if inner.op == "output":
+                    result = fx.map_arg(inner.args[0], env.__getitem__)
+                elif inner.op != "placeholder":
+                    env[inner] = copied = graph.node_copy(inner, env.__getitem__)
+                    if is_paged_attention(copied):
+                        call_directly(copied)
+        node.replace_all_uses_with(result)
+        graph.erase_node(node)
+        delattr(split, node.target)
+    graph.lint()
+    split.recompile()
     return split
 
 
