@@ -235,7 +235,8 @@ class DeviceBuffer:
         self.check_valid()
         host = self.host_flat()
         if _ROW_MIRRORS.get(self) is not host:
-            host = self._host = host.clone()
+            with torch.inference_mode(False):       # a normal tensor: later row writes may come from outside it
+                host = self._host = host.clone()
             _ROW_MIRRORS[self] = host
         staged = values.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:

@@ -248,6 +248,11 @@ def test_row_writes_keep_updating_the_buffers_own_mirror():
     assert torch.equal(cache.cpu().view(24, 2, 8), expected)
     from spyre_lab.device.layout import unstickify
     assert torch.equal(unstickify(buffer.data, buffer.layout).reshape(24, 2, 8), expected)
+    fresh = buffer_of(torch.zeros(6, 4, 2, 8, dtype=torch.float16).to("spyre"))
+    with torch.inference_mode():                 # an engine step writes rows in inference mode, a user may not
+        fresh.write_rows(*window, torch.tensor([7]), 3 * rows)
+    fresh.write_rows(*window, torch.tensor([8]), 4 * rows)
+    assert torch.equal(fresh.host_flat().view(24, 2, 8)[6:9, 0, 0], torch.tensor([0.0, 3, 4], dtype=torch.float16))
 
 
 def test_row_writes_narrow_and_check_like_any_write():
