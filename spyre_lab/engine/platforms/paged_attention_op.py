@@ -17,7 +17,8 @@ between them and runs attention itself eagerly. This module does the same for th
   ``attention`` fusion rule.
 
 Every index and mask tensor the op reads (slot mapping, block tables, query index, additive mask,
-output index) is built on the host by the model runner and copied over, as the real plugin does.
+output index) is built on the host by the model runner and copied over (the integers in one transfer),
+as the real plugin does.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 Importing this module imports the runtime; if that fails, only this platform is unavailable
 (`resolve_platform("spyre")` reports why). Like the Spyre vLLM plugin it uses static shapes:
 prompts padded to prefill buckets and decode batches to batch buckets, all run once by
-`LLM.warmup()`. Scheduler, block tables, slot mapping and attention masks are built on the host and
-copied over; weights, KV cache and activations live on the device.
+`LLM.warmup()`. Scheduler, block tables, slot mapping (and, for eager attention, masks) are built on the
+host and copied over, a step's integers in one transfer; weights, KV cache and activations live on the device.
 
 Two ways to run a step (the ``dispatch`` column of the engine's stats says which):
 
