@@ -234,10 +234,11 @@ class DeviceBuffer:
         writes update that copy until some other write replaces it."""
         self.check_valid()
         host = self.host_flat()
-        if _ROW_MIRRORS.get(self) is not host:
+        own = _ROW_MIRRORS.get(self)
+        if own is None or own() is not host:
             with torch.inference_mode(False):       # a normal tensor: later row writes may come from outside it
                 host = self._host = host.clone()
-            _ROW_MIRRORS[self] = host
+            _ROW_MIRRORS[self] = weakref.ref(host)
         staged = values.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:
             check_fits_fp16(values, staged)
@@ -251,8 +252,9 @@ class DeviceBuffer:
                 f"host {self.host_dtype} x {self.numel}, device {self.layout.device_dtype} {self.layout.device_size})")
 
 
-_ROW_MIRRORS: weakref.WeakKeyDictionary[DeviceBuffer, torch.Tensor] = weakref.WeakKeyDictionary()
-"""Per buffer, the mirror its row writes made for themselves (see :meth:`DeviceBuffer.write_rows`)."""
+_ROW_MIRRORS: weakref.WeakKeyDictionary[DeviceBuffer, weakref.ref] = weakref.WeakKeyDictionary()
+"""Per buffer, the mirror its row writes made for themselves (see :meth:`DeviceBuffer.write_rows`), held weakly: a
+mirror another write replaced is not kept alive."""
 
 
 @functools.lru_cache(maxsize=4096)
