@@ -30,6 +30,27 @@ STAGING_LAYOUTS = 64
 """Input layouts whose device staging buffer is kept (a static-shape platform uses a few; dynamic shapes, more)."""
 
 
+def _ints(values) -> list[int]:
+    return values.tolist() if isinstance(values, torch.Tensor) else list(values)
+
+
+def _append_flat(flat: list[int], values) -> tuple[int, ...]:
+    """Append ``values`` (a tensor, a list of ints, or a list of equal-length rows) to ``flat``; return its shape."""
+    if isinstance(values, torch.Tensor):
+        flat += values.reshape(-1).tolist()
+        return tuple(values.shape)
+    values = list(values)
+    if values and isinstance(values[0], list | tuple):
+        width = len(values[0])
+        for row in values:
+            if len(row) != width:
+                raise ValueError(f"rows of one input field must have one length, got {width} and {len(row)}")
+            flat += row
+        return (len(values), width)
+    flat += values
+    return (len(values),)
+
+
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     strides, step = [], 1
     for size in reversed(shape):
@@ -166,24 +187,23 @@ class ModelRunner:
 
         As a real runner prepares a step: the host writes token ids, positions, slot mapping, block tables,
         query and output indices, per-sequence lengths and the logits rows into one staging buffer, and one
-        H2D transfer moves it into a device buffer kept for that layout (a static-shape platform has a few:
-        one per bucket and number of real sequences). The model reads views of it, made once: a view is an
-        offset into the same DRAM, so a step launches nothing but the transfer. Field order is fixed and the
-        one field whose length varies inside a bucket (the logits rows: one per real sequence) comes last, so
-        a compiled program, which keeps its operands' offsets, finds every field where it was at warmup. So
-        the tensors of a `ModelInput` hold their values until the next step with the same layout is prepared.
-        The additive mask (model dtype, not an integer) is built and copied only for a platform whose
-        attention reads it (``Platform.needs_attn_bias``)."""
+        H2D transfer moves it into a device buffer kept for that layout (the fields' shapes: a static-shape
+        platform has a few, one per bucket and number of real sequences). The model reads views of it, made
+        once per layout: a view is an offset into the same DRAM, so a step launches nothing but the transfer,
+        and the tensors of a `ModelInput` hold their values until the next step with the same layout is
+        prepared. The additive mask (model dtype, not an integer) is built and copied only for a platform
+        whose attention reads it (``Platform.needs_attn_bias``)."""
         query_index = torch.as_tensor(query_index)
-        out_index = torch.as_tensor(token_seq) * query_index.shape[1] + torch.as_tensor(token_offset)
-        fields = {"input_ids": input_ids, "positions": positions, "slot_mapping": slots, "block_tables": tables,
-                  "query_index": query_index, "out_index": out_index}
+        max_query = query_index.shape[1]
+        out_index = [s * max_query + o for s, o in zip(_ints(token_seq), _ints(token_offset), strict=True)]
+        fields = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slots),
+                  ("block_tables", tables), ("query_index", query_index), ("out_index", out_index)]
         if self.platform.needs_seq_query_lens:
-            fields["seq_query_lens"] = seq_query_lens
-        fields["logits_indices"] = ends                     # last: its length is the number of real sequences
-        host = {name: torch.as_tensor(values, dtype=torch.long) for name, values in fields.items()}
-        packed = torch.cat([t.reshape(-1) for t in host.values()])
-        views = self._staged(tuple((name, tuple(t.shape)) for name, t in host.items()), packed)
+            fields.append(("seq_query_lens", seq_query_lens))
+        fields.append(("logits_indices", ends))             # last: its length is the number of real sequences
+        flat: list[int] = []
+        layout = tuple((name, _append_flat(flat, values)) for name, values in fields)
+        views = self._staged(layout, torch.tensor(flat, dtype=torch.long))
         attn_bias = None
         if self.platform.needs_attn_bias:
             attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
