@@ -95,7 +95,10 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         tokens = query_index[b, :qlen]
         q = q_all.index_select(0, tokens).permute(1, 0, 2, 3).reshape(kv, qlen * group, d).float()   # query-major
         # a query sees the keys up to its own position; it is inside the context, so no key past the context
-        q_pos = torch.arange(seq_len - qlen, seq_len).repeat_interleave(group).view(1, -1, 1)
+        if qlen == 1:                                                 # a decode: every row at the last position
+            q_pos = seq_len - 1
+        else:
+            q_pos = torch.arange(seq_len - qlen, seq_len).repeat_interleave(group).view(1, -1, 1)
         nblocks = context_blocks(seq_len, bs)
         cuts = [c for c in (chunks[b] if chunks is not None else ()) if 0 < c < nblocks]
         bounds = [0, *cuts, nblocks]
@@ -107,9 +110,10 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                 blocks = table[t0:min(j1, t0 + tile_blocks)]
                 k = k_cache.index_select(0, blocks).flatten(0, 1).transpose(0, 1).float()      # [kv, keys, d]
                 v = v_cache.index_select(0, blocks).flatten(0, 1).transpose(0, 1)
-                k_pos = torch.arange(t0 * bs, t0 * bs + k.shape[1]).view(1, 1, -1)
                 s = torch.matmul(q, k.transpose(1, 2)) * scale
-                s = s.masked_fill(k_pos > q_pos, -math.inf)
+                if t0 * bs + k.shape[1] - 1 > seq_len - qlen:             # some key lies past some query
+                    k_pos = torch.arange(t0 * bs, t0 * bs + k.shape[1]).view(1, 1, -1)
+                    s = s.masked_fill(k_pos > q_pos, -math.inf)
                 state = _online_step(*state, s, v) if state is not None else _first_step(s, v)
             parts.append(state)
         m, l_sum, acc = parts[-1]

@@ -325,7 +325,7 @@ def test_kernel_numerics_equal_the_every_tile_update_bit_for_bit(seed):
     k_cache = torch.randn(blocks + 1, bs, kv, d, generator=g).half()
     v_cache = torch.randn(blocks + 1, bs, kv, d, generator=g).half()
     v_cache[v_cache.abs() < 0.4] = -0.0
-    seqs = [(width * bs, 3), (bs + 1, 1), (0, 0), (2 * bs, 2)]
+    seqs = [(width * bs, 3), (bs + 1, 1), (0, 0), (2 * bs, 2), (3 * bs, 1)]      # the last: no key to mask
     tables = torch.randint(0, blocks, (len(seqs), width), generator=g)
     rows, flat = [], 0
     for _, q in seqs:
@@ -333,7 +333,7 @@ def test_kernel_numerics_equal_the_every_tile_update_bit_for_bit(seed):
         flat += q
     query = (4 * torch.randn(flat, kv * group * d, generator=g)).half()
     lens = torch.tensor(seqs)
-    for chunks, tile_blocks in ((None, 1), ([[2], [1], [], [1]], 2), ([[1, 3], [], [], []], 8)):
+    for chunks, tile_blocks in ((None, 1), ([[2], [1], [], [1], [2]], 2), ([[1, 3], [], [], [], []], 8)):
         args = (query, k_cache, v_cache, tables, torch.tensor(rows), lens[:, 0], lens[:, 1], kv, 0.3, chunks)
         ours = paged_online_attention(*args, tile_blocks=tile_blocks)
         assert torch.equal(ours.view(torch.int16), _every_tile_updated(*args, tile_blocks).view(torch.int16))
