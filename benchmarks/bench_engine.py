@@ -144,16 +144,24 @@ def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
             llm.warmup(show_progress=False)
             split = _decode_step_cpu_ms(llm, greedy, requests, piece=piecewise.CompiledPiece)
         step, pieces, attention = split["step"], split["pieces"], split["attention"]
+        rest = step - pieces - attention
         print(f"  {label}: spyre step {step:6.2f} ms ({step / cpu_step:4.1f}x cpu) = compiled pieces {pieces:5.2f} + "
-              f"attention {attention:5.2f} ({split['layers']} layers) + the rest {step - pieces - attention:5.2f}")
+              f"attention {attention:5.2f} ({split['layers']} layers) + the rest {rest:5.2f}")
+        print(f"  {'':27}  the rest = inputs {split['inputs']:4.2f} + logits and sampling {split['sample']:4.2f} + "
+              f"engine, Dynamo and step timing {rest - split['inputs'] - split['sample']:4.2f}")
 
 
 def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: type | None = None) -> dict:
     """Medians over decode steps of process CPU ms: the whole engine step, and (spyre) its pieces and attention
-    (the eager ops or the one-launch kernel, whichever runs)."""
+    (the eager ops or the one-launch kernel, whichever runs), its inputs (built and copied) and its logits and
+    sampling (the last token's gather, the LM head, the copy to the host, the sampler)."""
+    from spyre_lab.engine.model_runner import ModelRunner
+    from spyre_lab.engine.models.granite import GraniteForCausalLM
     from spyre_lab.engine.platforms import paged_attention_op, paged_kernel
+    from spyre_lab.engine.sampler import Sampler
 
-    engine, acc, rows = llm.llm_engine, {"pieces": 0.0, "attention": 0.0}, []
+    keys = ("pieces", "attention", "inputs", "sample")
+    engine, acc, rows = llm.llm_engine, dict.fromkeys(keys, 0.0), []
 
     def timed(key: str, fn):
         def wrapper(*args, **kwargs):
@@ -166,31 +174,34 @@ def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: 
 
     saved = []
     if piece is not None:
-        saved = [(piece, "forward", piece.forward),
-                 (paged_attention_op, "grouped_paged_attention", paged_attention_op.grouped_paged_attention),
-                 (paged_kernel.PagedAttentionLaunch, "__call__", paged_kernel.PagedAttentionLaunch.__call__)]
-        for owner, name, fn in saved:
-            setattr(owner, name, timed("pieces" if owner is piece else "attention", fn))
+        saved = [(piece, "forward", "pieces"),
+                 (paged_attention_op, "grouped_paged_attention", "attention"),
+                 (paged_kernel.PagedAttentionLaunch, "__call__", "attention"),
+                 (ModelRunner, "prepare_decode", "inputs"), (GraniteForCausalLM, "compute_logits", "sample"),
+                 (Sampler, "__call__", "sample")]
+        saved = [(owner, name, key, getattr(owner, name)) for owner, name, key in saved]
+        for owner, name, key, fn in saved:
+            setattr(owner, name, timed(key, fn))
     llm.generate([KNOWN_PROMPTS[0]], params, use_tqdm=False)       # warm
     try:
         for i in range(requests):
             engine.add_request(f"host-{i}", KNOWN_PROMPTS[i % len(KNOWN_PROMPTS)], params)
             first = True
             while engine.has_unfinished_requests():
-                acc.update(pieces=0.0, attention=0.0)
+                acc.update(dict.fromkeys(keys, 0.0))
                 start = time.process_time()
                 engine.step()
                 if not first:                                         # the first step is the prefill
-                    rows.append((time.process_time() - start, acc["pieces"], acc["attention"]))
+                    rows.append({"step": time.process_time() - start, **acc})
                 first = False
     finally:
-        for owner, name, value in saved:
+        for owner, name, _, value in saved:
             setattr(owner, name, value)
 
-    def med(i: int) -> float:
-        return statistics.median(r[i] for r in rows) * 1e3
+    def med(key: str) -> float:
+        return statistics.median(r[key] for r in rows) * 1e3
 
-    return {"step": med(0), "pieces": med(1), "attention": med(2), "layers": len(engine.runner.kv_caches)}
+    return {key: med(key) for key in ("step", *keys)} | {"layers": len(engine.runner.kv_caches)}
 
 
 SECTIONS = {"transformers": bench_vs_transformers, "portable": bench_portable_overhead,

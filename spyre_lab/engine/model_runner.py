@@ -51,7 +51,8 @@ def _append_flat(flat: list[int], values) -> tuple[int, ...]:
     return (len(values),)
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Row-major strides of ``shape`` (a view of the staging buffer is a dense block of it)."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
@@ -227,7 +228,7 @@ class ModelRunner:
                 buffer = torch.empty(packed.shape, dtype=packed.dtype, device=self.device)
                 views, offset = {}, 0
                 for name, shape in layout:
-                    views[name] = buffer.as_strided(shape, contiguous_strides(shape), offset)
+                    views[name] = buffer.as_strided(shape, _contiguous_strides(shape), offset)
                     offset += math.prod(shape)
             staged = self._staging[layout] = (buffer, views)
             while len(self._staging) > STAGING_LAYOUTS:
