@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.program import Program
@@ -264,7 +265,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous() or t.is_non_overlapping_and_dense()
+    return t.is_contiguous() or is_non_overlapping_and_dense_or_false(t)
 
 def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input_leaves: list[int],
                   written: list[int], markers: list[Any], out_spec: Any) -> Callable[[Operands], None]:
