@@ -89,13 +89,25 @@ def device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict, host_o
 
 
 def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU."""
+    """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU.
+
+    A call whose signature was seen before goes straight to its cached program: the checks of
+    :func:`device_of` passed when that program was built, and the signature names every operand's
+    card, shape, strides and dtype, so they would pass again."""
     leaves, spec, call_shape = _flatten_call(args, kwargs)
+    try:
+        key, index = _signature(op, leaves, call_shape)
+        program = _PROGRAMS.get(key)
+    except TypeError:                          # an unhashable argument: never cached
+        key, program = None, None
+    if program is not None:
+        _PROGRAMS.move_to_end(key)
+        return _run_program(program, leaves, spec, index)
     name = packet_name(op)
     index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
     if name in DEVICE_OPS:
         try:
-            program = _eager_program(op, leaves, spec, index, call_shape)
+            program = _eager_program(op, leaves, spec, index, key)
         except _NeedsHost:
             program = None
         if program is not None:
@@ -173,37 +185,38 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], Any, tuple]:
     return leaves, spec, call_shape
 
 
-def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> Any:
-    parts: list[Any] = [op, call_shape]
+def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> tuple[tuple, int | None]:
+    """What fixes an op's one-op program (op, call shape, every operand's card, shape, strides, offset and
+    dtype, every constant's value, timing-only mode), and the card of its first spyre operand."""
+    parts: list[Any] = [op, call_shape, is_timing_only()]   # unchecked programs never serve numerics
+    index = None
     for x in leaves:
         if isinstance(x, torch.Tensor):
-            if x.device.type == "spyre":
-                parts.append((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype))
+            device = x.device
+            if device.type == "spyre":
+                if index is None:
+                    index = device.index
+                parts.append((device.index, x.shape, x.stride(), x.storage_offset(), x.dtype))
             else:
-                parts.append(("cpu", x.dtype, x.item()))
+                scalar = device.type == "cpu" and x.numel() == 1   # a CPU scalar operand: its value is a constant
+                parts.append((device.type, x.dtype, x.item() if scalar else id(x)))
         elif isinstance(x, (list, tuple)):
             parts.append(tuple(x))
         else:
             parts.append((type(x), x))
-    return tuple(parts)
+    key = tuple(parts)
+    hash(key)
+    return key, index
 
 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
-                   call_shape: tuple) -> EagerProgram:
-    try:
-        key = (_signature(op, leaves, call_shape), is_timing_only())  # unchecked programs never serve numerics
-        hash(key)
-    except TypeError:
-        key = None
-    program = _PROGRAMS.get(key) if key is not None else None
-    if program is None:
-        program = _build_program(op, leaves, spec, get_device(index).config)
-        if key is not None:
-            _PROGRAMS[key] = program
-            if len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
-                _PROGRAMS.popitem(last=False)
-    else:
-        _PROGRAMS.move_to_end(key)
+                   key: tuple | None) -> EagerProgram:
+    """The program for a call not in the cache: built, and kept under ``key`` (None: not cacheable)."""
+    program = _build_program(op, leaves, spec, get_device(index).config)
+    if key is not None:
+        _PROGRAMS[key] = program
+        if len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+            _PROGRAMS.popitem(last=False)
     return program
 
 
@@ -295,10 +308,13 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     if program.compiled is not None:
         written = set(program.mutated_leaves)
         targets = [leaves[ref] if kind == "arg" else None for kind, ref in markers]
-        with TIMELINE.launch(program.name, eager=True, compiled=True):
+        TIMELINE.begin_launch(program.name, {"eager": True, "compiled": True})
+        try:
             produced = run_program(program.compiled,
                                    [leaves[leaf] for leaf in program.input_leaves if leaf not in written],
                                    outputs=targets)
+        finally:
+            TIMELINE.end_launch()
         results = [leaves[ref] if kind == "arg" else value for (kind, ref), value in zip(markers, produced)]
         return tree_unflatten(results, out_spec)
     outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]

@@ -82,6 +82,11 @@ class RuntimeOptions:
         if self.dispatch not in ("rebuild", "aot_patch"):
             raise ValueError(f"RuntimeOptions.dispatch must be 'rebuild' or 'aot_patch', got {self.dispatch!r}")
 
+    @property
+    def trace_meta(self) -> dict[str, Any]:
+        """What a launch's trace records of these options (a fresh dict: the trace keeps it)."""
+        return {"dispatch": self.dispatch}
+
 
 _DEFAULT_OPTIONS = RuntimeOptions()
 _TIMING_ONLY = False
@@ -314,6 +319,8 @@ class CorrectionArea:
         self.source_ids = tuple(map(id, source)) if source is not None else ()
         self.slots = [list(k.address_slots) for k in kernels]
         self.all_slots = list(dict.fromkeys(s for slots in self.slots for s in slots))
+        self.slot_set = frozenset(self.all_slots)
+        self.has_host = any(k.host for k in self.kernels)
         self.slot_counts = [len(slots) for slots in self.slots]
         self.offsets = [sum(self.slot_counts[:i]) for i in range(len(kernels))]
         total = max(1, sum(self.slot_counts))
@@ -557,7 +564,7 @@ def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Wi
     if buffer.host_dtype != static_view.dtype:
         raise RuntimeError(f"patched address {address:#x} holds {buffer.host_dtype} data but the kernel expects "
                            f"{static_view.dtype}; the correction blob is stale")
-    return buffer, tuple(static_view.size()), tuple(static_view.stride()), static_view.storage_offset()
+    return buffer, static_view.shape, static_view.stride(), static_view.storage_offset()
 
 
 def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
@@ -569,22 +576,22 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
     names, durations, lanes and trace args) is worked out once, in the program's :class:`CorrectionArea`;
     a launch computes the correction blob (the addresses), copies it to the card, patches and runs
     each kernel: the steps and events are exactly those of ``plan_launch(...).submit(...)``."""
-    first = next(iter(bindings.values()), None)
-    index = first.device.index if first is not None else None
-    stream = current_stream(index) if stream is None else stream
+    if stream is None:
+        first = next(iter(bindings.values()), None)
+        stream = current_stream(first.device.index if first is not None else None)
     device = get_device(stream.device_index)
     options = _DEFAULT_OPTIONS if options is None else options
     area = correction_area(program, device)
-    if not _binds_every_slot(area, bindings, device.index) or any(k.host for k in area.kernels):
+    meta = {"dispatch": options.dispatch, **trace_args} if trace_args else options.trace_meta
+    if area.has_host or not _binds_every_slot(area, bindings, device.index):
         plan = plan_launch(program, bindings, device)        # explains a bad binding; runs host fallbacks
-        TIMELINE.begin_launch(plan.name, {"dispatch": options.dispatch, **trace_args})
+        TIMELINE.begin_launch(plan.name, meta)
         try:
             plan.submit(stream, options)
         finally:
             TIMELINE.end_launch()
         return plan
-    name = program.name
-    TIMELINE.begin_launch(name, {"dispatch": options.dispatch, **trace_args})
+    TIMELINE.begin_launch(program.name, meta)
     try:
         _submit_prepared(program, area, bindings, stream, options)
     finally:
@@ -594,14 +601,15 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
 
 def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor], index: int) -> bool:
     """Every slot bound, every bound tensor on card ``index`` (else ``plan_launch`` says what is wrong)."""
-    for slot in area.all_slots:
-        if slot not in bindings:
-            return False
-    for t in bindings.values():
-        d = t.device
-        if d.type != "spyre" or d.index != index:
-            return False
-    return True
+    if len(bindings) < len(area.all_slots) or not bindings.keys() >= area.slot_set:
+        return False
+    expected = _spyre_device(index)
+    return all(t.device == expected for t in bindings.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _spyre_device(index: int) -> torch.device:
+    return torch.device("spyre", index)
 
 
 def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
@@ -617,28 +625,29 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
                            nodes=nodes, dispatch="rebuild")
     numerics = not _TIMING_ONLY
     device, pinned, region = area.device, area.pinned_host, area.region_host
-    last = len(area.kernels) - 1
     enqueue = stream.enqueue_prepared
+    emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
     for k, (kernel, steps) in enumerate(zip(area.kernels, area.prepared(stream, dispatch))):
         slots, n, offset = area.slots[k], area.slot_counts[k], area.offsets[k]
         correct, copy_blob, compute = steps
         enqueue(correct)                       # HostCompute: the real addresses into the pinned buffer
         if numerics:
-            pinned[:n] = [buffer_of(bindings[s]).address for s in slots]
+            views = [bindings[s] for s in slots]
+            pinned[:n] = [buffer_of(v).address for v in views]
         enqueue(copy_blob)                     # H2D: the blob into the kernel's correction area on the card
         if numerics:
             region[offset:offset + n] = pinned[:n]
         start = enqueue(compute)               # Compute: the prologue patches the operands, the kernel runs
         sim = kernel.sim_trace
         if sim is not None:
-            TIMELINE.emit_shifted(sim.events, start, lane_of)
+            emit_shifted(sim.events, start, lane_of)
         if numerics:
             addresses = region[offset:offset + n].tolist()
             area.last_patched[k] = dict(zip(slots, addresses))
-            kernel.run(Operands({s: _resolve(device, a, bindings[s]) for s, a in zip(slots, addresses)}))
-            if k == last:
-                area.launches += 1
+            kernel.run(Operands({s: _resolve(device, a, v) for s, a, v in zip(slots, addresses, views)}))
+    if numerics and area.kernels:
+        area.launches += 1
     if dispatch == "rebuild" or not options.overlap:
         stream.synchronize()
 
