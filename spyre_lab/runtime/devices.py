@@ -141,7 +141,7 @@ def device_count() -> int:
 
 def get_device(index: int | None = None) -> SpyreDevice:
     """The :class:`SpyreDevice` for ``index`` (default: current device)."""
-    devices = _devices()
+    devices = _DEVICES or _devices()
     index = _CURRENT_INDEX if index is None else index
     if not 0 <= index < len(devices):
         raise RuntimeError(
@@ -164,6 +164,8 @@ def device_index(device: DeviceLike = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device to the index of an existing card."""
     if device is None:
         return _CURRENT_INDEX
+    if type(device) is int and 0 <= device < len(_DEVICES):   # the launch path's question: an existing card
+        return device
     if isinstance(device, int):
         index = device
     else:

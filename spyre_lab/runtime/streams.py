@@ -474,7 +474,10 @@ def default_stream(device: DeviceLike = None) -> Stream:
 
 def current_stream(device: DeviceLike = None) -> Stream:
     index = device_index(device)
-    return _CURRENT.get(index) or default_stream(index)
+    stream = _CURRENT.get(index)
+    if stream is None:                       # none made current yet: the default stream, which stays current
+        stream = _CURRENT[index] = default_stream(index)
+    return stream
 
 
 def set_stream(stream: Stream) -> None:
