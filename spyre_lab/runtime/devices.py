@@ -8,7 +8,6 @@ at first use. Everything in the runtime that needs "which card, and what is on i
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,7 +49,8 @@ class SpyreDevice:
         self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
                                                          name=f"spyre:{index} program segment")
         self.program_base = tensor_bytes
-        self._buffers: weakref.WeakValueDictionary[int, LiveBuffer] = weakref.WeakValueDictionary()
+        # address -> live buffer; every buffer leaves through free() (its tensor's storage or slot dies)
+        self._buffers: dict[int, LiveBuffer] = {}
         self.generation = 0
         self._reserve_null_stick()
 

@@ -12,6 +12,7 @@ Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~sp
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -134,6 +135,12 @@ class EagerProgram:
     num_nodes: int = 1
     compiled: Program | None = None          # the compiler's Program for this op, when it has one
     mutations: tuple = ()                    # in-place updates run inside the kernel: none to write back
+
+    @functools.cached_property
+    def read_leaves(self) -> list[int]:
+        """The inputs a compiled program reads (those it writes in place are its outputs)."""
+        written = set(self.mutated_leaves)
+        return [leaf for leaf in self.input_leaves if leaf not in written]
 
 
 _PROGRAMS: OrderedDict[Any, EagerProgram] = OrderedDict()
@@ -306,23 +313,20 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     for leaf, (size, stride) in program.resize.items():
         resize(leaves[leaf], size, stride)
     if program.compiled is not None:
-        written = set(program.mutated_leaves)
         targets = [leaves[ref] if kind == "arg" else None for kind, ref in markers]
         TIMELINE.begin_launch(program.name, {"eager": True, "compiled": True})
         try:
-            produced = run_program(program.compiled,
-                                   [leaves[leaf] for leaf in program.input_leaves if leaf not in written],
-                                   outputs=targets)
+            produced = run_program(program.compiled, [leaves[leaf] for leaf in program.read_leaves], outputs=targets)
         finally:
             TIMELINE.end_launch()
         results = [leaves[ref] if kind == "arg" else value for (kind, ref), value in zip(markers, produced)]
-        return tree_unflatten(results, out_spec)
-    outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
-    bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
-    bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
-    launch(program, bindings, stream=current_stream(index), eager=True)
-    results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
-    return tree_unflatten(results, out_spec)
+    else:
+        outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
+        bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
+        bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
+        launch(program, bindings, stream=current_stream(index), eager=True)
+        results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
+    return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
 
 
 

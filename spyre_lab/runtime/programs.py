@@ -215,18 +215,19 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
     if len(inputs) != len(program.inputs):
         raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
                          f"({', '.join(program.inputs)}), got {len(inputs)}")
-    index = next((x.device.index for x in inputs if x.device.type == "spyre"), None)
+    devices = [x.device for x in inputs]
+    index = next((d.index for d in devices if d.type == "spyre"), None)
     if index is None:
         index = torch.spyre.current_device()
     loaded = load(program, mode)
     plan = loaded.binding_plan(index)
     bound: dict[str, torch.Tensor] = {}
     on_host = False
-    for (name, shape, dtype), x in zip(plan.inputs, inputs):
+    for (name, shape, dtype), x, device in zip(plan.inputs, inputs, devices):
         if x.shape != shape or x.dtype != dtype:
             raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
                              f"{shape} {dtype}; compile again for the new shape")
-        if x.device.type == "spyre":
+        if device.type == "spyre":
             bound[name] = x
         else:
             bound[name], on_host = x.to(torch.device("spyre", index)), True
