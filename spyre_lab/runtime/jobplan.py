@@ -234,10 +234,8 @@ class Operands:
         return buffer.read_window(size, stride, offset)
 
     def write(self, slot: str, values: torch.Tensor) -> None:
-        """Kernel results are adopted as the buffer's contents without a copy when they are tensors of their
-        own (not views: a view shares memory with something the kernel read)."""
         buffer, size, stride, offset = self._windows[slot]
-        buffer.write_window(size, stride, offset, values, owned=values._base is None)
+        buffer.write_window(size, stride, offset, values)
 
     def __contains__(self, slot: str) -> bool:
         return slot in self._windows

@@ -180,21 +180,17 @@ class DeviceBuffer:
                 self._host = unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype)
         return self._host
 
-    def write_flat(self, flat: torch.Tensor, owned: bool = False) -> None:
+    def write_flat(self, flat: torch.Tensor) -> None:
         """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements).
 
         The values are narrowed to the stored dtype (and checked: fp16 range, int32 range) now; the
-        stickified copy is made only when someone reads :attr:`data`. ``owned``: nobody else holds
-        ``flat`` (a kernel's fresh result), so it becomes the mirror as it is; otherwise the mirror is a
-        private copy, since the caller may change its tensor later. Mirrors are never changed in place
-        (a write replaces the whole mirror), so a mirror may be shared once adopted."""
+        stickified copy is made only when someone reads :attr:`data`."""
         self.check_valid()
         dtype = flat.dtype
         if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
                 and flat.numel() == self.numel):
-            # nothing to narrow or check (fp16 kept as fp16)
-            contiguous = flat.is_contiguous()
-            self._host = flat if owned and contiguous else flat.clone() if contiguous else flat.contiguous()
+            # nothing to narrow or check (fp16 kept as fp16): the mirror is a private copy of the values
+            self._host = flat.clone() if flat.is_contiguous() else flat.contiguous()
             self._data = None
             return
         source = flat.reshape(self.layout.host_shape)
@@ -213,16 +209,14 @@ class DeviceBuffer:
         """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate)."""
         return self.host_flat().as_strided(size, stride, offset)
 
-    def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor,
-                     owned: bool = False) -> None:
-        """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage.
-        ``owned``: ``values`` is a fresh result nobody else holds (see :meth:`write_flat`)."""
+    def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor) -> None:
+        """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage."""
         if values.dtype != self.host_dtype:
-            values, owned = values.to(self.host_dtype), True
+            values = values.to(self.host_dtype)
         if offset == 0 and _covers(tuple(size), tuple(stride), self.numel):
             if values.shape != size:
-                values, owned = values.expand(size), False
-            self.write_flat(values.reshape(-1), owned=owned)
+                values = values.expand(size)
+            self.write_flat(values.reshape(-1))
             return
         flat = self.host_flat().clone()
         flat.as_strided(size, stride, offset).copy_(values)
