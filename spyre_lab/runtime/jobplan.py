@@ -45,14 +45,14 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
 from spyre_lab.compiler.access import Read
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
-from spyre_lab.device.trace import Trace
+from spyre_lab.device.trace import Trace, TraceEvent
 from spyre_lab.runtime.devices import SpyreDevice, get_device
 from spyre_lab.runtime.streams import (
     CALLBACK_LANE,
@@ -379,24 +379,40 @@ class CorrectionArea:
              {"timing": f"modeled ({kernel.timing})", **kernel.args}),
         ]
 
-    def prepared(self, stream: Stream, dispatch: str) -> list[list[PreparedStep]]:
-        """Per kernel, its three steps as ``stream`` enqueues them with ``dispatch`` (host kernels: empty)."""
+    def prepared(self, stream: Stream, dispatch: str) -> list[PreparedKernel]:
+        """Per device kernel, in order, what ``stream`` enqueues for it with ``dispatch`` (host kernels are
+        not in it: a program with one launches through ``plan_launch``)."""
         key = (stream.stream_id, dispatch)
         table = self._prepared.get(key)
         if table is None:
             table = []
             for k, kernel in enumerate(self.kernels):
                 if kernel.host:
-                    table.append([])
                     continue
                 steps = []
                 for kind, name, dur, nbytes, args in self._static_steps(k):
                     extra = {"bytes": nbytes} if nbytes else {}
                     steps.append(PreparedStep(stream, name, _UNIT[kind], _lane(kind, stream), dur,
                                               {"kind": kind.value, "dispatch": dispatch, **extra, **args}))
-                table.append(steps)
+                sim = kernel.sim_trace
+                table.append(PreparedKernel(k, kernel, self.slots[k], self.offsets[k], *steps,
+                                            None if sim is None else sim.events))
             self._prepared[key] = table
         return table
+
+
+class PreparedKernel(NamedTuple):
+    """One kernel of a launch as :func:`_submit_prepared` runs it: its operand slots and place in the
+    correction area, its three prepared steps, and its simulator events (None: it has none)."""
+
+    index: int
+    kernel: RuntimeKernel
+    slots: list[str]
+    offset: int
+    correct: PreparedStep
+    copy_blob: PreparedStep
+    compute: PreparedStep
+    sim_events: list[TraceEvent] | None
 
 
 _AREAS: weakref.WeakKeyDictionary[Launchable, dict[int, CorrectionArea]] = weakref.WeakKeyDictionary()
@@ -626,9 +642,8 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
     enqueue = stream.enqueue_prepared
     emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
-    for k, (kernel, steps) in enumerate(zip(area.kernels, area.prepared(stream, dispatch))):
-        slots, n, offset = area.slots[k], area.slot_counts[k], area.offsets[k]
-        correct, copy_blob, compute = steps
+    for k, kernel, slots, offset, correct, copy_blob, compute, sim_events in area.prepared(stream, dispatch):
+        n = len(slots)
         enqueue(correct)                       # HostCompute: the real addresses into the pinned buffer
         if numerics:
             views = [bindings[s] for s in slots]
@@ -637,9 +652,8 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
         if numerics:
             region[offset:offset + n] = pinned[:n]
         start = enqueue(compute)               # Compute: the prologue patches the operands, the kernel runs
-        sim = kernel.sim_trace
-        if sim is not None:
-            emit_shifted(sim.events, start, lane_of)
+        if sim_events is not None:
+            emit_shifted(sim_events, start, lane_of)
         if numerics:
             addresses = region[offset:offset + n].tolist()
             area.last_patched[k] = dict(zip(slots, addresses))
