@@ -312,6 +312,7 @@ class CorrectionArea:
     def __init__(self, kernels: Sequence[RuntimeKernel], device: SpyreDevice,
                  source: Sequence[RuntimeKernel] | None = None) -> None:
         self.device = device
+        self.torch_device = torch.device("spyre", device.index)
         self.kernels = list(kernels)           # what every launch runs: bound once, not rebuilt per launch
         self.source = source                   # the program's own kernel list these were made from
         self.source_ids = tuple(map(id, source)) if source is not None else ()
@@ -605,6 +606,22 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
         finally:
             TIMELINE.end_launch()
         return plan
+    return _launch_prepared(program, area, bindings, stream, options, meta)
+
+
+def launch_bound(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                 stream: Stream | None = None, options: RuntimeOptions | None = None) -> JobPlan:
+    """:func:`launch` for a caller that bound every slot of ``area`` (``correction_area(program, card)``)
+    to a buffer on that card itself, as ``run_program`` does: nothing to check again."""
+    if area.has_host:
+        return launch(program, bindings, stream=stream, options=options)
+    stream = current_stream(area.device.index) if stream is None else stream
+    options = _DEFAULT_OPTIONS if options is None else options
+    return _launch_prepared(program, area, bindings, stream, options, options.trace_meta)
+
+
+def _launch_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                     stream: Stream, options: RuntimeOptions, meta: dict[str, Any]) -> JobPlan:
     TIMELINE.begin_launch(program.name, meta)
     try:
         _submit_prepared(program, area, bindings, stream, options)

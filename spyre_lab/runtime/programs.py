@@ -35,7 +35,7 @@ from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area, launch
+from spyre_lab.runtime.jobplan import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
 from spyre_lab.runtime.streams import Stream
 from spyre_lab.runtime.tensor import DeviceSlot, empty_spyre
 
@@ -139,7 +139,7 @@ class LoadedProgram:
     program: Program
     kernels: list[CompiledKernel]
     constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
-    plans: dict[int, tuple[Any, BindingPlan]] = field(default_factory=dict)
+    plans: dict[int, tuple[CorrectionArea, BindingPlan]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -155,13 +155,14 @@ class LoadedProgram:
         """Nodes of the execution graph a "rebuild" dispatch reconstructs: the graph's ATen ops."""
         return self.program.aten_ops or sum(len(k.kernel.nodes) for k in self.kernels)
 
-    def binding_plan(self, device_index: int) -> BindingPlan:
-        """How a launch on card ``device_index`` binds its slots (made again when the card was reset)."""
+    def binding_plan(self, device_index: int) -> tuple[CorrectionArea, BindingPlan]:
+        """The program's correction area on card ``device_index`` and how a launch there binds its slots
+        (made again when the card was reset)."""
         area = correction_area(self, get_device(device_index))
         cached = self.plans.get(device_index)
         if cached is None or cached[0] is not area:
             cached = self.plans[device_index] = (area, BindingPlan.of(self, device_index))
-        return cached[1]
+        return cached
 
     def constants(self, device_index: int) -> dict[str, torch.Tensor]:
         """The program's constants on card ``device_index``, uploaded once (again after a device reset)."""
@@ -220,15 +221,16 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
     if index is None:
         index = torch.spyre.current_device()
     loaded = load(program, mode)
-    plan = loaded.binding_plan(index)
+    area, plan = loaded.binding_plan(index)
     bound: dict[str, torch.Tensor] = {}
-    on_host = False
+    on_host, on_card = False, True
     for (name, shape, dtype), x, device in zip(plan.inputs, inputs, devices):
         if x.shape != shape or x.dtype != dtype:
             raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
                              f"{shape} {dtype}; compile again for the new shape")
         if device.type == "spyre":
             bound[name] = x
+            on_card = on_card and device.index == index
         else:
             bound[name], on_host = x.to(torch.device("spyre", index)), True
     bound.update(loaded.constants(index))
@@ -238,6 +240,7 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
                 and target.shape == shape and target.dtype == dtype):
             bound[buffer] = target
             direct.add(buffer)
+            on_card = on_card and target.device == area.torch_device
     for slot, shape, dtype, visible in plan.fresh:
         if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
             if visible:                      # (a norm's fp32 sum of squares); outputs follow the fp16 policy
@@ -245,7 +248,10 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
             else:                            # seen by no one after the launch: a DRAM buffer without a tensor
                 bound[slot] = DeviceSlot(shape, dtype, index,  # type: ignore[assignment]
                                          exact=dtype in EXACT_INTERMEDIATE_DTYPES)
-    launch(loaded, bound, stream=stream, options=options)
+    if on_card:                              # every slot bound on the card: nothing for launch() to check
+        launch_bound(loaded, area, bound, stream=stream, options=options)
+    else:                                    # operands on another card: launch() says which
+        launch(loaded, bound, stream=stream, options=options)
     if on_host:
         for name, x in zip(program.inputs, inputs):
             if x.device.type != "spyre" and name in plan.mutated:
