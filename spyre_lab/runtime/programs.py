@@ -158,9 +158,9 @@ class LoadedProgram:
     def binding_plan(self, device_index: int) -> tuple[CorrectionArea, BindingPlan]:
         """The program's correction area on card ``device_index`` and how a launch there binds its slots
         (made again when the card was reset)."""
-        area = correction_area(self, get_device(device_index))
         cached = self.plans.get(device_index)
-        if cached is None or cached[0] is not area:
+        if cached is None or not cached[0].valid():
+            area = correction_area(self, get_device(device_index))
             cached = self.plans[device_index] = (area, BindingPlan.of(self, device_index))
         return cached
 
