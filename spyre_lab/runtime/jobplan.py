@@ -333,8 +333,9 @@ class CorrectionArea:
         self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
         self._generation = device.generation
         self._record: JobPlan | None = None
+        self._record_bytes: tuple[tuple[int, int], ...] = ()
         self._durations: list[float] = []
-        self._prepared: dict[tuple[int, str], list[list[PreparedStep]]] = {}
+        self._prepared: dict[tuple[int, str, tuple], list[PreparedKernel]] = {}
         weakref.finalize(self, device.free_program_region, self.region, self._generation)
 
     def valid(self) -> bool:
@@ -358,17 +359,44 @@ class CorrectionArea:
             self._record = None
             self._prepared.clear()
 
-    def record(self, program: Launchable) -> JobPlan:
-        """The steps of a launch as a record (no actions): the same for every launch of a device-only program."""
-        if self._record is None:
+    def host_bytes(self, bindings: Mapping[str, torch.Tensor]) -> tuple[tuple[int, int], ...]:
+        """Per host kernel, the bytes its operands move to the host and its results back (what its PCIe steps
+        take): fixed by the bound tensors' sizes, so the same at every launch of a compiled program."""
+        if not self.has_host:
+            return ()
+        out = []
+        for kernel, slots in zip(self.kernels, self.slots):
+            if kernel.host:
+                outputs = set(kernel.output_slots)
+                out.append((sum(device_nbytes(bindings[s]) for s in slots if s not in outputs),
+                            sum(device_nbytes(bindings[s]) for s in slots if s in outputs)))
+        return tuple(out)
+
+    def record(self, program: Launchable, host_bytes: tuple[tuple[int, int], ...] = ()) -> JobPlan:
+        """The steps of a launch as a record (no actions): the same for every launch of a program whose host
+        kernels (if any) move ``host_bytes``."""
+        if self._record is None or self._record_bytes != host_bytes:
             self._durations = [float(k.time_us) for k in self.kernels]
             steps = [Step(kind, name, dur, None, nbytes, None, args)
-                     for k in range(len(self.kernels)) for kind, name, dur, nbytes, args in self._static_steps(k)]
+                     for k in range(len(self.kernels))
+                     for kind, name, dur, nbytes, args in self._static_steps(k, host_bytes)]
             self._record = JobPlan(program.name, steps, nodes=program.num_nodes or len(self.kernels))
+            self._record_bytes = host_bytes
         return self._record
 
-    def _static_steps(self, k: int) -> list[tuple[StepKind, str, float, int, dict[str, Any]]]:
+    def _static_steps(self, k: int, host_bytes: tuple[tuple[int, int], ...] = ()
+                      ) -> list[tuple[StepKind, str, float, int, dict[str, Any]]]:
         kernel, n, offset = self.kernels[k], self.slot_counts[k], self.offsets[k]
+        if kernel.host:                       # its operands cross PCIe to the host, its results come back
+            bytes_in, bytes_out = host_bytes[sum(1 for j in self.kernels[:k] if j.host)]
+            return [
+                (StepKind.D2H, f"{kernel.name} inputs -> host", dma_us(bytes_in, self.device), bytes_in,
+                 {"fallback": True}),
+                (StepKind.HOST_COMPUTE, f"{kernel.name} on host", float(kernel.time_us), 0,
+                 {"fallback": True, "timing": f"modeled ({kernel.timing})"}),
+                (StepKind.H2D, f"{kernel.name} results -> device", dma_us(bytes_out, self.device), bytes_out,
+                 {"fallback": True}),
+            ]
         cfg, blob = self.device.config, self.slot_counts[k] * ADDRESS_BYTES
         return [
             (StepKind.HOST_COMPUTE, f"correct {kernel.name}",
@@ -380,23 +408,22 @@ class CorrectionArea:
              {"timing": f"modeled ({kernel.timing})", **kernel.args}),
         ]
 
-    def prepared(self, stream: Stream, dispatch: str) -> list[PreparedKernel]:
-        """Per device kernel, in order, what ``stream`` enqueues for it with ``dispatch`` (host kernels are
-        not in it: a program with one launches through ``plan_launch``)."""
-        key = (stream.stream_id, dispatch)
+    def prepared(self, stream: Stream, dispatch: str, host_bytes: tuple[tuple[int, int], ...] = ()
+                 ) -> list[PreparedKernel]:
+        """Per kernel, in order, what ``stream`` enqueues for it with ``dispatch``: a device kernel's
+        correction, blob copy and compute; a host kernel's D2H, host compute and H2D (moving ``host_bytes``)."""
+        key = (stream.stream_id, dispatch, host_bytes)
         table = self._prepared.get(key)
         if table is None:
             table = []
             for k, kernel in enumerate(self.kernels):
-                if kernel.host:
-                    continue
                 steps = []
-                for kind, name, dur, nbytes, args in self._static_steps(k):
+                for kind, name, dur, nbytes, args in self._static_steps(k, host_bytes):
                     extra = {"bytes": nbytes} if nbytes else {}
                     steps.append(PreparedStep(stream, name, _UNIT[kind], _lane(kind, stream), dur,
                                               {"kind": kind.value, "dispatch": dispatch, **extra, **args}))
-                sim = kernel.sim_trace
-                table.append(PreparedKernel(k, kernel, self.slots[k], self.offsets[k], *steps,
+                sim = None if kernel.host else kernel.sim_trace
+                table.append(PreparedKernel(k, kernel, self.slots[k], self.offsets[k], tuple(steps),
                                             None if sim is None else sim.events))
             self._prepared[key] = table
         return table
@@ -404,15 +431,14 @@ class CorrectionArea:
 
 class PreparedKernel(NamedTuple):
     """One kernel of a launch as :func:`_submit_prepared` runs it: its operand slots and place in the
-    correction area, its three prepared steps, and its simulator events (None: it has none)."""
+    correction area, its three prepared steps (a host kernel's: D2H, host compute, H2D), and its simulator
+    events (None: it has none)."""
 
     index: int
     kernel: RuntimeKernel
     slots: list[str]
     offset: int
-    correct: PreparedStep
-    copy_blob: PreparedStep
-    compute: PreparedStep
+    steps: tuple[PreparedStep, PreparedStep, PreparedStep]
     sim_events: list[TraceEvent] | None
 
 
@@ -598,8 +624,8 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
     options = _DEFAULT_OPTIONS if options is None else options
     area = correction_area(program, device)
     meta = {"dispatch": options.dispatch, **trace_args} if trace_args else options.trace_meta
-    if area.has_host or not _binds_every_slot(area, bindings, device.index):
-        plan = plan_launch(program, bindings, device)        # explains a bad binding; runs host fallbacks
+    if not _binds_every_slot(area, bindings, device.index):
+        plan = plan_launch(program, bindings, device)        # explains what is wrong with the binding
         TIMELINE.begin_launch(plan.name, meta)
         try:
             plan.submit(stream, options)
@@ -613,8 +639,6 @@ def launch_bound(program: Launchable, area: CorrectionArea, bindings: Mapping[st
                  stream: Stream | None = None, options: RuntimeOptions | None = None) -> JobPlan:
     """:func:`launch` for a caller that bound every slot of ``area`` (``correction_area(program, card)``)
     to a buffer on that card itself, as ``run_program`` does: nothing to check again."""
-    if area.has_host:
-        return launch(program, bindings, stream=stream, options=options)
     stream = current_stream(area.device.index) if stream is None else stream
     options = _DEFAULT_OPTIONS if options is None else options
     return _launch_prepared(program, area, bindings, stream, options, options.trace_meta)
@@ -627,7 +651,7 @@ def _launch_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
         _submit_prepared(program, area, bindings, stream, options)
     finally:
         TIMELINE.end_launch()
-    return _LaunchedPlan(area, bindings, program)
+    return _LaunchedPlan(area, bindings, _LAST_PLAN)
 
 
 def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor], index: int) -> bool:
@@ -645,10 +669,11 @@ def _spyre_device(index: int) -> torch.device:
 
 def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
                      stream: Stream, options: RuntimeOptions) -> None:
-    """``JobPlan.submit`` of a device-only launch from its prepared steps: same clock, same events, same actions."""
+    """``JobPlan.submit`` of a launch from its prepared steps: same clock, same events, same actions."""
     global _LAST_PLAN
     area.refresh(program)
-    _LAST_PLAN = area.record(program)
+    host_bytes = area.host_bytes(bindings)
+    _LAST_PLAN = area.record(program, host_bytes)
     dispatch = options.dispatch
     if dispatch == "rebuild":
         nodes = _LAST_PLAN.nodes
@@ -659,16 +684,24 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
     enqueue = stream.enqueue_prepared
     emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
-    for k, kernel, slots, offset, correct, copy_blob, compute, sim_events in area.prepared(stream, dispatch):
+    for k, kernel, slots, offset, (first, second, third), sim_events in area.prepared(stream, dispatch, host_bytes):
+        if kernel.host:                        # D2H of the operands, the op on the host, H2D of the results
+            enqueue(first)
+            enqueue(second)
+            if numerics:
+                kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v)
+                                     for s, v in zip(slots, [bindings[s] for s in slots])}))
+            enqueue(third)
+            continue
         n = len(slots)
-        enqueue(correct)                       # HostCompute: the real addresses into the pinned buffer
+        enqueue(first)                         # HostCompute: the real addresses into the pinned buffer
         if numerics:
             views = [bindings[s] for s in slots]
             pinned[:n] = [buffer_of(v).address for v in views]
-        enqueue(copy_blob)                     # H2D: the blob into the kernel's correction area on the card
+        enqueue(second)                        # H2D: the blob into the kernel's correction area on the card
         if numerics:
             region[offset:offset + n] = pinned[:n]
-        start = enqueue(compute)               # Compute: the prologue patches the operands, the kernel runs
+        start = enqueue(third)                 # Compute: the prologue patches the operands, the kernel runs
         if sim_events is not None:
             emit_shifted(sim_events, start, lane_of)
         if numerics:
@@ -684,8 +717,7 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
 class _LaunchedPlan(JobPlan):
     """What :func:`launch` returns: the JobPlan that ran, its steps (with their actions) made when read."""
 
-    def __init__(self, area: CorrectionArea, bindings: Mapping[str, torch.Tensor], program: Launchable) -> None:
-        record = area.record(program)
+    def __init__(self, area: CorrectionArea, bindings: Mapping[str, torch.Tensor], record: JobPlan) -> None:
         self.name, self.nodes = record.name, record.nodes
         self._area, self._bindings = area, bindings
 
