@@ -330,13 +330,18 @@ class CorrectionArea:
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
-        self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
+        self._patched: list[list[int]] = [[] for _ in kernels]   # per kernel, the addresses its prologue patched
         self._generation = device.generation
         self._record: JobPlan | None = None
         self._record_bytes: tuple[tuple[int, int], ...] = ()
         self._durations: list[float] = []
         self._prepared: dict[tuple[int, str, tuple], list[PreparedKernel]] = {}
         weakref.finalize(self, device.free_program_region, self.region, self._generation)
+
+    @property
+    def last_patched(self) -> list[dict[str, int]]:
+        """Per kernel, slot -> the DRAM address its last launch patched in (empty if it never ran)."""
+        return [dict(zip(slots, addresses)) for slots, addresses in zip(self.slots, self._patched)]
 
     def valid(self) -> bool:
         return self._generation == self.device.generation
@@ -549,7 +554,7 @@ def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Map
 
     def patch_and_run() -> None:
         addresses = area.region_data[offset:offset + n].tolist()
-        area.last_patched[k] = dict(zip(slots, addresses))
+        area._patched[k] = addresses
         resolved = {s: _resolve(area.device, a, views[s]) for s, a in zip(slots, addresses)}
         kernel.run(Operands(resolved))
         if k == len(area.slot_counts) - 1:
@@ -681,33 +686,28 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
                            nodes=nodes, dispatch="rebuild")
     numerics = not _TIMING_ONLY
     device, pinned, region = area.device, area.pinned_host, area.region_host
-    enqueue = stream.enqueue_prepared
+    enqueue_all = stream.enqueue_all
     emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
-    for k, kernel, slots, offset, (first, second, third), sim_events in area.prepared(stream, dispatch, host_bytes):
-        if kernel.host:                        # D2H of the operands, the op on the host, H2D of the results
-            enqueue(first)
-            enqueue(second)
-            if numerics:
-                kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v)
-                                     for s, v in zip(slots, [bindings[s] for s in slots])}))
-            enqueue(third)
-            continue
-        n = len(slots)
-        enqueue(first)                         # HostCompute: the real addresses into the pinned buffer
-        if numerics:
-            views = [bindings[s] for s in slots]
-            pinned[:n] = [buffer_of(v).address for v in views]
-        enqueue(second)                        # H2D: the blob into the kernel's correction area on the card
-        if numerics:
-            region[offset:offset + n] = pinned[:n]
-        start = enqueue(third)                 # Compute: the prologue patches the operands, the kernel runs
+    for k, kernel, slots, offset, steps, sim_events in area.prepared(stream, dispatch, host_bytes):
+        # a device kernel: HostCompute writes the real addresses into the pinned buffer, H2D copies the blob into
+        # the kernel's correction area, Compute's prologue patches the operands and the kernel runs; a host
+        # kernel: D2H of its operands, the op on the host, H2D of its results
+        start = enqueue_all(steps)
         if sim_events is not None:
             emit_shifted(sim_events, start, lane_of)
-        if numerics:
-            addresses = region[offset:offset + n].tolist()
-            area.last_patched[k] = dict(zip(slots, addresses))
-            kernel.run(Operands({s: _resolve(device, a, v) for s, a, v in zip(slots, addresses, views)}))
+        if not numerics:
+            continue
+        views = [bindings[s] for s in slots]
+        if kernel.host:
+            kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
+            continue
+        n = len(slots)
+        pinned[:n] = [buffer_of(v).address for v in views]
+        region[offset:offset + n] = pinned[:n]
+        addresses = region[offset:offset + n].tolist()
+        area._patched[k] = addresses
+        kernel.run(Operands({s: _resolve(device, a, v) for s, a, v in zip(slots, addresses, views)}))
     if numerics and area.kernels:
         area.launches += 1
     if dispatch == "rebuild" or not options.overlap:
