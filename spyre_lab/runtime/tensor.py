@@ -31,6 +31,7 @@ kernels that read the same buffer repeatedly do not unstickify it every time.
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
