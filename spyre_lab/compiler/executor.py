@@ -5,7 +5,8 @@ reductions run the ATen op on the CPU (fp32 inside, one rounding), matmuls accum
 A kernel that has a work division is computed the way the cores compute it: each core's slice of
 the iteration space separately, K-split partial sums added in K order (the ring reduction). So the
 tile-by-tile mode, which keeps every core's slice for the step-through view, gives exactly the same
-numbers as the default mode -- it is the same computation with the per-core results kept.
+numbers as the default mode -- it is the same computation with the per-core results kept. Cores share
+their fp32 input conversions where that provably leaves each core's matmul unchanged (``core_operands``).
 
 Time: device kernels are placed back to back on a Trace, each kernel's per-core events (from
 ``KernelSpec.simulate(mode)``) shifted to its start; host fallbacks appear as a host event between
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.compiler.access import Access
+from spyre_lab.compiler.core_operands import Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import Fallback, FusedKernel, IRNode, MatMul, Reduction
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
@@ -164,65 +166,139 @@ def _core_values(nodes: Sequence[IRNode], anchor: IRNode, access: dict[str, Acce
     return local
 
 
-_SLICED: dict[int, tuple[weakref.ref, list, set[str], list[str], list[tuple[int, dict, dict]]]] = {}
+@dataclass
+class _SlicedPlan:
+    """What :func:`_run_sliced` derives from a kernel and its slices alone, kept while both are the same objects
+    (a runtime launches the kernel again and again)."""
+
+    split: set[str]
+    cores: list[tuple[int, dict, dict]]          # per busy core: index, its slice, its slice of the split dims
+    blocks: list[list[int]] | None               # split reduction: positions in ``cores`` of each output block's
+    #                                              partners in reduction order (the leader first); else None
+    out_ranges: dict[str, list[Ranges]]          # per kernel output: each core's part of it
+    operands: list[dict[tuple, SharedOperands]] = field(default_factory=list)   # per anchor read, by layout
+
+    def anchor_operands(self, kernel: FusedKernel, access: Access, env: dict[str, torch.Tensor]
+                        ) -> list[list[torch.Tensor]]:
+        """Per anchor read, every core's operand: what ``_core_values`` would narrow (and ``_partial`` convert),
+        made with one fp32 conversion per group of cores that can share it (see ``core_operands``)."""
+        convert = isinstance(kernel.anchor, MatMul) or kernel.anchor.op in ("sum", "mean")
+        if not self.operands:
+            self.operands = [{} for _ in access.reads]
+        out = []
+        for r, plans in zip(access.reads, self.operands):
+            x = r.apply(env[r.buffer])
+            key = (x.shape, x.stride(), x.dtype)
+            plan = plans.get(key)
+            if plan is None:
+                ranges = [core_ranges(r.axes, x.shape, kernel.anchor.dims, own) for _, _, own in self.cores]
+                plan = plans[key] = plan_operands(x, ranges, convert)
+            out.append(plan(x))
+        return out
 
 
-def _sliced_plan(kernel: FusedKernel, slices: list[dict[str, tuple[int, int]]]
-                 ) -> tuple[set[str], list[str], list[tuple[int, dict, dict]]]:
-    """What :func:`_run_sliced` derives from the kernel and its slices alone (kept while both are the same
-    objects, e.g. for a runtime that launches the kernel again and again): the split dims, the reduced ones,
-    and per core (index, its slice, its slice of the split dims)."""
+_SLICED: dict[int, tuple[weakref.ref, list, _SlicedPlan]] = {}
+
+
+def _sliced_plan(kernel: FusedKernel, program: Program, slices: list[dict[str, tuple[int, int]]]) -> _SlicedPlan:
     cached = _SLICED.get(id(kernel))
     if cached is None or cached[0]() is not kernel or cached[1] is not slices:
-        anchor = kernel.anchor
-        split = _split_dims(kernel, slices)
-        partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
-        cores = [(c, s, {d: r for d, r in s.items() if d in split}) for c, s in enumerate(slices) if s]
         if cached is None:
             weakref.finalize(kernel, _SLICED.pop, id(kernel), None)   # dropped with the kernel
-        cached = _SLICED[id(kernel)] = (weakref.ref(kernel), slices, split, partial_dims, cores)
-    return cached[2], cached[3], cached[4]
+        cached = _SLICED[id(kernel)] = (weakref.ref(kernel), slices, _make_plan(kernel, program, slices))
+    return cached[2]
+
+
+def _make_plan(kernel: FusedKernel, program: Program, slices: list[dict[str, tuple[int, int]]]) -> _SlicedPlan:
+    anchor = kernel.anchor
+    split = _split_dims(kernel, slices)
+    partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
+    cores = [(c, s, {d: r for d, r in s.items() if d in split}) for c, s in enumerate(slices) if s]
+    blocks = None
+    if partial_dims:                             # partners: the cores that share a block of the kept dims
+        kept = [d for d in anchor.dims if d not in partial_dims]
+        by_block: dict[tuple, list[int]] = {}
+        for j, (_, s, _) in enumerate(cores):
+            by_block.setdefault(tuple(s.get(d, (0, anchor.dims[d])) for d in kept), []).append(j)
+        blocks = [sorted(js, key=lambda j: tuple(cores[j][1][d][0] for d in partial_dims))
+                  for js in by_block.values()]
+    out_ranges = {}
+    for name in kernel.outputs:
+        shape = program.buffers[name].shape
+        node = next(n for n in kernel.nodes if n.output == name)
+        axes = program.access[node.name].out_axes
+        out_ranges[name] = [tuple(s[a] if a in split and shape[i] == node.dims[a] and s[a] != (0, shape[i]) else None
+                                  for i, a in enumerate(axes)) for _, s, _ in cores]
+    return _SlicedPlan(split, cores, blocks, out_ranges)
 
 
 def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
                 slices: list[dict[str, tuple[int, int]]]) -> list[CoreTile]:
     access = program.access
     anchor = kernel.anchor
-    split, partial_dims, cores = _sliced_plan(kernel, slices)
-    first = kernel.nodes[:1] if partial_dims else kernel.nodes
-    tiles = [CoreTile(c, dict(s), _core_values(first, anchor, access, env, own)) for c, s, own in cores]
-    if partial_dims:                           # ring reduction: partners' fp32 partials combined in slice order
-        combine = PARTIAL_COMBINE[anchor.op]
-        kept = [d for d in anchor.dims if d not in partial_dims]
-        blocks: dict[tuple, list[CoreTile]] = {}
-        for t in tiles:
-            blocks.setdefault(tuple(t.slice.get(d, (0, anchor.dims[d])) for d in kept), []).append(t)
-        for group in blocks.values():
-            group.sort(key=lambda t: tuple(t.slice[d][0] for d in partial_dims))
-            total = group[0].values[anchor.output]
-            for t in group[1:]:
-                total = combine(total, t.values[anchor.output])
-            for t in group[1:]:
-                t.values[anchor.output + ".partial"] = t.values.pop(anchor.output)
-            leader = group[0]                  # the partner that stores finishes the block and runs the epilogue
-            leader.values[anchor.output + ".partial"] = leader.values[anchor.output]
-            leader.values[anchor.output] = _finish(anchor, total, access[anchor.name],
-                                                   program.buffers[anchor.output].dtype)
-            s = {d: r for d, r in leader.slice.items() if d in split and d not in partial_dims}
-            _core_values(kernel.nodes[1:], anchor, access, env, s, local=leader.values)
-    for name in kernel.outputs:
+    plan = _sliced_plan(kernel, program, slices)
+    if plan.blocks is None:
+        tiles = [CoreTile(c, dict(s), _core_values(kernel.nodes, anchor, access, env, own)) for c, s, own in plan.cores]
+    else:
+        tiles = _reduce_across_cores(kernel, program, env, plan)
+    for name, ranges in plan.out_ranges.items():
         info = program.buffers[name]
-        node = next(n for n in kernel.nodes if n.output == name)
-        out_axes = access[node.name].out_axes
-        full = torch.empty(info.shape, dtype=info.dtype)
-        for t in tiles:
-            if name not in t.values:
-                continue
-            index = tuple(slice(*t.slice[a]) if a in split and info.shape[i] == node.dims[a] else slice(None)
-                          for i, a in enumerate(out_axes))
-            full[index] = t.values[name]
-        env[name] = full
+        env[name] = _gather(info.shape, info.dtype, [(r, t.values[name]) for t, r in zip(tiles, ranges)
+                                                     if name in t.values])
     return tiles
+
+
+def _reduce_across_cores(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+                         plan: _SlicedPlan) -> list[CoreTile]:
+    """Every core's fp32 partial, then the ring reduction: partners' partials combined in slice order, rounded
+    once by the block's leader, which runs the epilogue on its block."""
+    access, anchor = program.access, kernel.anchor
+    acc = access[anchor.name]
+    operands = plan.anchor_operands(kernel, acc, env)
+    out, partial = anchor.output, anchor.output + ".partial"
+    if isinstance(anchor, MatMul):             # its operands are fp32 already: _partial's .float() would be a no-op
+        tiles = [CoreTile(c, dict(s), {out: torch.matmul(a, b)})
+                 for (c, s, _), a, b in zip(plan.cores, operands[0], operands[1])]
+    else:
+        tiles = [CoreTile(c, dict(s), {out: _partial(anchor, [ins[j] for ins in operands], acc)})
+                 for j, (c, s, _) in enumerate(plan.cores)]
+    combine = PARTIAL_COMBINE[anchor.op]
+    dtype = program.buffers[out].dtype
+    for block in plan.blocks or ():
+        group = [tiles[j] for j in block]
+        total = group[0].values[out]
+        for t in group[1:]:
+            total = combine(total, t.values[out])
+        for t in group[1:]:
+            t.values[partial] = t.values.pop(out)
+        leader = group[0]                      # the partner that stores finishes the block and runs the epilogue
+        leader.values[partial] = leader.values[out]
+        leader.values[out] = _finish(anchor, total, acc, dtype)
+        if len(kernel.nodes) > 1:
+            s = {d: r for d, r in plan.cores[block[0]][2].items() if d not in anchor.reduction_dims}
+            _core_values(kernel.nodes[1:], anchor, access, env, s, local=leader.values)
+    return tiles
+
+
+def _gather(shape: tuple[int, ...], dtype: torch.dtype, parts: list[tuple[Ranges, torch.Tensor]]) -> torch.Tensor:
+    """A whole buffer from the cores' parts of it (written in core order). Parts that tile one axis exactly,
+    in the buffer's dtype, are concatenated in one call; anything else is copied part by part."""
+    axes = {i for r, _ in parts for i, x in enumerate(r) if x is not None}
+    if len(axes) == 1 and all(v.dtype == dtype for _, v in parts):
+        i = axes.pop()
+        ordered = sorted(parts, key=lambda p: p[0][i][0] if p[0][i] else -1)
+        end = 0
+        for r, v in ordered:
+            if r[i] is None or r[i][0] != end or v.shape != (*shape[:i], r[i][1] - end, *shape[i + 1:]):
+                break
+            end = r[i][1]
+        else:
+            if end == shape[i]:
+                return torch.cat([v for _, v in ordered], dim=i)
+    full = torch.empty(shape, dtype=dtype)
+    for r, v in parts:
+        narrowed(full, r).copy_(v)
+    return full
 
 
 def per_core_slices(kernel: FusedKernel, program: Program,

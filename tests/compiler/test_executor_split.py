@@ -141,6 +141,7 @@ def assert_kernels_match_reference(program: Program, inputs, slices_for) -> int:
         fast = run_kernel(kernel, program, fast_env, slices)
         for name in kernel.outputs:
             assert _same(fast_env[name], ref_env[name]), f"{kernel.name}: output {name} differs"
+            assert fast_env[name].stride() == ref_env[name].stride(), f"{kernel.name}: output {name} laid out anew"
         assert [(t.core, t.slice, sorted(t.values)) for t in fast] == [(t.core, t.slice, sorted(t.values)) for t in ref]
         for f, r in zip(fast, ref):
             for key in r.values:

@@ -1,0 +1,118 @@
+"""Each core's inputs to a split reduction, converted to fp32 once per group of cores instead of once per core.
+
+When a matmul's K (or a reduction's reduced dim) is split across cores, the executor emulates every core: its
+slice of each input, converted to fp32, then its own small matmul or reduction. Converting every core's slice
+on its own costs one ATen call per core and input, more than the core's matmul. This module builds the same
+operands with fewer calls, and only where the result is provably the same bit for bit.
+
+Why a shared conversion can give the same numbers. A core's slice converted on its own is a fresh tensor:
+dense strides in the order of its source's strides, at a 64-byte aligned address (the CPU allocator's
+alignment). BLAS and ATen kernels may choose their blocking and vector path from the sizes, strides and
+alignment they are given, so two operands give the same result only if all of those agree, not just the
+values. Cores whose slices agree on every axis but the source's outermost one (largest stride) can be
+converted together: the union of their slices along that axis, converted once, is a fresh tensor whose
+inner strides do not depend on the outer extent, so each core's part of it has the strides its own
+conversion would have. Where that part also starts a multiple of 64 bytes into the union, the kernel sees
+the same sizes, strides, values (widening fp16/bf16 to fp32 is exact) and alignment as the per-core
+operand: the same call. Each layout is checked once against real per-core conversions; cores whose
+operand would differ in any way are converted one by one, as before.
+
+(Computing one matmul over the union of the cores' N slices instead would save the per-core matmuls too,
+but it is not exact: MKL's sgemm blocks differently for different N, and on this machine ~30% of random
+shapes differ in the last bit from the per-core products.)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+Ranges = tuple[tuple[int, int] | None, ...]
+"""Per axis of a tensor: the (start, end) a core narrows it to, or None for the whole axis."""
+
+EXACT_WIDENING = (torch.float16, torch.bfloat16)
+"""Dtypes whose every value fp32 holds exactly: converting a union or a slice gives the same values."""
+
+ALIGNMENT = 64
+"""Bytes: where a fresh CPU tensor starts (the allocator's alignment), and so a shared operand must too."""
+
+
+def narrowed(t: torch.Tensor, ranges: Ranges) -> torch.Tensor:
+    """``t`` narrowed axis by axis to ``ranges`` (a view)."""
+    for i, r in enumerate(ranges):
+        if r is not None:
+            t = t.narrow(i, r[0], r[1] - r[0])
+    return t
+
+
+def core_ranges(axes: Sequence[str | None], shape: Sequence[int], dims: dict[str, int],
+                own: dict[str, tuple[int, int]]) -> Ranges:
+    """How the per-core emulation narrows a read (axes named by node dims) to a core's slice ``own``: the axes
+    that run along a split dim, at full extent (a broadcast axis of size 1 is read whole)."""
+    return tuple(own[a] if a in own and shape[i] == dims[a] and own[a] != (0, dims[a]) else None
+                 for i, a in enumerate(axes))
+
+
+@dataclass(frozen=True)
+class SharedOperands:
+    """How to make every core's operand from one source tensor: a few ``sources`` (ranges of the source, and
+    whether to convert them to fp32), the distinct ``views`` of them the cores take (source index, ranges of it),
+    and per core which of those views is its operand (cores with the same slice share one)."""
+
+    sources: tuple[tuple[Ranges, bool], ...]
+    views: tuple[tuple[int, Ranges], ...]
+    picks: tuple[int, ...]
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        made = [narrowed(x, r).float() if convert else narrowed(x, r) for r, convert in self.sources]
+        views = [narrowed(made[i], local) for i, local in self.views]
+        return [views[i] for i in self.picks]
+
+
+def plan_operands(x: torch.Tensor, ranges: Sequence[Ranges], convert: bool) -> SharedOperands:
+    """Sources and picks giving, for each core, exactly ``narrowed(x, ranges[core])`` -- then ``.float()`` if
+    ``convert`` -- in sizes, strides, values and alignment. ``x`` is the real source: the shared layout is
+    checked against real per-core conversions of it (once per source layout; the caller keeps the plan)."""
+    whole = tuple(None for _ in range(x.dim()))
+    if not convert or x.dtype == torch.float32:           # .float() of fp32 is the tensor itself: views of x
+        wanted = {(whole, False): {r: r for r in ranges}}
+    else:
+        groups = _groups(x, ranges) if x.dtype in EXACT_WIDENING and x.numel() else {}
+        wanted = {}
+        for r in ranges:
+            union, local = groups.get(r, (r, whole))       # not shared: the core's own conversion
+            wanted.setdefault((union, True), {})[r] = local
+    sources = tuple(wanted)
+    views = {r: (i, local) for i, cores in enumerate(wanted.values()) for r, local in cores.items()}
+    order = {r: j for j, r in enumerate(views)}
+    return SharedOperands(sources, tuple(views.values()), tuple(order[r] for r in ranges))
+
+
+def _groups(x: torch.Tensor, ranges: Sequence[Ranges]) -> dict[Ranges, tuple[Ranges, Ranges]]:
+    """Per core ranges that can share a conversion: the union to convert and the core's part of it."""
+    sized = [i for i in range(x.dim()) if x.shape[i] > 1]
+    if not sized:
+        return {}
+    outer = max(sized, key=lambda i: x.stride(i))
+    members: dict[Ranges, list[Ranges]] = {}
+    for r in dict.fromkeys(ranges):
+        members.setdefault(r[:outer] + r[outer + 1:], []).append(r)
+    shared: dict[Ranges, tuple[Ranges, Ranges]] = {}
+    for rs in members.values():
+        spans = [r[outer] or (0, x.shape[outer]) for r in rs]
+        lo, hi = min(a for a, _ in spans), max(b for _, b in spans)
+        union = (*rs[0][:outer], (lo, hi) if (lo, hi) != (0, x.shape[outer]) else None, *rs[0][outer + 1:])
+        parts = {r: tuple((a - lo, b - lo) if i == outer else None for i in range(x.dim()))
+                 for r, (a, b) in zip(rs, spans)}
+        converted = narrowed(x, union).float()
+        if all(_same_operand(narrowed(converted, parts[r]), narrowed(x, r).float()) for r in rs):
+            shared.update((r, (union, parts[r])) for r in rs)
+    return shared
+
+
+def _same_operand(shared: torch.Tensor, own: torch.Tensor) -> bool:
+    """Would a kernel see ``shared`` exactly as it sees ``own`` (a fresh conversion)?"""
+    return (shared.shape == own.shape and shared.stride() == own.stride() and own.storage_offset() == 0
+            and shared.storage_offset() * shared.element_size() % ALIGNMENT == 0 and torch.equal(shared, own))
