@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spyre_lab.compiler.backend import compile_graph
-from spyre_lab.compiler.executor import (
+from spyre_lab.compiler.core_operands import ALIGNMENT, core_ranges, narrowed, plan_operands
+from spyre_lab.compiler.per_core import (
     PARTIAL_COMBINE,
     CoreTile,
     _finish,
@@ -169,8 +170,8 @@ EPILOGUES = {
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(m=st.integers(1, 40), k=st.integers(2, 300), n=st.integers(1, 200), batch=st.sampled_from([0, 1, 3]),
        weight=st.sampled_from(["kn", "nk"]), dtype=st.sampled_from([torch.float16, torch.float32]),
-       epilogue=st.sampled_from(sorted(EPILOGUES)), parts=st.tuples(st.integers(1, 3), st.integers(1, 5),
-                                                                   st.integers(2, 5)),
+       epilogue=st.sampled_from(sorted(EPILOGUES)), parts=st.tuples(st.sampled_from([1, 1, 2, 3]),
+                                                                   st.sampled_from([1, 2, 5]), st.integers(2, 5)),
        seed=st.integers(0, 2**16))
 def test_split_matmuls_match_the_per_core_emulation(m, k, n, batch, weight, dtype, epilogue, parts, seed):
     rng = random.Random(seed)
@@ -222,7 +223,7 @@ def test_decode_shaped_projections_match_the_per_core_emulation(shape, weight):
 def test_split_reductions_match_the_per_core_emulation(shape, op, which, keepdim, dtype, permuted, parts, seed):
     rng = random.Random(seed)
     torch.manual_seed(seed)
-    x = (torch.randn(*shape) * 3).to(dtype)
+    x = (torch.randn(*shape) * torch.randn(*shape).mul(4).exp()).to(dtype)     # wide range: inexact fp32 sums
     dims = {"last": [-1], "all": list(range(len(shape))), "first": [0]}[which]
 
     def fn(x):
@@ -238,3 +239,61 @@ def test_split_reductions_match_the_per_core_emulation(shape, op, which, keepdim
     if any(kern.anchor.dims.get(d, 1) > 1 and p > 1 for kern in program.kernels
            for d, p in zip(kern.anchor.dims, parts) if d in reduced) and len(program.kernels) == 1:
         assert ran, "a split reduction ran core by core"
+
+
+def test_partials_meet_in_slice_order_not_any_order():
+    # fp32 values over a wide range: adding the partners' partials in another order changes the last bits
+    torch.manual_seed(3)
+    x = torch.randn(6, 4096) * torch.randn(6, 4096).mul(6).exp()
+    program = _compile(lambda t: t.sum(-1), [x])
+    kern = program.kernels[0]
+    cuts = [(a, a + 512) for a in range(0, 4096, 512)]
+    slices = [{"d0": (r, r + 2), "d1": c} for r in (0, 2, 4) for c in cuts]
+    assert assert_kernels_match_reference(program, [x], lambda k: slices) == 1
+    env = {program.inputs[0]: x}
+    run_kernel(kern, program, env, slices)
+    parts = [x[:, a:b].sum(-1) for a, b in cuts]
+    in_order, reversed_order = parts[0], parts[-1]
+    for p, q in zip(parts[1:], reversed(parts[:-1])):
+        in_order, reversed_order = in_order + p, reversed_order + q
+    assert torch.equal(env[kern.outputs[0]], in_order)
+    assert not torch.equal(in_order, reversed_order), "the data is chosen so that the order shows"
+
+
+# --- the shared operands themselves ---------------------------------------------------------------
+
+@settings(max_examples=80, deadline=None)
+@given(shape=st.lists(st.integers(1, 70), min_size=1, max_size=3), order=st.randoms(use_true_random=False),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32, torch.float64]),
+       convert=st.booleans(), parts=st.lists(st.integers(1, 4), min_size=3, max_size=3), seed=st.integers(0, 999))
+def test_shared_operands_are_what_each_core_would_convert(shape, order, dtype, convert, parts, seed):
+    rng = random.Random(seed)
+    perm = list(range(len(shape)))
+    order.shuffle(perm)
+    x = torch.randn(*shape).to(dtype).permute(perm)              # any stride order
+    axes = [f"a{i}" for i in range(x.dim())]
+    dims = dict(zip(axes, x.shape))
+    slices = [s for s in random_slices(rng, dims, dict(zip(axes, parts))) if s]
+    ranges = [core_ranges(axes, x.shape, dims, s) for s in slices]
+    got = plan_operands(x, ranges, convert)(x)
+    for r, op in zip(ranges, got):
+        own = narrowed(x, r)
+        own = own.float() if convert else own
+        assert op.dtype == own.dtype and op.shape == own.shape and op.stride() == own.stride()
+        assert _same(op, own)
+        if op.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():    # a view of x, as the core's is
+            assert own.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()
+            assert op.storage_offset() == own.storage_offset()
+        else:                                         # a conversion: where a fresh one starts (64-byte aligned)
+            assert op.data_ptr() % ALIGNMENT == own.data_ptr() % ALIGNMENT == 0
+
+
+def test_decode_projection_operands_are_converted_once_per_group():
+    # a (1, 128) activation and a (128, 256) row-major weight, K and N split in 64s: 8 cores
+    x, w = torch.randn(1, 128).half(), torch.randn(128, 256).half()
+    slices = [{"M": (0, 1), "K": (k, k + 64), "N": (n, n + 64)} for n in range(0, 256, 64) for k in (0, 64)]
+    own = [{d: r for d, r in s.items() if d != "M"} for s in slices]
+    dims = {"M": 1, "K": 128, "N": 256}
+    a = plan_operands(x, [core_ranges(("M", "K"), x.shape, dims, s) for s in own], convert=True)
+    b = plan_operands(w, [core_ranges(("K", "N"), w.shape, dims, s) for s in own], convert=True)
+    assert len(a.sources) == 1 and len(b.sources) == 4            # one conversion per column block, not per core
