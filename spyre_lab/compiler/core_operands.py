@@ -56,38 +56,72 @@ def core_ranges(axes: Sequence[str | None], shape: Sequence[int], dims: dict[str
 
 
 @dataclass(frozen=True)
-class SharedOperands:
-    """How to make every core's operand from one source tensor: a few ``sources`` (ranges of the source, and
-    whether to convert them to fp32), the distinct ``views`` of them the cores take (source index, ranges of it),
-    and per core which of those views is its operand (cores with the same slice share one)."""
+class Cut:
+    """Pieces (``ranges``) of a tensor of one shape. When every piece narrows the same single axis and no piece
+    straddles another's edge, one ``tensor_split`` call gives them all (the same views ``narrow`` gives)."""
 
-    sources: tuple[tuple[Ranges, bool], ...]
-    views: tuple[tuple[int, Ranges], ...]
-    picks: tuple[int, ...]
+    ranges: tuple[Ranges, ...]
+    axis: int | None = None
+    indices: tuple[int, ...] = ()
+    chunks: tuple[int, ...] = ()
+
+    @staticmethod
+    def of(shape: Sequence[int], ranges: Sequence[Ranges]) -> Cut:
+        ranges = tuple(ranges)
+        axes = {i for r in ranges for i, x in enumerate(r) if x is not None}
+        if len(axes) != 1 or len(ranges) < 2:
+            return Cut(ranges)
+        axis = axes.pop()
+        spans = [r[axis] or (0, shape[axis]) for r in ranges]
+        edges = sorted({e for span in spans for e in span} | {0, shape[axis]})
+        at = {e: i for i, e in enumerate(edges)}
+        if any(at[b] != at[a] + 1 for a, b in spans):
+            return Cut(ranges)
+        return Cut(ranges, axis, tuple(edges[1:-1]), tuple(at[a] for a, _ in spans))
+
+    def __call__(self, t: torch.Tensor) -> list[torch.Tensor]:
+        if self.axis is None:
+            return [narrowed(t, r) for r in self.ranges]
+        pieces = t.tensor_split(self.indices, self.axis)
+        return [pieces[i] for i in self.chunks]
+
+
+@dataclass(frozen=True)
+class SharedOperands:
+    """How to make every core's operand from one source tensor: cut the source into a few pieces (converted to
+    fp32 if ``convert``), cut each piece into the distinct views the cores take, and give each core its view
+    (cores with the same slice share one)."""
+
+    sources: Cut
+    convert: bool
+    views: tuple[Cut, ...]                  # per source piece
+    picks: tuple[int, ...]                  # per core: its view, counting the pieces' views in order
 
     def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        made = [narrowed(x, r).float() if convert else narrowed(x, r) for r, convert in self.sources]
-        views = [narrowed(made[i], local) for i, local in self.views]
+        views = []
+        for piece, cut in zip(self.sources(x), self.views):
+            views += cut(piece.float() if self.convert else piece)
         return [views[i] for i in self.picks]
 
 
 def plan_operands(x: torch.Tensor, ranges: Sequence[Ranges], convert: bool) -> SharedOperands:
-    """Sources and picks giving, for each core, exactly ``narrowed(x, ranges[core])`` -- then ``.float()`` if
-    ``convert`` -- in sizes, strides, values and alignment. ``x`` is the real source: the shared layout is
-    checked against real per-core conversions of it (once per source layout; the caller keeps the plan)."""
+    """How to give each core exactly ``narrowed(x, ranges[core])`` -- then ``.float()`` if ``convert`` -- in
+    sizes, strides, values and alignment. ``x`` is the real source: the shared layout is checked against real
+    per-core conversions of it (once per source layout; the caller keeps the plan)."""
     whole = tuple(None for _ in range(x.dim()))
     if not convert or x.dtype == torch.float32:           # .float() of fp32 is the tensor itself: views of x
-        wanted = {(whole, False): {r: r for r in ranges}}
+        convert = False
+        wanted: dict[Ranges, dict[Ranges, Ranges]] = {whole: {r: r for r in ranges}}
     else:
         groups = _groups(x, ranges) if x.dtype in EXACT_WIDENING and x.numel() else {}
         wanted = {}
         for r in ranges:
             union, local = groups.get(r, (r, whole))       # not shared: the core's own conversion
-            wanted.setdefault((union, True), {})[r] = local
-    sources = tuple(wanted)
-    views = {r: (i, local) for i, cores in enumerate(wanted.values()) for r, local in cores.items()}
-    order = {r: j for j, r in enumerate(views)}
-    return SharedOperands(sources, tuple(views.values()), tuple(order[r] for r in ranges))
+            wanted.setdefault(union, {})[r] = local
+    order = {r: j for j, r in enumerate(r for cores in wanted.values() for r in cores)}
+    sources = Cut.of(x.shape, list(wanted))
+    views = tuple(Cut.of(narrowed(x, union).shape, list(cores.values())) for union, cores in wanted.items())
+    return SharedOperands(sources, convert, views, tuple(order[r] for r in ranges))
 
 
 def _groups(x: torch.Tensor, ranges: Sequence[Ranges]) -> dict[Ranges, tuple[Ranges, Ranges]]:

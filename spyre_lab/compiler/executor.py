@@ -110,7 +110,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
             times[launch.name] = None
             continue
         slices = launch.slices if isinstance(launch, KernelSpec) else None
-        core_tiles = run_kernel(kernel, program, env, slices)
+        core_tiles = run_kernel(kernel, program, env, slices, tiles=tile_by_tile)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
         if isinstance(launch, UnplannedKernel):

@@ -241,7 +241,7 @@ def _rows(kernel: FusedKernel, program: Program, plan: _SlicedPlan) -> _Rows | N
 # --- running it ----------------------------------------------------------------------------------
 
 def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
-                slices: list[dict[str, tuple[int, int]]]) -> list[CoreTile]:
+                slices: list[dict[str, tuple[int, int]]], keep: bool) -> list[CoreTile]:
     access = program.access
     anchor = kernel.anchor
     plan = _sliced_plan(kernel, program, slices)
@@ -249,20 +249,20 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
         tiles = [CoreTile(c, dict(s), _core_values(kernel.nodes, anchor, access, env, own)) for c, s, own in plan.cores]
         done = set()
     else:
-        tiles, done = _reduce_across_cores(kernel, program, env, plan)
+        tiles, done = _reduce_across_cores(kernel, program, env, plan, keep)
     for name, ranges in plan.out_ranges.items():
         if name not in done:
             info = program.buffers[name]
             env[name] = _gather(info.shape, info.dtype, [(r, t.values[name]) for t, r in zip(tiles, ranges)
                                                          if name in t.values])
-    return tiles
+    return tiles if keep else []
 
 
 def _reduce_across_cores(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
-                         plan: _SlicedPlan) -> tuple[list[CoreTile], set[str]]:
+                         plan: _SlicedPlan, keep: bool) -> tuple[list[CoreTile], set[str]]:
     """Every core's fp32 partial, then the ring reduction: partners' partials combined in slice order, rounded
-    once by the block's leader, which runs the epilogue on its block. Returns the tiles and the outputs
-    already in ``env``."""
+    once by the block's leader, which runs the epilogue on its block. Returns the tiles (none if not ``keep``
+    and the rows hold the whole result) and the outputs already in ``env``."""
     access, anchor = program.access, kernel.anchor
     acc = access[anchor.name]
     operands = plan.anchor_operands(kernel, acc, env)
@@ -271,7 +271,6 @@ def _reduce_across_cores(kernel: FusedKernel, program: Program, env: dict[str, t
         partials = [torch.matmul(a, b) for a, b in zip(operands[0], operands[1])]
     else:
         partials = [_partial(anchor, [ins[j] for ins in operands], acc) for j in range(len(plan.cores))]
-    tiles = [CoreTile(c, dict(s), {}) for c, s, _ in plan.cores]
     combine = PARTIAL_COMBINE[anchor.op]
     dtype = program.buffers[out].dtype
     rows = plan.rows
@@ -279,6 +278,9 @@ def _reduce_across_cores(kernel: FusedKernel, program: Program, env: dict[str, t
         whole = _combine_rows(rows, partials, combine, anchor, acc, dtype)
         if whole.shape == program.buffers[out].shape:
             env[out] = whole
+            if not keep:
+                return [], {out}
+            tiles = [CoreTile(c, dict(s), {}) for c, s, _ in plan.cores]
             for block in rows.blocks:
                 leader = tiles[block[0]]
                 r = plan.out_ranges[out][block[0]]
@@ -286,6 +288,7 @@ def _reduce_across_cores(kernel: FusedKernel, program: Program, env: dict[str, t
                 for j in block:
                     tiles[j].values[partial] = partials[j]
             return tiles, {out}
+    tiles = [CoreTile(c, dict(s), {}) for c, s, _ in plan.cores]
     for block in plan.blocks or ():
         total = partials[block[0]]
         for j in block[1:]:
@@ -343,14 +346,16 @@ def per_core_slices(kernel: FusedKernel, program: Program,
 
 
 def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
-               slices: Sequence[dict[str, tuple[int, int]]] | None = None, *, checked: bool = False) -> list[CoreTile]:
+               slices: Sequence[dict[str, tuple[int, int]]] | None = None, *, checked: bool = False,
+               tiles: bool = True) -> list[CoreTile]:
     """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core
     ``slices`` (``KernelSpec.slices``) it computes core by core and returns what each core produced.
-    ``checked``: ``slices`` came from :func:`per_core_slices` (no need to ask again whether they apply)."""
+    ``checked``: ``slices`` came from :func:`per_core_slices` (no need to ask again whether they apply).
+    ``tiles=False``: the caller wants only ``env`` (the same numbers; no per-core views are made)."""
     if slices and checked:
-        return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices))
+        return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices), tiles)
     if slices and _sliceable(kernel, program.access, list(slices)):
-        return _run_sliced(kernel, program, env, list(slices))
+        return _run_sliced(kernel, program, env, list(slices), tiles)
     for node in kernel.nodes:
         env[node.output] = _run_node(node, env)
     return []
