@@ -38,6 +38,11 @@ EXACT_WIDENING = (torch.float16, torch.bfloat16)
 ALIGNMENT = 64
 """Bytes: where a fresh CPU tensor starts (the allocator's alignment), and so a shared operand must too."""
 
+SHARE_LIMIT_BYTES = 1 << 24
+"""Sharing conversions pays where call overhead dominates (a decode step's small weights). A source whose fp32
+copy is larger is converted core by core as each core needs it: its time goes into bytes, not calls, and
+converting it whole at once would hold all of it in fp32 while the cores run."""
+
 
 def narrowed(t: torch.Tensor, ranges: Ranges) -> torch.Tensor:
     """``t`` narrowed axis by axis to ``ranges`` (a view)."""
@@ -104,11 +109,36 @@ class SharedOperands:
         return [views[i] for i in self.picks]
 
 
-def plan_operands(x: torch.Tensor, ranges: Sequence[Ranges], convert: bool) -> SharedOperands:
+@dataclass(frozen=True)
+class OnDemand:
+    """Every core's operand converted on its own when the core asks for it (a large source)."""
+
+    ranges: tuple[Ranges, ...]
+
+    def __call__(self, x: torch.Tensor) -> Sequence[torch.Tensor]:
+        return _Converted(x, self.ranges)
+
+
+class _Converted(Sequence):
+    def __init__(self, x: torch.Tensor, ranges: tuple[Ranges, ...]) -> None:
+        self.x, self.ranges = x, ranges
+
+    def __len__(self) -> int:
+        return len(self.ranges)
+
+    def __getitem__(self, j):  # type: ignore[override]
+        if isinstance(j, slice):
+            return [self[i] for i in range(*j.indices(len(self)))]
+        return narrowed(self.x, self.ranges[j]).float()
+
+
+def plan_operands(x: torch.Tensor, ranges: Sequence[Ranges], convert: bool) -> SharedOperands | OnDemand:
     """How to give each core exactly ``narrowed(x, ranges[core])`` -- then ``.float()`` if ``convert`` -- in
     sizes, strides, values and alignment. ``x`` is the real source: the shared layout is checked against real
     per-core conversions of it (once per source layout; the caller keeps the plan)."""
     whole = tuple(None for _ in range(x.dim()))
+    if convert and x.dtype != torch.float32 and x.numel() * 4 > SHARE_LIMIT_BYTES:
+        return OnDemand(tuple(ranges))
     if not convert or x.dtype == torch.float32:           # .float() of fp32 is the tensor itself: views of x
         convert = False
         wanted: dict[Ranges, dict[Ranges, Ranges]] = {whole: {r: r for r in ranges}}

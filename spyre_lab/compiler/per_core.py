@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.compiler.access import Access
-from spyre_lab.compiler.core_operands import Ranges, SharedOperands, core_ranges, narrowed, plan_operands
+from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul, Reduction
 from spyre_lab.compiler.program import Program
 
@@ -153,10 +153,10 @@ class _SlicedPlan:
     #                                              partners in reduction order (the leader first); else None
     out_ranges: dict[str, list[Ranges]]          # per kernel output: each core's part of it
     rows: _Rows | None = None                    # the blocks as rows, where they form them
-    operands: list[dict[tuple, SharedOperands]] = field(default_factory=list)   # per anchor read, by layout
+    operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
 
     def anchor_operands(self, kernel: FusedKernel, access: Access, env: dict[str, torch.Tensor]
-                        ) -> list[list[torch.Tensor]]:
+                        ) -> list[Sequence[torch.Tensor]]:
         """Per anchor read, every core's operand: what ``_core_values`` would narrow (and ``_partial`` convert),
         made with one fp32 conversion per group of cores that can share it (see ``core_operands``)."""
         convert = isinstance(kernel.anchor, MatMul) or kernel.anchor.op in ("sum", "mean")
@@ -354,8 +354,8 @@ def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tenso
     ``tiles=False``: the caller wants only ``env`` (the same numbers; no per-core views are made)."""
     if slices and checked:
         return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices), tiles)
-    if slices and _sliceable(kernel, program.access, list(slices)):
-        return _run_sliced(kernel, program, env, list(slices), tiles)
+    if slices and _sliceable(kernel, program.access, list(slices)):     # (the same list again: the plan is kept)
+        return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices), tiles)
     for node in kernel.nodes:
         env[node.output] = _run_node(node, env)
     return []

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from spyre_lab.compiler import core_operands, per_core
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.core_operands import ALIGNMENT, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.per_core import (
@@ -300,3 +301,23 @@ def test_decode_projection_operands_are_converted_once_per_group():
     a = plan_operands(x, [core_ranges(("M", "K"), x.shape, dims, s) for s in own], convert=True)
     b = plan_operands(w, [core_ranges(("K", "N"), w.shape, dims, s) for s in own], convert=True)
     assert len(a.sources.ranges) == 1 and len(b.sources.ranges) == 4    # one conversion per column block, not per core
+
+
+@pytest.mark.parametrize("case", ["matmul", "sum"])
+def test_large_sources_are_converted_core_by_core(monkeypatch, case):
+    # above the share limit every core converts its own slice when it runs: the same numbers, no fp32 copy of
+    # the whole source held while the cores run
+    monkeypatch.setattr(core_operands, "SHARE_LIMIT_BYTES", 0)
+    torch.manual_seed(7)
+    rng = random.Random(7)
+    if case == "matmul":
+        x, w = torch.randn(3, 150).half(), torch.randn(150, 90).half()
+        program, inputs, parts = _compile(lambda x, w: x @ w, [x, w]), [x, w], {"K": 3, "N": 2}
+    else:
+        x = torch.randn(5, 300).half()
+        program, inputs, parts = _compile(lambda t: t.sum(-1), [x]), [x], {"d0": 2, "d1": 4}
+    plans = []
+    real = core_operands.plan_operands
+    monkeypatch.setattr(per_core, "plan_operands", lambda *a: plans.append(real(*a)) or plans[-1])
+    assert assert_kernels_match_reference(program, inputs, lambda k: random_slices(rng, k.anchor.dims, parts)) == 1
+    assert plans and all(isinstance(p, core_operands.OnDemand) for p in plans)
