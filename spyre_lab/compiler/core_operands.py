@@ -18,8 +18,9 @@ operand: the same call. Each layout is checked once against real per-core conver
 operand would differ in any way are converted one by one, as before.
 
 (Computing one matmul over the union of the cores' N slices instead would save the per-core matmuls too,
-but it is not exact: MKL's sgemm blocks differently for different N, and on this machine ~30% of random
-shapes differ in the last bit from the per-core products.)
+but it is not exact: the BLAS picks its kernel and blocking from the shape. Measured with MKL on AVX-512,
+29% of 18,600 split shapes differed in the last bit from the per-core products: every M split, and N slices
+that are not a multiple of 16 columns. So each core keeps its own matmul call.)
 """
 
 from __future__ import annotations
