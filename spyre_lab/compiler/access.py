@@ -37,7 +37,7 @@ class Read:
         one ``as_strided`` call (the same sizes, strides, offset and storage, so the same tensor to any op)."""
         if not self.steps:
             return t
-        key = (t.shape, t.stride(), t.dtype)
+        key = (t.shape, t.stride(), t.dtype, t.is_cpu)
         window = self._strided.get(key, _UNSEEN)
         if window is not None and window is not _UNSEEN:
             size, stride, delta = window

@@ -78,3 +78,16 @@ def test_a_copying_step_is_run_every_time():
     assert a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr()     # fresh results, not a cached one
     base.add_(1)
     assert torch.equal(read.apply(base), base * 2)
+
+
+def test_a_window_found_on_the_cpu_is_not_used_for_a_device_tensor():
+    import spyre_lab.runtime  # noqa: F401  (registers the spyre device)
+
+    base = torch.randn(4, 6).half()
+    read = Read("x", ((aten.t.default, ()), (aten.slice.Tensor, (0, 1, 5))), torch.empty(0, device="meta"))
+    read.apply(base)
+    read.apply(base)                                   # the CPU window, cached
+    on_card = base.to("spyre")
+    got = read.apply(on_card)                          # the steps themselves, through the device's own views
+    assert got.device.type == "spyre" and torch.equal(got.cpu(), base.t()[1:5])
+    assert read._strided[(on_card.shape, on_card.stride(), on_card.dtype, False)] is None
