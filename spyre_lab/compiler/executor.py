@@ -24,7 +24,7 @@ import torch
 
 from spyre_lab.compiler.ir import Fallback, FusedKernel
 from spyre_lab.compiler.kernel_spec import KernelSpec
-from spyre_lab.compiler.per_core import CoreTile, _run_node, per_core_slices, run_kernel
+from spyre_lab.compiler.per_core import CoreTile, per_core_slices, run_kernel, run_node
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
 from spyre_lab.device.trace import Trace
 
@@ -137,7 +137,7 @@ def _host_fallback(program: Program, kernel: FusedKernel, env: dict[str, torch.T
     clock += d2h
     start = time.perf_counter()
     for node in kernel.nodes:
-        env[node.output] = _run_node(node, env)
+        env[node.output] = run_node(node, env)
     measured_us = (time.perf_counter() - start) * 1e6
     host_us = program.cfg.host_launch_us
     trace.add("host", f"fallback {', '.join(n.op for n in kernel.nodes)}", clock, host_us,

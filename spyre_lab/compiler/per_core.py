@@ -38,7 +38,8 @@ class CoreTile:
     values: dict[str, torch.Tensor]
 
 
-def _run_node(node: IRNode, env: dict[str, torch.Tensor]) -> torch.Tensor:
+def run_node(node: IRNode, env: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One node on whole tensors: its output from its inputs in ``env``."""
     return node.compute(*[env[b] for b in node.inputs])
 
 
@@ -357,5 +358,5 @@ def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tenso
     if slices and _sliceable(kernel, program.access, list(slices)):     # (the same list again: the plan is kept)
         return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices), tiles)
     for node in kernel.nodes:
-        env[node.output] = _run_node(node, env)
+        env[node.output] = run_node(node, env)
     return []
