@@ -8,7 +8,6 @@ at first use. Everything in the runtime that needs "which card, and what is on i
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,7 +49,8 @@ class SpyreDevice:
         self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
                                                          name=f"spyre:{index} program segment")
         self.program_base = tensor_bytes
-        self._buffers: weakref.WeakValueDictionary[int, LiveBuffer] = weakref.WeakValueDictionary()
+        # address -> live buffer; every buffer leaves through free() (its tensor's storage or slot dies)
+        self._buffers: dict[int, LiveBuffer] = {}
         self.generation = 0
         self._reserve_null_stick()
 
@@ -141,7 +141,7 @@ def device_count() -> int:
 
 def get_device(index: int | None = None) -> SpyreDevice:
     """The :class:`SpyreDevice` for ``index`` (default: current device)."""
-    devices = _devices()
+    devices = _DEVICES or _devices()
     index = _CURRENT_INDEX if index is None else index
     if not 0 <= index < len(devices):
         raise RuntimeError(
@@ -164,6 +164,8 @@ def device_index(device: DeviceLike = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device to the index of an existing card."""
     if device is None:
         return _CURRENT_INDEX
+    if type(device) is int and 0 <= device < len(_DEVICES):   # the launch path's question: an existing card
+        return device
     if isinstance(device, int):
         index = device
     else:

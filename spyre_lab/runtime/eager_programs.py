@@ -12,12 +12,14 @@ Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~sp
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch._prims_common import is_non_overlapping_and_dense_or_false
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.program import Program
@@ -88,13 +90,25 @@ def device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict, host_o
 
 
 def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
-    """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU."""
+    """Run one ATen op on spyre tensors: as a device program when it is a device op, else on the CPU.
+
+    A call whose signature was seen before goes straight to its cached program: the checks of
+    :func:`device_of` passed when that program was built, and the signature names every operand's
+    card, shape, strides and dtype, so they would pass again."""
     leaves, spec, call_shape = _flatten_call(args, kwargs)
+    try:
+        key, index = _signature(op, leaves, call_shape)
+        program = _PROGRAMS.get(key)
+    except TypeError:                          # an unhashable argument: never cached
+        key, program = None, None
+    if program is not None:
+        _PROGRAMS.move_to_end(key)
+        return _run_program(program, leaves, spec, index)
     name = packet_name(op)
     index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
     if name in DEVICE_OPS:
         try:
-            program = _eager_program(op, leaves, spec, index, call_shape)
+            program = _eager_program(op, leaves, spec, index, key)
         except _NeedsHost:
             program = None
         if program is not None:
@@ -121,6 +135,12 @@ class EagerProgram:
     num_nodes: int = 1
     compiled: Program | None = None          # the compiler's Program for this op, when it has one
     mutations: tuple = ()                    # in-place updates run inside the kernel: none to write back
+
+    @functools.cached_property
+    def read_leaves(self) -> list[int]:
+        """The inputs a compiled program reads (those it writes in place are its outputs)."""
+        written = set(self.mutated_leaves)
+        return [leaf for leaf in self.input_leaves if leaf not in written]
 
 
 _PROGRAMS: OrderedDict[Any, EagerProgram] = OrderedDict()
@@ -172,37 +192,38 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], Any, tuple]:
     return leaves, spec, call_shape
 
 
-def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> Any:
-    parts: list[Any] = [op, call_shape]
+def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> tuple[tuple, int | None]:
+    """What fixes an op's one-op program (op, call shape, every operand's card, shape, strides, offset and
+    dtype, every constant's value, timing-only mode), and the card of its first spyre operand."""
+    parts: list[Any] = [op, call_shape, is_timing_only()]   # unchecked programs never serve numerics
+    index = None
     for x in leaves:
         if isinstance(x, torch.Tensor):
-            if x.device.type == "spyre":
-                parts.append((tuple(x.shape), x.stride(), x.storage_offset(), x.dtype))
+            device = x.device
+            if device.type == "spyre":
+                if index is None:
+                    index = device.index
+                parts.append((device.index, x.shape, x.stride(), x.storage_offset(), x.dtype))
             else:
-                parts.append(("cpu", x.dtype, x.item()))
+                scalar = device.type == "cpu" and x.numel() == 1   # a CPU scalar operand: its value is a constant
+                parts.append((device.type, x.dtype, x.item() if scalar else id(x)))
         elif isinstance(x, (list, tuple)):
             parts.append(tuple(x))
         else:
             parts.append((type(x), x))
-    return tuple(parts)
+    key = tuple(parts)
+    hash(key)
+    return key, index
 
 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
-                   call_shape: tuple) -> EagerProgram:
-    try:
-        key = (_signature(op, leaves, call_shape), is_timing_only())  # unchecked programs never serve numerics
-        hash(key)
-    except TypeError:
-        key = None
-    program = _PROGRAMS.get(key) if key is not None else None
-    if program is None:
-        program = _build_program(op, leaves, spec, get_device(index).config)
-        if key is not None:
-            _PROGRAMS[key] = program
-            if len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
-                _PROGRAMS.popitem(last=False)
-    else:
-        _PROGRAMS.move_to_end(key)
+                   key: tuple | None) -> EagerProgram:
+    """The program for a call not in the cache: built, and kept under ``key`` (None: not cacheable)."""
+    program = _build_program(op, leaves, spec, get_device(index).config)
+    if key is not None:
+        _PROGRAMS[key] = program
+        if len(_PROGRAMS) > PROGRAM_CACHE_SIZE:
+            _PROGRAMS.popitem(last=False)
     return program
 
 
@@ -264,7 +285,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
 
 
 def _dense(t: torch.Tensor) -> bool:
-    return t.is_contiguous() or t.is_non_overlapping_and_dense()
+    return t.is_contiguous() or is_non_overlapping_and_dense_or_false(t)
 
 def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input_leaves: list[int],
                   written: list[int], markers: list[Any], out_spec: Any) -> Callable[[Operands], None]:
@@ -292,20 +313,20 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     for leaf, (size, stride) in program.resize.items():
         resize(leaves[leaf], size, stride)
     if program.compiled is not None:
-        written = set(program.mutated_leaves)
         targets = [leaves[ref] if kind == "arg" else None for kind, ref in markers]
-        with TIMELINE.launch(program.name, eager=True, compiled=True):
-            produced = run_program(program.compiled,
-                                   [leaves[leaf] for leaf in program.input_leaves if leaf not in written],
-                                   outputs=targets)
+        TIMELINE.begin_launch(program.name, {"eager": True, "compiled": True})
+        try:
+            produced = run_program(program.compiled, [leaves[leaf] for leaf in program.read_leaves], outputs=targets)
+        finally:
+            TIMELINE.end_launch()
         results = [leaves[ref] if kind == "arg" else value for (kind, ref), value in zip(markers, produced)]
-        return tree_unflatten(results, out_spec)
-    outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
-    bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
-    bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
-    launch(program, bindings, stream=current_stream(index), eager=True)
-    results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
-    return tree_unflatten(results, out_spec)
+    else:
+        outputs = [empty_spyre(size, stride, dtype, index) for size, stride, dtype in program.new_outputs]
+        bindings = {f"in{k}": leaves[leaf] for k, leaf in enumerate(program.input_leaves)}
+        bindings.update({f"out{j}": t for j, t in enumerate(outputs)})
+        launch(program, bindings, stream=current_stream(index), eager=True)
+        results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
+    return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
 
 
 

@@ -45,14 +45,14 @@ import functools
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import torch
 
 from spyre_lab.compiler.access import Read
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
-from spyre_lab.device.trace import Trace
+from spyre_lab.device.trace import Trace, TraceEvent
 from spyre_lab.runtime.devices import SpyreDevice, get_device
 from spyre_lab.runtime.streams import (
     CALLBACK_LANE,
@@ -81,6 +81,11 @@ class RuntimeOptions:
     def __post_init__(self) -> None:
         if self.dispatch not in ("rebuild", "aot_patch"):
             raise ValueError(f"RuntimeOptions.dispatch must be 'rebuild' or 'aot_patch', got {self.dispatch!r}")
+
+    @property
+    def trace_meta(self) -> dict[str, Any]:
+        """What a launch's trace records of these options (a fresh dict: the trace keeps it)."""
+        return {"dispatch": self.dispatch}
 
 
 _DEFAULT_OPTIONS = RuntimeOptions()
@@ -307,11 +312,14 @@ class CorrectionArea:
     def __init__(self, kernels: Sequence[RuntimeKernel], device: SpyreDevice,
                  source: Sequence[RuntimeKernel] | None = None) -> None:
         self.device = device
+        self.torch_device = torch.device("spyre", device.index)
         self.kernels = list(kernels)           # what every launch runs: bound once, not rebuilt per launch
         self.source = source                   # the program's own kernel list these were made from
         self.source_ids = tuple(map(id, source)) if source is not None else ()
         self.slots = [list(k.address_slots) for k in kernels]
         self.all_slots = list(dict.fromkeys(s for slots in self.slots for s in slots))
+        self.slot_set = frozenset(self.all_slots)
+        self.has_host = any(k.host for k in self.kernels)
         self.slot_counts = [len(slots) for slots in self.slots]
         self.offsets = [sum(self.slot_counts[:i]) for i in range(len(kernels))]
         total = max(1, sum(self.slot_counts))
@@ -322,12 +330,18 @@ class CorrectionArea:
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
-        self.last_patched: list[dict[str, int]] = [{} for _ in kernels]
+        self._patched: list[list[int]] = [[] for _ in kernels]   # per kernel, the addresses its prologue patched
         self._generation = device.generation
         self._record: JobPlan | None = None
+        self._record_bytes: tuple[tuple[int, int], ...] = ()
         self._durations: list[float] = []
-        self._prepared: dict[tuple[int, str], list[list[PreparedStep]]] = {}
+        self._prepared: dict[tuple[int, str, tuple], list[PreparedKernel]] = {}
         weakref.finalize(self, device.free_program_region, self.region, self._generation)
+
+    @property
+    def last_patched(self) -> list[dict[str, int]]:
+        """Per kernel, slot -> the DRAM address its last launch patched in (empty if it never ran)."""
+        return [dict(zip(slots, addresses)) for slots, addresses in zip(self.slots, self._patched)]
 
     def valid(self) -> bool:
         return self._generation == self.device.generation
@@ -350,17 +364,44 @@ class CorrectionArea:
             self._record = None
             self._prepared.clear()
 
-    def record(self, program: Launchable) -> JobPlan:
-        """The steps of a launch as a record (no actions): the same for every launch of a device-only program."""
-        if self._record is None:
+    def host_bytes(self, bindings: Mapping[str, torch.Tensor]) -> tuple[tuple[int, int], ...]:
+        """Per host kernel, the bytes its operands move to the host and its results back (what its PCIe steps
+        take): fixed by the bound tensors' sizes, so the same at every launch of a compiled program."""
+        if not self.has_host:
+            return ()
+        out = []
+        for kernel, slots in zip(self.kernels, self.slots):
+            if kernel.host:
+                outputs = set(kernel.output_slots)
+                out.append((sum(device_nbytes(bindings[s]) for s in slots if s not in outputs),
+                            sum(device_nbytes(bindings[s]) for s in slots if s in outputs)))
+        return tuple(out)
+
+    def record(self, program: Launchable, host_bytes: tuple[tuple[int, int], ...] = ()) -> JobPlan:
+        """The steps of a launch as a record (no actions): the same for every launch of a program whose host
+        kernels (if any) move ``host_bytes``."""
+        if self._record is None or self._record_bytes != host_bytes:
             self._durations = [float(k.time_us) for k in self.kernels]
             steps = [Step(kind, name, dur, None, nbytes, None, args)
-                     for k in range(len(self.kernels)) for kind, name, dur, nbytes, args in self._static_steps(k)]
+                     for k in range(len(self.kernels))
+                     for kind, name, dur, nbytes, args in self._static_steps(k, host_bytes)]
             self._record = JobPlan(program.name, steps, nodes=program.num_nodes or len(self.kernels))
+            self._record_bytes = host_bytes
         return self._record
 
-    def _static_steps(self, k: int) -> list[tuple[StepKind, str, float, int, dict[str, Any]]]:
+    def _static_steps(self, k: int, host_bytes: tuple[tuple[int, int], ...] = ()
+                      ) -> list[tuple[StepKind, str, float, int, dict[str, Any]]]:
         kernel, n, offset = self.kernels[k], self.slot_counts[k], self.offsets[k]
+        if kernel.host:                       # its operands cross PCIe to the host, its results come back
+            bytes_in, bytes_out = host_bytes[sum(1 for j in self.kernels[:k] if j.host)]
+            return [
+                (StepKind.D2H, f"{kernel.name} inputs -> host", dma_us(bytes_in, self.device), bytes_in,
+                 {"fallback": True}),
+                (StepKind.HOST_COMPUTE, f"{kernel.name} on host", float(kernel.time_us), 0,
+                 {"fallback": True, "timing": f"modeled ({kernel.timing})"}),
+                (StepKind.H2D, f"{kernel.name} results -> device", dma_us(bytes_out, self.device), bytes_out,
+                 {"fallback": True}),
+            ]
         cfg, blob = self.device.config, self.slot_counts[k] * ADDRESS_BYTES
         return [
             (StepKind.HOST_COMPUTE, f"correct {kernel.name}",
@@ -372,24 +413,38 @@ class CorrectionArea:
              {"timing": f"modeled ({kernel.timing})", **kernel.args}),
         ]
 
-    def prepared(self, stream: Stream, dispatch: str) -> list[list[PreparedStep]]:
-        """Per kernel, its three steps as ``stream`` enqueues them with ``dispatch`` (host kernels: empty)."""
-        key = (stream.stream_id, dispatch)
+    def prepared(self, stream: Stream, dispatch: str, host_bytes: tuple[tuple[int, int], ...] = ()
+                 ) -> list[PreparedKernel]:
+        """Per kernel, in order, what ``stream`` enqueues for it with ``dispatch``: a device kernel's
+        correction, blob copy and compute; a host kernel's D2H, host compute and H2D (moving ``host_bytes``)."""
+        key = (stream.stream_id, dispatch, host_bytes)
         table = self._prepared.get(key)
         if table is None:
             table = []
             for k, kernel in enumerate(self.kernels):
-                if kernel.host:
-                    table.append([])
-                    continue
                 steps = []
-                for kind, name, dur, nbytes, args in self._static_steps(k):
+                for kind, name, dur, nbytes, args in self._static_steps(k, host_bytes):
                     extra = {"bytes": nbytes} if nbytes else {}
                     steps.append(PreparedStep(stream, name, _UNIT[kind], _lane(kind, stream), dur,
                                               {"kind": kind.value, "dispatch": dispatch, **extra, **args}))
-                table.append(steps)
+                sim = None if kernel.host else kernel.sim_trace
+                table.append(PreparedKernel(k, kernel, self.slots[k], self.offsets[k], tuple(steps),
+                                            None if sim is None else sim.events))
             self._prepared[key] = table
         return table
+
+
+class PreparedKernel(NamedTuple):
+    """One kernel of a launch as :func:`_submit_prepared` runs it: its operand slots and place in the
+    correction area, its three prepared steps (a host kernel's: D2H, host compute, H2D), and its simulator
+    events (None: it has none)."""
+
+    index: int
+    kernel: RuntimeKernel
+    slots: list[str]
+    offset: int
+    steps: tuple[PreparedStep, PreparedStep, PreparedStep]
+    sim_events: list[TraceEvent] | None
 
 
 _AREAS: weakref.WeakKeyDictionary[Launchable, dict[int, CorrectionArea]] = weakref.WeakKeyDictionary()
@@ -499,7 +554,7 @@ def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Map
 
     def patch_and_run() -> None:
         addresses = area.region_data[offset:offset + n].tolist()
-        area.last_patched[k] = dict(zip(slots, addresses))
+        area._patched[k] = addresses
         resolved = {s: _resolve(area.device, a, views[s]) for s, a in zip(slots, addresses)}
         kernel.run(Operands(resolved))
         if k == len(area.slot_counts) - 1:
@@ -555,7 +610,7 @@ def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Wi
     if buffer.host_dtype != static_view.dtype:
         raise RuntimeError(f"patched address {address:#x} holds {buffer.host_dtype} data but the kernel expects "
                            f"{static_view.dtype}; the correction blob is stale")
-    return buffer, tuple(static_view.size()), tuple(static_view.stride()), static_view.storage_offset()
+    return buffer, static_view.shape, static_view.stride(), static_view.storage_offset()
 
 
 def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
@@ -567,47 +622,63 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
     names, durations, lanes and trace args) is worked out once, in the program's :class:`CorrectionArea`;
     a launch computes the correction blob (the addresses), copies it to the card, patches and runs
     each kernel: the steps and events are exactly those of ``plan_launch(...).submit(...)``."""
-    first = next(iter(bindings.values()), None)
-    index = first.device.index if first is not None else None
-    stream = current_stream(index) if stream is None else stream
+    if stream is None:
+        first = next(iter(bindings.values()), None)
+        stream = current_stream(first.device.index if first is not None else None)
     device = get_device(stream.device_index)
     options = _DEFAULT_OPTIONS if options is None else options
     area = correction_area(program, device)
-    if not _binds_every_slot(area, bindings, device.index) or any(k.host for k in area.kernels):
-        plan = plan_launch(program, bindings, device)        # explains a bad binding; runs host fallbacks
-        TIMELINE.begin_launch(plan.name, {"dispatch": options.dispatch, **trace_args})
+    meta = {"dispatch": options.dispatch, **trace_args} if trace_args else options.trace_meta
+    if not _binds_every_slot(area, bindings, device.index):
+        plan = plan_launch(program, bindings, device)        # explains what is wrong with the binding
+        TIMELINE.begin_launch(plan.name, meta)
         try:
             plan.submit(stream, options)
         finally:
             TIMELINE.end_launch()
         return plan
-    name = program.name
-    TIMELINE.begin_launch(name, {"dispatch": options.dispatch, **trace_args})
+    return _launch_prepared(program, area, bindings, stream, options, meta)
+
+
+def launch_bound(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                 stream: Stream | None = None, options: RuntimeOptions | None = None) -> JobPlan:
+    """:func:`launch` for a caller that bound every slot of ``area`` (``correction_area(program, card)``)
+    to a buffer on that card itself, as ``run_program`` does: nothing to check again."""
+    stream = current_stream(area.device.index) if stream is None else stream
+    options = _DEFAULT_OPTIONS if options is None else options
+    return _launch_prepared(program, area, bindings, stream, options, options.trace_meta)
+
+
+def _launch_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                     stream: Stream, options: RuntimeOptions, meta: dict[str, Any]) -> JobPlan:
+    TIMELINE.begin_launch(program.name, meta)
     try:
         _submit_prepared(program, area, bindings, stream, options)
     finally:
         TIMELINE.end_launch()
-    return _LaunchedPlan(area, bindings, program)
+    return _LaunchedPlan(area, bindings, _LAST_PLAN)
 
 
 def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor], index: int) -> bool:
     """Every slot bound, every bound tensor on card ``index`` (else ``plan_launch`` says what is wrong)."""
-    for slot in area.all_slots:
-        if slot not in bindings:
-            return False
-    for t in bindings.values():
-        d = t.device
-        if d.type != "spyre" or d.index != index:
-            return False
-    return True
+    if len(bindings) < len(area.all_slots) or not bindings.keys() >= area.slot_set:
+        return False
+    expected = _spyre_device(index)
+    return all(t.device == expected for t in bindings.values())
+
+
+@functools.lru_cache(maxsize=64)
+def _spyre_device(index: int) -> torch.device:
+    return torch.device("spyre", index)
 
 
 def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
                      stream: Stream, options: RuntimeOptions) -> None:
-    """``JobPlan.submit`` of a device-only launch from its prepared steps: same clock, same events, same actions."""
+    """``JobPlan.submit`` of a launch from its prepared steps: same clock, same events, same actions."""
     global _LAST_PLAN
     area.refresh(program)
-    _LAST_PLAN = area.record(program)
+    host_bytes = area.host_bytes(bindings)
+    _LAST_PLAN = area.record(program, host_bytes)
     dispatch = options.dispatch
     if dispatch == "rebuild":
         nodes = _LAST_PLAN.nodes
@@ -615,28 +686,30 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
                            nodes=nodes, dispatch="rebuild")
     numerics = not _TIMING_ONLY
     device, pinned, region = area.device, area.pinned_host, area.region_host
-    last = len(area.kernels) - 1
-    enqueue = stream.enqueue_prepared
+    enqueue_all = stream.enqueue_all
+    emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
-    for k, (kernel, steps) in enumerate(zip(area.kernels, area.prepared(stream, dispatch))):
-        slots, n, offset = area.slots[k], area.slot_counts[k], area.offsets[k]
-        correct, copy_blob, compute = steps
-        enqueue(correct)                       # HostCompute: the real addresses into the pinned buffer
-        if numerics:
-            pinned[:n] = [buffer_of(bindings[s]).address for s in slots]
-        enqueue(copy_blob)                     # H2D: the blob into the kernel's correction area on the card
-        if numerics:
-            region[offset:offset + n] = pinned[:n]
-        start = enqueue(compute)               # Compute: the prologue patches the operands, the kernel runs
-        sim = kernel.sim_trace
-        if sim is not None:
-            TIMELINE.emit_shifted(sim.events, start, lane_of)
-        if numerics:
-            addresses = region[offset:offset + n].tolist()
-            area.last_patched[k] = dict(zip(slots, addresses))
-            kernel.run(Operands({s: _resolve(device, a, bindings[s]) for s, a in zip(slots, addresses)}))
-            if k == last:
-                area.launches += 1
+    for k, kernel, slots, offset, steps, sim_events in area.prepared(stream, dispatch, host_bytes):
+        # a device kernel: HostCompute writes the real addresses into the pinned buffer, H2D copies the blob into
+        # the kernel's correction area, Compute's prologue patches the operands and the kernel runs; a host
+        # kernel: D2H of its operands, the op on the host, H2D of its results
+        start = enqueue_all(steps)
+        if sim_events is not None:
+            emit_shifted(sim_events, start, lane_of)
+        if not numerics:
+            continue
+        views = [bindings[s] for s in slots]
+        if kernel.host:
+            kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
+            continue
+        n = len(slots)
+        pinned[:n] = [buffer_of(v).address for v in views]
+        region[offset:offset + n] = pinned[:n]
+        addresses = region[offset:offset + n].tolist()
+        area._patched[k] = addresses
+        kernel.run(Operands({s: _resolve(device, a, v) for s, a, v in zip(slots, addresses, views)}))
+    if numerics and area.kernels:
+        area.launches += 1
     if dispatch == "rebuild" or not options.overlap:
         stream.synchronize()
 
@@ -644,8 +717,7 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
 class _LaunchedPlan(JobPlan):
     """What :func:`launch` returns: the JobPlan that ran, its steps (with their actions) made when read."""
 
-    def __init__(self, area: CorrectionArea, bindings: Mapping[str, torch.Tensor], program: Launchable) -> None:
-        record = area.record(program)
+    def __init__(self, area: CorrectionArea, bindings: Mapping[str, torch.Tensor], record: JobPlan) -> None:
         self.name, self.nodes = record.name, record.nodes
         self._area, self._bindings = area, bindings
 

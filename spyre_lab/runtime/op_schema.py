@@ -21,7 +21,6 @@ def packet_name(op: torch._ops.OpOverload) -> str:
     return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
-@functools.cache
 @functools.cache                      # asked for every op on a spyre tensor: read the schema once per op
 def is_view(op: torch._ops.OpOverload) -> bool:
     """True when every result aliases an input without writing it (view, transpose, slice, ...)."""

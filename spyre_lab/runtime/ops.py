@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from spyre_lab.runtime.eager_programs import launch_eager
-from spyre_lab.runtime.op_schema import is_view
+from spyre_lab.runtime.eager_programs import DEVICE_OPS, launch_eager
+from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
 from spyre_lab.runtime.tensor import SpyreUsageError
 
@@ -80,6 +80,46 @@ for _key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
     _SPARSE_FALLBACKS.fallback(_refuse_sparse, _key)
 _DIRECT = torch.library.Library("aten", "IMPL")
 _DIRECT.impl("convolution_overrideable", _convolution, "PrivateUse1")
+
+
+def _structured_functional_ops() -> list[torch._ops.OpOverload]:
+    """The functional overloads of device ops that torch would run as ``empty`` + the ``out=`` op.
+
+    A structured op (``add.Tensor``, ``mm``, ``silu``, ...) has a CompositeExplicitAutogradNonFunctional
+    kernel that outranks a backend fallback: it allocates the result through the dispatcher and then
+    calls ``add.out``, two trips through Python for one op. Registered directly, the op arrives whole:
+    one dispatch, and the program allocates its result itself. In-place forms keep torch's composite
+    (``add_`` -> ``add.out(out=self)``), so they stay compiled one-op programs writing their input."""
+    found = []
+    for packet in sorted(DEVICE_OPS):
+        for name in getattr(aten, packet).overloads():
+            op = getattr(getattr(aten, packet), name)
+            if mutated_args(op) or is_view(op) or not _has_kernel(op, "CompositeExplicitAutogradNonFunctional"):
+                continue
+            if not _has_kernel(op, "PrivateUse1"):
+                found.append(op)
+    return found
+
+
+def _has_kernel(op: torch._ops.OpOverload, key: str) -> bool:
+    try:
+        return torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), key)
+    except RuntimeError:               # a TorchScript-only overload (``add.t``): not a dispatcher op
+        return False
+
+
+def _direct_kernel(op: torch._ops.OpOverload) -> Any:
+    @torch._disable_dynamo
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return dispatch(op, *args, **kwargs)
+
+    return kernel
+
+
+STRUCTURED_DIRECT = _structured_functional_ops()
+"""Functional device ops registered as PrivateUse1 kernels of their own (see :func:`_structured_functional_ops`)."""
+for _op in STRUCTURED_DIRECT:
+    _DIRECT.impl(_op, _direct_kernel(_op), "PrivateUse1")
 
 
 def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

@@ -35,7 +35,7 @@ from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import Operands, RuntimeOptions, correction_area, launch
+from spyre_lab.runtime.jobplan import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
 from spyre_lab.runtime.streams import Stream
 from spyre_lab.runtime.tensor import DeviceSlot, empty_spyre
 
@@ -137,6 +137,7 @@ class LoadedProgram:
     program: Program
     kernels: list[CompiledKernel]
     constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
+    plans: dict[int, tuple[CorrectionArea, BindingPlan]] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -151,6 +152,15 @@ class LoadedProgram:
     def num_nodes(self) -> int:
         """Nodes of the execution graph a "rebuild" dispatch reconstructs: the graph's ATen ops."""
         return self.program.aten_ops or sum(len(k.kernel.nodes) for k in self.kernels)
+
+    def binding_plan(self, device_index: int) -> tuple[CorrectionArea, BindingPlan]:
+        """The program's correction area on card ``device_index`` and how a launch there binds its slots
+        (made again when the card was reset)."""
+        cached = self.plans.get(device_index)
+        if cached is None or not cached[0].valid():
+            area = correction_area(self, get_device(device_index))
+            cached = self.plans[device_index] = (area, BindingPlan.of(self, device_index))
+        return cached
 
     def constants(self, device_index: int) -> dict[str, torch.Tensor]:
         """The program's constants on card ``device_index``, uploaded once (again after a device reset)."""
@@ -204,42 +214,79 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
     if len(inputs) != len(program.inputs):
         raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
                          f"({', '.join(program.inputs)}), got {len(inputs)}")
-    index = next((x.device.index for x in inputs if x.device.type == "spyre"), None)
+    devices = [x.device for x in inputs]
+    index = next((d.index for d in devices if d.type == "spyre"), None)
     if index is None:
         index = torch.spyre.current_device()
-    bound: dict[str, torch.Tensor] = {}
-    for name, x in zip(program.inputs, inputs):
-        info = program.buffers[name]
-        if tuple(x.shape) != tuple(info.shape) or x.dtype != info.dtype:
-            raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
-                             f"{tuple(info.shape)} {info.dtype}; compile again for the new shape")
-        bound[name] = x if x.device.type == "spyre" else x.to(torch.device("spyre", index))
     loaded = load(program, mode)
+    area, plan = loaded.binding_plan(index)
+    bound: dict[str, torch.Tensor] = {}
+    on_host, on_card = False, True
+    for (name, shape, dtype), x, device in zip(plan.inputs, inputs, devices):
+        if x.shape != shape or x.dtype != dtype:
+            raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
+                             f"{shape} {dtype}; compile again for the new shape")
+        if device.type == "spyre":
+            bound[name] = x
+            on_card = on_card and device.index == index
+        else:
+            bound[name], on_host = x.to(torch.device("spyre", index)), True
     bound.update(loaded.constants(index))
-    direct = {}
-    for read, target in zip(program.outputs, outputs):
-        info = program.buffers[read.buffer]
-        if (target is not None and read.is_identity and read.buffer not in bound
-                and tuple(target.shape) == tuple(info.shape) and target.dtype == info.dtype):
-            bound[read.buffer] = direct[read.buffer] = target
-    visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
-    for slot in correction_area(loaded, get_device(index)).all_slots:   # the kernels bound once per card
+    direct = set()
+    for (buffer, identity, shape, dtype), target in zip(plan.outputs, outputs):
+        if (target is not None and identity and buffer not in bound
+                and target.shape == shape and target.dtype == dtype):
+            bound[buffer] = target
+            direct.add(buffer)
+            on_card = on_card and target.device == area.torch_device
+    for slot, shape, dtype, visible in plan.fresh:
         if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
-            info = program.buffers[slot]     # (a norm's fp32 sum of squares); outputs follow the fp16 policy
-            if slot in visible:
-                bound[slot] = empty_spyre(info.shape, None, info.dtype, index)
+            if visible:                      # (a norm's fp32 sum of squares); outputs follow the fp16 policy
+                bound[slot] = empty_spyre(shape, None, dtype, index)
             else:                            # seen by no one after the launch: a DRAM buffer without a tensor
-                bound[slot] = DeviceSlot(tuple(info.shape), info.dtype, index,  # type: ignore[assignment]
-                                         exact=info.dtype in EXACT_INTERMEDIATE_DTYPES)
-    launch(loaded, bound, stream=stream, options=options)
-    for name, x in zip(program.inputs, inputs):
-        if x.device.type != "spyre" and any(target == name for target, _ in program.mutations):
-            x.copy_(bound[name])                 # a CPU input updated in place gets its new values back
+                bound[slot] = DeviceSlot(shape, dtype, index,  # type: ignore[assignment]
+                                         exact=dtype in EXACT_INTERMEDIATE_DTYPES)
+    if on_card:                              # every slot bound on the card: nothing for launch() to check
+        launch_bound(loaded, area, bound, stream=stream, options=options)
+    else:                                    # operands on another card: launch() says which
+        launch(loaded, bound, stream=stream, options=options)
+    if on_host:
+        for name, x in zip(program.inputs, inputs):
+            if x.device.type != "spyre" and name in plan.mutated:
+                x.copy_(bound[name])             # a CPU input updated in place gets its new values back
     results = []
     for read, target in zip(program.outputs, [*outputs, *[None] * len(program.outputs)]):
-        value = bound[read.buffer] if read.buffer in direct else read.apply(bound[read.buffer])
-        if target is not None and read.buffer not in direct:
+        if read.buffer in direct:
+            results.append(bound[read.buffer])
+            continue
+        value = bound[read.buffer] if read.is_identity else read.apply(bound[read.buffer])
+        if target is not None:
             target.copy_(value)
             value = target
         results.append(value)
     return results
+
+
+@dataclass(frozen=True)
+class BindingPlan:
+    """How a launch of a loaded program binds its slots on one card, worked out once: the inputs to check,
+    the outputs a caller may give, and the buffers each launch allocates (in slot order)."""
+
+    inputs: list[tuple[str, tuple[int, ...], torch.dtype]]
+    outputs: list[tuple[str, bool, tuple[int, ...], torch.dtype]]   # buffer, read is the identity, shape, dtype
+    fresh: list[tuple[str, tuple[int, ...], torch.dtype, bool]]     # slot, shape, dtype, seen by the caller
+    mutated: frozenset[str]
+
+    @staticmethod
+    def of(loaded: LoadedProgram, index: int) -> BindingPlan:
+        program = loaded.program
+        buffers = program.buffers
+        visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
+        given = set(program.inputs) | set(program.constants)
+        slots = correction_area(loaded, get_device(index)).all_slots
+        return BindingPlan(
+            inputs=[(name, tuple(buffers[name].shape), buffers[name].dtype) for name in program.inputs],
+            outputs=[(r.buffer, r.is_identity, tuple(buffers[r.buffer].shape), buffers[r.buffer].dtype)
+                     for r in program.outputs],
+            fresh=[(s, tuple(buffers[s].shape), buffers[s].dtype, s in visible) for s in slots if s not in given],
+            mutated=frozenset(target for target, _ in program.mutations))

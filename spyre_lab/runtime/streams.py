@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -214,7 +214,11 @@ class Timeline:
             raise ValueError(f"trace event {name!r} on {lane!r} has negative duration {dur_us}")
         item = (lane, name, float(start_us), float(dur_us), args)
         if launch is not None:
-            _add(launch, item)
+            if type(launch) is LazyTrace:      # the usual case, inlined: the launch hot path emits ~6 events
+                launch._pending.append(item)
+                launch._pending_len += 1
+            else:
+                _add(launch, item)
         for trace in recorders:
             _add(trace, item)
 
@@ -419,19 +423,25 @@ class Stream(torch.Stream):
     def enqueue_prepared(self, step: PreparedStep) -> float:
         """:meth:`enqueue` of a step whose names, unit, lane and trace args were worked out once
         (:class:`PreparedStep`): the same clock arithmetic and the same events; returns its start."""
+        return self.enqueue_all((step,))
+
+    def enqueue_all(self, steps: Sequence[PreparedStep]) -> float:
+        """:meth:`enqueue_prepared` of ``steps`` one after the other (a kernel's three); returns the last start."""
         timeline = TIMELINE
-        cost = step.host_cost_us
-        if cost:
-            start = timeline.host_us
-            timeline.emit_args(HOST_LANE, step.host_name, start, cost, step.host_args)
-            timeline.host_us = start + cost
-        earliest = max(timeline.host_us, self.ready_us, 0.0)
+        emit = timeline.emit_args
         unit_free = timeline._unit_free
-        start = max(earliest, unit_free.get(step.unit_key, 0.0))
-        end = start + step.dur_us
-        unit_free[step.unit_key] = end
-        timeline.emit_args(step.lane, step.name, start, step.dur_us, step.args)
-        self.ready_us = end
+        ready = self.ready_us
+        start = 0.0
+        for step in steps:
+            cost = step.host_cost_us
+            if cost:
+                host = timeline.host_us
+                emit(HOST_LANE, step.host_name, host, cost, step.host_args)
+                timeline.host_us = host + cost
+            start = max(timeline.host_us, ready, 0.0, unit_free.get(step.unit_key, 0.0))
+            ready = unit_free[step.unit_key] = start + step.dur_us
+            emit(step.lane, step.name, start, step.dur_us, step.args)
+        self.ready_us = ready
         return start
 
     # --- torch.cuda.Stream-like API ----------------------------------------------------------
@@ -474,7 +484,10 @@ def default_stream(device: DeviceLike = None) -> Stream:
 
 def current_stream(device: DeviceLike = None) -> Stream:
     index = device_index(device)
-    return _CURRENT.get(index) or default_stream(index)
+    stream = _CURRENT.get(index)
+    if stream is None:                       # none made current yet: the default stream, which stays current
+        stream = _CURRENT[index] = default_stream(index)
+    return stream
 
 
 def set_stream(stream: Stream) -> None:

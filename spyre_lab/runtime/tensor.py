@@ -31,7 +31,6 @@ kernels that read the same buffer repeatedly do not unstickify it every time.
 from __future__ import annotations
 
 import functools
-import weakref
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -211,11 +210,10 @@ class DeviceBuffer:
 
     def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor) -> None:
         """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage."""
-        size, stride = tuple(size), tuple(stride)
         if values.dtype != self.host_dtype:
             values = values.to(self.host_dtype)
-        if offset == 0 and stride == contiguous_strides(size) and storage_numel(size, stride) == self.numel:
-            if tuple(values.shape) != size:
+        if offset == 0 and _covers(tuple(size), tuple(stride), self.numel):
+            if values.shape != size:
                 values = values.expand(size)
             self.write_flat(values.reshape(-1))
             return
@@ -226,6 +224,12 @@ class DeviceBuffer:
     def __repr__(self) -> str:
         return (f"DeviceBuffer(spyre:{self.device.index} @ {self.address:#x}, {self.device_nbytes} B, "
                 f"host {self.host_dtype} x {self.numel}, device {self.layout.device_dtype} {self.layout.device_size})")
+
+
+@functools.lru_cache(maxsize=4096)
+def _covers(size: tuple[int, ...], stride: tuple[int, ...], numel: int) -> bool:
+    """Is the window (size, stride, offset 0) the whole storage of ``numel`` elements, in order?"""
+    return stride == contiguous_strides(size) and storage_numel(size, stride) == numel
 
 
 @functools.lru_cache(maxsize=4096)
@@ -291,22 +295,48 @@ def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.
     ``exact``: store ``dtype`` itself (float32 has a device format) instead of fp16. Compiled programs
     use it for the fp32 intermediates they keep inside (a norm's sum of squares), never for a tensor
     the caller sees, which follows the fp16 storage policy."""
+    size, stride, numel, shape = _geometry(tuple(size), None if stride is None else tuple(stride))
+    device = get_device(device_index)
+    buffer = DeviceBuffer(device, numel, dtype, shape, exact=exact)
+    storage = torch._C._construct_storage_from_data_pointer(buffer.address, _torch_device(device_index),
+                                                            numel * dtype.itemsize)
+    tensor = _ALIAS(_META, _seed_tensor(device_index, dtype))
+    _SET_STORAGE(_CPU, tensor, storage, 0, size, stride)
+    attached = tensor.untyped_storage()
+    attached.spyre_buffer = buffer
+    attached.spyre_release = _Release(buffer)
+    return tensor
+
+
+class _Release:
+    """Frees a tensor's DRAM when its storage dies: kept on the storage (as ``spyre_buffer`` is), so it goes
+    with the storage's Python object, which torch keeps exactly as long as the storage lives. (A
+    ``weakref.finalize`` would do the same at several times the cost, on every eager op's result.)"""
+
+    __slots__ = ("buffer",)
+
+    def __init__(self, buffer: DeviceBuffer) -> None:
+        self.buffer = buffer
+
+    def __del__(self) -> None:
+        buffer = self.buffer
+        buffer.device.free(buffer.allocation, buffer.generation)
+
+
+_ALIAS = torch.ops.aten.alias.default._handle.redispatch_boxed
+_SET_STORAGE = torch.ops.aten.set_.source_Storage_storage_offset._handle.redispatch_boxed
+
+
+@functools.lru_cache(maxsize=4096)
+def _geometry(size: tuple[int, ...], stride: tuple[int, ...] | None
+              ) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[int, ...]]:
+    """A new tensor's size and stride as ints, its storage's element count, and the shape its buffer is laid
+    out by: a contiguous tensor by its own shape, anything else as its flat storage."""
     size = tuple(map(int, size))
     contiguous = contiguous_strides(size)
     stride = contiguous if stride is None else tuple(map(int, stride))
-    device = get_device(device_index)
     numel = storage_numel(size, stride)
-    # A contiguous tensor is laid out by its own shape; anything else as its flat storage.
-    shape = size if stride == contiguous else (numel,)
-    buffer = DeviceBuffer(device, numel, dtype, shape, exact=exact)
-    nbytes = numel * dtype.itemsize
-    storage = torch._C._construct_storage_from_data_pointer(buffer.address, _torch_device(device_index), nbytes)
-    tensor = torch.ops.aten.alias.default.redispatch(_META, _seed_tensor(device_index, dtype))
-    torch.ops.aten.set_.source_Storage_storage_offset.redispatch(_CPU, tensor, storage, 0, size, stride)
-    attached = tensor.untyped_storage()
-    attached.spyre_buffer = buffer
-    weakref.finalize(attached, device.free, buffer.allocation, buffer.generation)
-    return tensor
+    return size, stride, numel, size if stride == contiguous else (numel,)
 
 
 class DeviceSlot:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from spyre_lab.runtime import jobplan, last_trace, recording
@@ -148,18 +149,31 @@ def test_launch_returns_the_plan_that_ran_with_its_actions():
     assert plan.describe() == jobplan.last_plan().describe()
 
 
-def test_the_prepared_launch_writes_the_same_events_as_plan_and_submit():
+class ChainWithHostStep(Chain):
+    """Chain with a host kernel in the middle (a fallback inside a compiled program): x -> x + 1 -> *3 (host) -> +1."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        host = FunctionKernel("h", ["t", "u"], lambda ops: ops.write("u", ops["t"] * 3), 7.0)
+        host.host = True
+        self.kernels = [self.kernels[0], host,
+                        FunctionKernel("k1", ["u", "y"], lambda ops: ops.write("y", ops["u"] + 1), 5.0)]
+
+
+@pytest.mark.parametrize("make", [Chain, ChainWithHostStep])
+def test_the_prepared_launch_writes_the_same_events_as_plan_and_submit(make):
     """The launch image is only a faster way to the same trace: compare with JobPlan.submit step by step."""
     from spyre_lab.runtime.jobplan import RuntimeOptions, plan_launch
     from spyre_lab.runtime.streams import reset_time
 
     for dispatch in ("aot_patch", "rebuild"):
         options = RuntimeOptions(dispatch=dispatch)
-        traces, outputs = [], []
+        traces, outputs, plans = [], [], []
         for fast in (True, False):
             torch.spyre.synchronize()
             reset_time()
-            program, binds = Chain(), _binds()
+            program, binds = make(), _binds()
+            binds["u"] = torch.zeros(4, 64, dtype=torch.float16, device="spyre")
             with recording() as trace:
                 if fast:
                     launch(program, binds, options=options)
@@ -168,7 +182,10 @@ def test_the_prepared_launch_writes_the_same_events_as_plan_and_submit():
             traces.append([(e.lane, e.name, e.start_us, e.dur_us, {k: v for k, v in e.args.items()
                                                                     if k != "pinned_buffer"}) for e in trace.events])
             outputs.append(binds["y"].cpu())
-        assert traces[0] == traces[1] and torch.equal(outputs[0], outputs[1])
+            plans.append(jobplan.last_plan().describe())
+        assert traces[0] == traces[1] and torch.equal(outputs[0], outputs[1]) and plans[0] == plans[1]
+        expected = 2.0 if make is Chain else 4.0
+        assert torch.equal(outputs[0], torch.full((4, 64), expected, dtype=torch.float16))
 
 
 def test_a_deferred_stickify_reads_back_exactly():

@@ -1,0 +1,82 @@
+"""The cached eager op's short road: one dispatch per structured op, a launch bound once per program and card,
+DRAM freed with the storage, and nothing the caller sees changed by any of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spyre_lab.compiler import compile_graph
+from spyre_lab.runtime import last_trace, ops
+from spyre_lab.runtime.programs import run_program
+
+
+def _pair(shape=(8, 64)):
+    torch.manual_seed(0)
+    a, b = torch.randn(shape, dtype=torch.float16), torch.randn(shape, dtype=torch.float16)
+    return a, b, a.to("spyre"), b.to("spyre")
+
+
+def _kernel_events(trace):
+    return [(e.lane, e.name, e.dur_us) for e in trace.events if e.lane.startswith(("stream", "spyre0", "core"))]
+
+
+def test_a_structured_op_reaches_the_backend_once_not_as_empty_plus_out(monkeypatch):
+    _, _, x, y = _pair()
+    w = y.t()                                        # a view: it has a dispatch of its own
+    seen = []
+    real = ops.dispatch
+    monkeypatch.setattr(ops, "dispatch", lambda op, *a, **k: seen.append(str(op)) or real(op, *a, **k))
+    torch.add(x, y)
+    torch.mm(x, w)
+    torch.nn.functional.silu(x)
+    assert seen == ["aten.add.Tensor", "aten.mm.default", "aten.silu.default"]
+
+
+def test_in_place_forms_keep_torch_composite_and_write_their_input():
+    a, b, x, y = _pair()
+    x.add_(y)
+    x.mul_(2)
+    assert torch.equal(x.cpu(), (a + b) * 2)
+    assert ops.STRUCTURED_DIRECT and not any(op.overloadpacket.__name__.endswith("_") for op in ops.STRUCTURED_DIRECT)
+
+
+@pytest.mark.parametrize("fn", [torch.add, torch.mul, torch.sub, torch.maximum])
+def test_a_direct_op_times_and_computes_like_its_out_form(fn):
+    a, b, x, y = _pair()
+    direct = fn(x, y)
+    direct_events = _kernel_events(last_trace())
+    out = torch.empty_like(x)
+    fn(x, y, out=out)
+    assert _kernel_events(last_trace()) == direct_events
+    assert torch.equal(direct.cpu(), fn(a, b)) and torch.equal(out.cpu(), direct.cpu())
+
+
+def test_results_that_die_give_their_dram_back():
+    _, _, x, y = _pair((64, 64))
+    before = torch.spyre.memory_allocated()
+    for _ in range(20):
+        z = x + y
+    kept = torch.spyre.memory_allocated()
+    assert kept == before + z.numel() * 2            # only the last result is alive
+    view = (x + y)[1:3]                             # a view keeps its storage alive
+    assert torch.spyre.memory_allocated() == kept + z.numel() * 2
+    del view, z
+    assert torch.spyre.memory_allocated() == before
+
+
+def test_a_program_launched_again_after_a_device_reset_binds_afresh():
+    program = compile_graph(lambda p, q: (p * q + p,), [torch.ones(4, 64, dtype=torch.float16)] * 2)
+    a, b, x, y = _pair((4, 64))
+    first = run_program(program, [x, y])[0].cpu()
+    torch.spyre.reset_device()
+    x, y = a.to("spyre"), b.to("spyre")
+    again = run_program(program, [x, y])[0].cpu()
+    assert torch.equal(first, again) and torch.equal(again, a * b + a)
+
+
+def test_an_input_on_another_card_is_refused_by_name():
+    program = compile_graph(lambda p, q: (p + q,), [torch.ones(4, 64, dtype=torch.float16)] * 2)
+    a, b, _, _ = _pair((4, 64))
+    with pytest.raises(ValueError, match="spyre:0 needs every bound tensor there"):
+        run_program(program, [a.to("spyre:0"), b.to("spyre:1")])
