@@ -29,11 +29,25 @@ class Read:
     steps: tuple[tuple[object, tuple], ...]
     meta: torch.Tensor = field(compare=False)
     axes: tuple[str | None, ...] = ()
+    _strided: dict[tuple, tuple | None] = field(default_factory=dict, compare=False, repr=False)
 
     def apply(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` seen through the steps. A chain of views of a CPU tensor is one strided window of its storage,
+        fixed by the tensor's sizes and strides: found once per layout by running the steps, then taken in
+        one ``as_strided`` call (the same sizes, strides, offset and storage, so the same tensor to any op)."""
+        if not self.steps:
+            return t
+        key = (t.shape, t.stride(), t.dtype, t.is_cpu)
+        window = self._strided.get(key, _UNSEEN)
+        if window is not None and window is not _UNSEEN:
+            size, stride, delta = window
+            return t.as_strided(size, stride, t.storage_offset() + delta)
+        out = t
         for op, args in self.steps:
-            t = op(t, *args)
-        return t
+            out = op(out, *args)
+        if window is _UNSEEN:
+            self._strided[key] = _window(t, out)
+        return out
 
     @property
     def is_identity(self) -> bool:
@@ -41,6 +55,20 @@ class Read:
 
     def describe(self) -> str:
         return self.buffer + "".join(f".{op.__name__.split('.')[0]}{list(args)}" for op, args in self.steps)
+
+
+_UNSEEN = object()
+
+
+def _window(t: torch.Tensor, out: torch.Tensor) -> tuple | None:
+    """``out``'s (sizes, strides, offset from ``t``'s) if it is a plain strided view of ``t``'s storage, else None
+    (a step copied, changed the dtype, or set a conj/neg bit that ``as_strided`` would not carry)."""
+    plain = (type(t) is torch.Tensor and type(out) is torch.Tensor and t.device.type == "cpu"
+             and out.device == t.device and out.dtype == t.dtype and t.numel() > 0 and out.numel() > 0
+             and not (out.is_conj() or out.is_neg() or t.is_conj() or t.is_neg()))
+    if not plain or out.untyped_storage().data_ptr() != t.untyped_storage().data_ptr():
+        return None
+    return tuple(out.shape), out.stride(), out.storage_offset() - t.storage_offset()
 
 
 @dataclass
@@ -68,6 +96,10 @@ class Lowered:
 def compose(reads: Sequence[Read], fn: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
     """``fn`` applied to its inputs seen through ``reads``' views: a node's ``compute`` on base buffers."""
 
+    if all(r.is_identity for r in reads):
+        return fn                               # the inputs are the operands
+    applies = [r.apply for r in reads]
+
     def compute(*inputs: torch.Tensor) -> torch.Tensor:
-        return fn(*(r.apply(x) for r, x in zip(reads, inputs)))
+        return fn(*[apply(x) for apply, x in zip(applies, inputs)])
     return compute

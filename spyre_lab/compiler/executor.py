@@ -5,7 +5,8 @@ reductions run the ATen op on the CPU (fp32 inside, one rounding), matmuls accum
 A kernel that has a work division is computed the way the cores compute it: each core's slice of
 the iteration space separately, K-split partial sums added in K order (the ring reduction). So the
 tile-by-tile mode, which keeps every core's slice for the step-through view, gives exactly the same
-numbers as the default mode -- it is the same computation with the per-core results kept.
+numbers as the default mode -- it is the same computation with the per-core results kept
+(``per_core`` holds that emulation).
 
 Time: device kernels are placed back to back on a Trace, each kernel's per-core events (from
 ``KernelSpec.simulate(mode)``) shifted to its start; host fallbacks appear as a host event between
@@ -14,31 +15,22 @@ two modeled PCIe copies (``cfg.pcie_bandwidth``, ``cfg.pcie_latency_us``). All t
 
 from __future__ import annotations
 
-import math
 import time
-import weakref
 from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
 
-from spyre_lab.compiler.access import Access
-from spyre_lab.compiler.ir import Fallback, FusedKernel, IRNode, MatMul, Reduction
+from spyre_lab.compiler.ir import Fallback, FusedKernel
 from spyre_lab.compiler.kernel_spec import KernelSpec
+from spyre_lab.compiler.per_core import CoreTile, per_core_slices, run_kernel, run_node
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
 from spyre_lab.device.trace import Trace
 
 KERNEL_LANE = "stream0"
 
-
-@dataclass
-class CoreTile:
-    """What one core computed in one kernel: its slice and the values it produced (LX and DRAM)."""
-
-    core: int
-    slice: dict[str, tuple[int, int]]
-    values: dict[str, torch.Tensor]
+__all__ = ["CoreTile", "ExecutionResult", "execute", "per_core_slices", "run_kernel"]
 
 
 @dataclass
@@ -69,184 +61,6 @@ def _check_inputs(program: Program, inputs: Sequence[torch.Tensor]) -> list[torc
                              "one program per shape)")
         out.append(x.cpu() if x.device.type != "cpu" else x)
     return out
-
-
-def _run_node(node: IRNode, env: dict[str, torch.Tensor]) -> torch.Tensor:
-    return node.compute(*(env[b] for b in node.inputs))
-
-
-# --- per-core slicing --------------------------------------------------------------------------
-
-def _split_dims(kernel: FusedKernel, slices: list[dict[str, tuple[int, int]]]) -> set[str]:
-    """The anchor dims some core does not cover whole."""
-    anchor = kernel.anchor
-    return {d for s in slices for d, (a, b) in s.items() if (a, b) != (0, anchor.dims.get(d, -1))}
-
-
-def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict[str, tuple[int, int]]]) -> bool:
-    """Can every node of the kernel be computed per core from the anchor's slices?"""
-    anchor = kernel.anchor
-    split = _split_dims(kernel, slices)
-    if not split:
-        return False
-    produced = {n.output for n in kernel.nodes}
-    for _i, node in enumerate(kernel.nodes):
-        for d in split:
-            if node.dims.get(d) != anchor.dims.get(d) and not (d == "K" and node is not anchor and d not in node.dims):
-                return False
-            if d in node.reduction_dims and not (node is anchor and ((isinstance(node, MatMul) and d == "K")
-                                                                     or _lone_split_reduction(kernel))):
-                return False
-        if isinstance(node, MatMul) and node is not anchor:
-            return False
-        if any(r.buffer in produced and not r.is_identity for r in access[node.name].reads):
-            return False
-    return not ("K" in split and kernel.nodes[0] is not anchor)
-
-
-PARTIAL_COMBINE = {"matmul": torch.add, "sum": torch.add, "mean": torch.add, "amax": torch.maximum,
-                   "amin": torch.minimum}
-"""How partners' partial results meet when a reduced dim is split across cores (the ring reduction)."""
-
-
-def _lone_split_reduction(kernel: FusedKernel) -> bool:
-    node = kernel.nodes[0]
-    return len(kernel.nodes) == 1 and isinstance(node, Reduction) and node.op in PARTIAL_COMBINE
-
-
-def _partial(node: IRNode, ins: list[torch.Tensor], access: Access) -> torch.Tensor:
-    """A core's fp32 partial result over its share of the reduced dims (kept as size-1 dims)."""
-    if isinstance(node, MatMul):
-        return torch.matmul(ins[0].float(), ins[1].float())
-    axes = [i for i, a in enumerate(access.reads[0].axes) if a in node.reduction_dims]
-    x = ins[0]
-    if node.op in ("amax", "amin"):
-        return getattr(x, node.op)(dim=axes, keepdim=True)
-    return x.float().sum(dim=axes, keepdim=True)
-
-
-def _finish(node: IRNode, total: torch.Tensor, access: Access, dtype: torch.dtype) -> torch.Tensor:
-    """Partial sums combined: scale a mean, round once to the buffer dtype, drop reduced dims if not kept."""
-    if node.op == "mean":
-        total = total / math.prod(node.dims[d] for d in node.reduction_dims)
-    total = total.to(dtype)
-    if isinstance(node, Reduction) and len(access.out_axes) < total.dim():
-        total = total.squeeze([i for i, a in enumerate(access.reads[0].axes) if a in node.reduction_dims])
-    return total
-
-
-def _narrow(t: torch.Tensor, axes: Sequence[str | None], s: dict[str, tuple[int, int]],
-            full: dict[str, int]) -> torch.Tensor:
-    for i, name in enumerate(axes):
-        if name in s and t.shape[i] == full[name] and s[name] != (0, full[name]):
-            a, b = s[name]
-            t = t.narrow(i, a, b - a)
-    return t
-
-
-def _core_values(nodes: Sequence[IRNode], anchor: IRNode, access: dict[str, Access], env: dict[str, torch.Tensor],
-                 s: dict[str, tuple[int, int]], local: dict[str, torch.Tensor] | None = None,
-                 ) -> dict[str, torch.Tensor]:
-    """One core's computation of its slice; a K-split matmul leaves its fp32 partial sum."""
-    local = {} if local is None else local
-    for node in nodes:
-        acc = access[node.name]
-        ins = []
-        for r in acc.reads:
-            if r.buffer in local:
-                ins.append(local[r.buffer])
-            else:
-                ins.append(_narrow(r.apply(env[r.buffer]), r.axes, s, node.dims))
-        if node is anchor and any(d in node.reduction_dims for d in s):
-            local[node.output] = _partial(node, ins, acc)
-        else:
-            local[node.output] = _narrow(acc.op_fn(*ins), acc.out_axes, s, node.dims)
-    return local
-
-
-_SLICED: dict[int, tuple[weakref.ref, list, set[str], list[str], list[tuple[int, dict, dict]]]] = {}
-
-
-def _sliced_plan(kernel: FusedKernel, slices: list[dict[str, tuple[int, int]]]
-                 ) -> tuple[set[str], list[str], list[tuple[int, dict, dict]]]:
-    """What :func:`_run_sliced` derives from the kernel and its slices alone (kept while both are the same
-    objects, e.g. for a runtime that launches the kernel again and again): the split dims, the reduced ones,
-    and per core (index, its slice, its slice of the split dims)."""
-    cached = _SLICED.get(id(kernel))
-    if cached is None or cached[0]() is not kernel or cached[1] is not slices:
-        anchor = kernel.anchor
-        split = _split_dims(kernel, slices)
-        partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
-        cores = [(c, s, {d: r for d, r in s.items() if d in split}) for c, s in enumerate(slices) if s]
-        if cached is None:
-            weakref.finalize(kernel, _SLICED.pop, id(kernel), None)   # dropped with the kernel
-        cached = _SLICED[id(kernel)] = (weakref.ref(kernel), slices, split, partial_dims, cores)
-    return cached[2], cached[3], cached[4]
-
-
-def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
-                slices: list[dict[str, tuple[int, int]]]) -> list[CoreTile]:
-    access = program.access
-    anchor = kernel.anchor
-    split, partial_dims, cores = _sliced_plan(kernel, slices)
-    first = kernel.nodes[:1] if partial_dims else kernel.nodes
-    tiles = [CoreTile(c, dict(s), _core_values(first, anchor, access, env, own)) for c, s, own in cores]
-    if partial_dims:                           # ring reduction: partners' fp32 partials combined in slice order
-        combine = PARTIAL_COMBINE[anchor.op]
-        kept = [d for d in anchor.dims if d not in partial_dims]
-        blocks: dict[tuple, list[CoreTile]] = {}
-        for t in tiles:
-            blocks.setdefault(tuple(t.slice.get(d, (0, anchor.dims[d])) for d in kept), []).append(t)
-        for group in blocks.values():
-            group.sort(key=lambda t: tuple(t.slice[d][0] for d in partial_dims))
-            total = group[0].values[anchor.output]
-            for t in group[1:]:
-                total = combine(total, t.values[anchor.output])
-            for t in group[1:]:
-                t.values[anchor.output + ".partial"] = t.values.pop(anchor.output)
-            leader = group[0]                  # the partner that stores finishes the block and runs the epilogue
-            leader.values[anchor.output + ".partial"] = leader.values[anchor.output]
-            leader.values[anchor.output] = _finish(anchor, total, access[anchor.name],
-                                                   program.buffers[anchor.output].dtype)
-            s = {d: r for d, r in leader.slice.items() if d in split and d not in partial_dims}
-            _core_values(kernel.nodes[1:], anchor, access, env, s, local=leader.values)
-    for name in kernel.outputs:
-        info = program.buffers[name]
-        node = next(n for n in kernel.nodes if n.output == name)
-        out_axes = access[node.name].out_axes
-        full = torch.empty(info.shape, dtype=info.dtype)
-        for t in tiles:
-            if name not in t.values:
-                continue
-            index = tuple(slice(*t.slice[a]) if a in split and info.shape[i] == node.dims[a] else slice(None)
-                          for i, a in enumerate(out_axes))
-            full[index] = t.values[name]
-        env[name] = full
-    return tiles
-
-
-def per_core_slices(kernel: FusedKernel, program: Program,
-                    slices: Sequence[dict[str, tuple[int, int]]] | None) -> list[dict[str, tuple[int, int]]] | None:
-    """The slices :func:`run_kernel` computes core by core (None: the kernel is computed whole). A runtime that
-    launches the kernel many times decides once and passes ``checked=True``."""
-    if slices and _sliceable(kernel, program.access, list(slices)):
-        return list(slices)
-    return None
-
-
-def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
-               slices: Sequence[dict[str, tuple[int, int]]] | None = None, *, checked: bool = False) -> list[CoreTile]:
-    """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core
-    ``slices`` (``KernelSpec.slices``) it computes core by core and returns what each core produced.
-    ``checked``: ``slices`` came from :func:`per_core_slices` (no need to ask again whether they apply)."""
-    if slices and checked:
-        return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices))
-    if slices and _sliceable(kernel, program.access, list(slices)):
-        return _run_sliced(kernel, program, env, list(slices))
-    for node in kernel.nodes:
-        env[node.output] = _run_node(node, env)
-    return []
-
 
 
 # --- timing ------------------------------------------------------------------------------------
@@ -296,7 +110,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
             times[launch.name] = None
             continue
         slices = launch.slices if isinstance(launch, KernelSpec) else None
-        core_tiles = run_kernel(kernel, program, env, slices)
+        core_tiles = run_kernel(kernel, program, env, slices, tiles=tile_by_tile)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
         if isinstance(launch, UnplannedKernel):
@@ -323,7 +137,7 @@ def _host_fallback(program: Program, kernel: FusedKernel, env: dict[str, torch.T
     clock += d2h
     start = time.perf_counter()
     for node in kernel.nodes:
-        env[node.output] = _run_node(node, env)
+        env[node.output] = run_node(node, env)
     measured_us = (time.perf_counter() - start) * 1e6
     host_us = program.cfg.host_launch_us
     trace.add("host", f"fallback {', '.join(n.op for n in kernel.nodes)}", clock, host_us,

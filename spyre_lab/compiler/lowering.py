@@ -71,15 +71,25 @@ class _Slot:
 
 
 def _bind(op: Callable, args: tuple, kwargs: dict) -> Callable[..., torch.Tensor]:
-    """``op`` with its tensor arguments left open: ``call(*tensors)`` fills the slots in order."""
+    """``op`` with its tensor arguments left open: ``call(*tensors)`` fills the slots in order.
+
+    Called once per node per launch, so it does little: an ``OpOverload`` is called through the ``_op`` its
+    ``__call__`` forwards to, and slots that are plain arguments or keyword values are filled in place (only a
+    slot inside a list or dict needs the arguments rebuilt)."""
+    if type(op) is torch._ops.OpOverload:
+        op = op._op
     flat, spec = tree_flatten((args, kwargs))
     slots = [(pos, a.i) for pos, a in enumerate(flat) if isinstance(a, _Slot)]
-    if not kwargs and all(not isinstance(a, (list, tuple, dict)) for a in args):
+    top = [(pos, a.i) for pos, a in enumerate(args) if isinstance(a, _Slot)]
+    top_kw = [(k, v.i) for k, v in kwargs.items() if isinstance(v, _Slot)]
+    if len(top) + len(top_kw) == len(slots):
         def call_flat(*tensors: torch.Tensor) -> torch.Tensor:
             filled = list(args)
-            for pos, i in slots:
+            for pos, i in top:
                 filled[pos] = tensors[i]
-            return op(*filled)
+            if top_kw:
+                return op(*filled, **{**kwargs, **{k: tensors[i] for k, i in top_kw}})
+            return op(*filled, **kwargs)
         return call_flat
 
     def call(*tensors: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,9 @@ class CompiledGraph:
         self.last_result: ExecutionResult | None = None
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         self.out_leaves, self.out_spec = tree_flatten(out_node.args[0])
+        # per output leaf: a constant, a tensor the program produces, or a host value (decided once, not per call)
+        self._out_kinds = ["const" if not isinstance(leaf, fx.Node) else "tensor" if _is_tensor(leaf) else "host"
+                           for leaf in self.out_leaves]
         self.host_values = _host_value_graph(gm, self.out_leaves)   # SymInt outputs: sizes, not device data
         if all(isinstance(x, torch.Tensor) for x in example_inputs):
             self.program = compile_graph(gm, example_inputs, options, cfg)
@@ -82,8 +85,8 @@ class CompiledGraph:
             outputs = result.outputs
         produced = iter(outputs)
         values = iter(self.host_values(*args) if self.host_values is not None else ())
-        leaves = [leaf if not isinstance(leaf, fx.Node) else next(produced) if _is_tensor(leaf) else next(values)
-                  for leaf in self.out_leaves]
+        leaves = [leaf if kind == "const" else next(produced) if kind == "tensor" else next(values)
+                  for leaf, kind in zip(self.out_leaves, self._out_kinds)]
         return tree_unflatten(leaves, self.out_spec)
 
 

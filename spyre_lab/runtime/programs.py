@@ -111,16 +111,14 @@ class CompiledKernel:
 
     def run(self, operands: Operands) -> None:
         if self._plan is None:           # decided once per kernel: which inputs, constants and per-core slices
-            constants = self.program.constants
+            read = {b for node in self.kernel.nodes for b in node.inputs}
             self._plan = ([b for b in self.kernel.inputs if b in operands],
-                          [(b, t) for b, t in constants.items()],
+                          [(b, t) for b, t in self.program.constants.items() if b in read and b not in operands],
                           per_core_slices(self.kernel, self.program, self._slices_that_matter()))
         inputs, constants, slices = self._plan
         env: dict[str, torch.Tensor] = {b: operands[b] for b in inputs}
-        for b, t in constants:
-            if b not in env:
-                env[b] = t
-        run_kernel(self.kernel, self.program, env, slices, checked=True)
+        env.update(constants)
+        run_kernel(self.kernel, self.program, env, slices, checked=True, tiles=False)   # numbers only: no views
         for b in self.kernel.outputs:
             operands.write(b, env[b])
 
