@@ -227,7 +227,7 @@ class Operands:
     """
 
     def __init__(self, windows: Mapping[str, Window]) -> None:
-        self._windows = dict(windows)
+        self._windows = windows if type(windows) is dict else dict(windows)   # the launch hands over its own dict
 
     def __getitem__(self, slot: str) -> torch.Tensor:
         buffer, size, stride, offset = self._windows[slot]

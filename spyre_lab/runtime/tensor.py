@@ -207,7 +207,10 @@ class DeviceBuffer:
 
     def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
         """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate)."""
-        return self.host_flat().as_strided(size, stride, offset)
+        host = self._host
+        if host is None or self.generation != self.device.generation:
+            host = self.host_flat()            # made now, or the error of a reset device
+        return host.as_strided(size, stride, offset)
 
     def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor) -> None:
         """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage."""
@@ -417,17 +420,20 @@ def _torch_device(index: int) -> torch.device:
 
 def buffer_of(t: torch.Tensor) -> DeviceBuffer:
     """The payload behind a spyre tensor (errors clearly for anything else)."""
+    try:
+        buffer = t.untyped_storage().spyre_buffer      # every launch asks this of every operand: the short road
+    except (AttributeError, RuntimeError, NotImplementedError):
+        buffer = None
+    if buffer is not None:                            # only the spyre runtime's storages carry one
+        buffer.check_valid()
+        return buffer
     if t.device.type != "spyre":
         raise SpyreUsageError(f"expected a spyre tensor, got one on {t.device}")
-    buffer = getattr(t.untyped_storage(), "spyre_buffer", None)
-    if buffer is None:
-        raise SpyreUsageError(
-            "this spyre tensor has no device buffer (its storage was not made by the spyre runtime, e.g. by "
-            "pickle or torch.load); create spyre tensors with .to('spyre') or factories with device='spyre', and "
-            "save/pickle CPU copies (t.cpu()) instead of spyre tensors"
-        )
-    buffer.check_valid()
-    return buffer
+    raise SpyreUsageError(
+        "this spyre tensor has no device buffer (its storage was not made by the spyre runtime, e.g. by "
+        "pickle or torch.load); create spyre tensors with .to('spyre') or factories with device='spyre', and "
+        "save/pickle CPU copies (t.cpu()) instead of spyre tensors"
+    )
 
 
 def _typed_buffer(t: torch.Tensor) -> DeviceBuffer:
