@@ -237,6 +237,11 @@ class Operands:
         buffer, size, stride, offset = self._windows[slot]
         buffer.write_window(size, stride, offset, values)
 
+    def window(self, slot: str) -> Window:
+        """The (buffer, size, stride, offset) the prologue resolved for ``slot``: for a kernel that writes only
+        part of an operand's buffer (``DeviceBuffer.write_rows``)."""
+        return self._windows[slot]
+
     def __contains__(self, slot: str) -> bool:
         return slot in self._windows
 

@@ -155,7 +155,7 @@ def _write_slots(operands: Operands, slot: str, slots: torch.Tensor, values: tor
     """Store ``values`` ([tokens, kv_heads, d]) into cache slots ``slots`` of the cache bound to ``slot``
     ([blocks, block_size, kv_heads, d], slots numbered block * block_size + offset): a row write of the
     buffer behind the patched address, so a launch writes its own K/V and leaves the rest of the cache alone."""
-    buffer, size, stride, offset = operands._windows[slot]     # the window the prologue resolved (no public getter)
+    buffer, size, stride, offset = operands.window(slot)     # the window the prologue resolved
     if stride[0] != size[1] * stride[1]:
         raise ValueError(f"the {slot} operand's blocks are not contiguous (size {size}, stride {stride})")
     buffer.write_rows((size[0] * size[1], *size[2:]), stride[1:], offset, slots, values)
