@@ -184,6 +184,15 @@ class LazyTrace(Trace):
     def end_us(self) -> float:
         return max([*(e.end_us for e in self._events), *(e for _, e in self._extents())], default=0.0)
 
+    @property
+    def duration_us(self) -> float:
+        """``end_us - start_us`` from one pass over the pending events (the engine asks it of every step)."""
+        extents = self._extents()
+        starts = [*(e.start_us for e in self._events), *(s for s, _ in extents)]
+        if not starts:
+            return 0.0
+        return max([*(e.end_us for e in self._events), *(e for _, e in extents)]) - min(starts)
+
 
 class Timeline:
     """The modeled clock of the process: host time, when each unit is next free, and the trace.
@@ -220,7 +229,11 @@ class Timeline:
             else:
                 _add(launch, item)
         for trace in recorders:
-            _add(trace, item)
+            if type(trace) is LazyTrace:
+                trace._pending.append(item)
+                trace._pending_len += 1
+            else:
+                _add(trace, item)
 
     def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float,
                      lane_of: Callable[[str], str] | None = None) -> None:
