@@ -63,7 +63,7 @@ from spyre_lab.runtime.streams import (
     current_stream,
     device_lane,
 )
-from spyre_lab.runtime.tensor import DeviceBuffer, buffer_of, device_nbytes
+from spyre_lab.runtime.tensor import DeviceBuffer, buffer_of, device_nbytes, owns_its_memory
 
 Dispatch = Literal["rebuild", "aot_patch"]
 ADDRESS_BYTES = 8
@@ -234,8 +234,10 @@ class Operands:
         return buffer.read_window(size, stride, offset)
 
     def write(self, slot: str, values: torch.Tensor) -> None:
+        """A kernel hands over what it writes: a result that owns its memory becomes the buffer's contents as it
+        is; anything that shares memory (a view of an operand) is copied."""
         buffer, size, stride, offset = self._windows[slot]
-        buffer.write_window(size, stride, offset, values)
+        buffer.write_window(size, stride, offset, values, adopt=owns_its_memory(values))
 
     def window(self, slot: str) -> Window:
         """The (buffer, size, stride, offset) the prologue resolved for ``slot``: for a kernel that writes only

@@ -180,17 +180,18 @@ class DeviceBuffer:
                 self._host = unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype)
         return self._host
 
-    def write_flat(self, flat: torch.Tensor) -> None:
+    def write_flat(self, flat: torch.Tensor, adopt: bool = False) -> None:
         """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements).
 
         The values are narrowed to the stored dtype (and checked: fp16 range, int32 range) now; the
-        stickified copy is made only when someone reads :attr:`data`."""
+        stickified copy is made only when someone reads :attr:`data`. ``adopt``: ``flat`` is a kernel's
+        result that owns its memory (:func:`owns_its_memory`), so it becomes the mirror without a copy."""
         self.check_valid()
         dtype = flat.dtype
         if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
                 and flat.numel() == self.numel):
             # nothing to narrow or check (fp16 kept as fp16): the mirror is a private copy of the values
-            self._host = flat.clone() if flat.is_contiguous() else flat.contiguous()
+            self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
             self._data = None
             return
         source = flat.reshape(self.layout.host_shape)
@@ -212,14 +213,16 @@ class DeviceBuffer:
             host = self.host_flat()            # made now, or the error of a reset device
         return host.as_strided(size, stride, offset)
 
-    def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor) -> None:
-        """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage."""
+    def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor,
+                     adopt: bool = False) -> None:
+        """Write ``values`` (broadcast and cast like ``copy_``) into the strided window of this storage.
+        ``adopt``: ``values`` owns its memory (see :meth:`write_flat`)."""
         if values.dtype != self.host_dtype:
-            values = values.to(self.host_dtype)
+            values, adopt = values.to(self.host_dtype), True
         if offset == 0 and _covers(tuple(size), tuple(stride), self.numel):
             if values.shape != size:
-                values = values.expand(size)
-            self.write_flat(values.reshape(-1))
+                values, adopt = values.expand(size), False
+            self.write_flat(values.reshape(-1), adopt=adopt and values.is_contiguous())
             return
         flat = self.host_flat().clone()
         flat.as_strided(size, stride, offset).copy_(values)
@@ -416,6 +419,22 @@ class DeviceSlot:
 @functools.lru_cache(maxsize=64)
 def _torch_device(index: int) -> torch.device:
     return torch.device("spyre", index)
+
+
+def owns_its_memory(values: torch.Tensor) -> bool:
+    """Does ``values`` (a kernel's result) hold a whole storage of its own, from its start, that no other
+    tensor shares? Then it can become a buffer's mirror without a copy: nobody else can see or change it.
+
+    Asked of the storage's reference count, not of ``values._base``: under ``torch.inference_mode()`` a
+    view has no ``_base``, and a view of an input at an offset, adopted, would be read at the wrong offset."""
+    if values.storage_offset() or not values.is_contiguous():
+        return False
+    storage = values.untyped_storage()
+    return (storage.nbytes() == values.numel() * values.element_size()
+            and _storage_use_count(storage._cdata) <= 2)   # this tensor and the ``storage`` handle above
+
+
+_storage_use_count = torch._C._storage_Use_Count
 
 
 def buffer_of(t: torch.Tensor) -> DeviceBuffer:

@@ -80,3 +80,25 @@ def test_an_input_on_another_card_is_refused_by_name():
     a, b, _, _ = _pair((4, 64))
     with pytest.raises(ValueError, match="spyre:0 needs every bound tensor there"):
         run_program(program, [a.to("spyre:0"), b.to("spyre:1")])
+
+
+def test_only_a_result_with_memory_of_its_own_is_adopted_without_a_copy():
+    from spyre_lab.runtime.tensor import owns_its_memory
+
+    base = torch.randn(8, 64)
+    with torch.inference_mode():                     # views have no _base here: ask the storage instead
+        fresh = base + 1
+        assert owns_its_memory(fresh)
+        assert not owns_its_memory(fresh[2:])        # an offset into another tensor's storage
+        assert not owns_its_memory(fresh.view(-1))   # the whole storage, but shared with ``fresh``
+        assert not owns_its_memory(fresh.t())        # not in order
+        assert not owns_its_memory(fresh[:4])        # part of a storage
+
+
+def test_a_compiled_slice_of_an_input_under_inference_mode_reads_back_right():
+    program = compile_graph(lambda p: (p[2:] * 1, p[2:]), [torch.ones(6, 64, dtype=torch.float16)])
+    a = torch.arange(6 * 64, dtype=torch.float16).reshape(6, 64) / 64
+    with torch.inference_mode():
+        scaled, sliced = run_program(program, [a.to("spyre")])
+        again = run_program(program, [a.to("spyre")])[0]
+    assert torch.equal(scaled.cpu(), a[2:]) and torch.equal(sliced.cpu(), a[2:]) and torch.equal(again.cpu(), a[2:])
