@@ -535,21 +535,35 @@ def plan_launch(program: Launchable, bindings: Mapping[str, torch.Tensor],
             raise ValueError(f"a launch on spyre:{index} needs every bound tensor there; {elsewhere} are not "
                              f"(move them with .to('spyre:{index}'))")
     area = correction_area(program, device)
-    kernels = area.kernels
-    cfg = device.config
-    steps: list[Step] = []
-    for k, kernel in enumerate(kernels):
-        slots = area.slots[k]
+    for kernel, slots in zip(area.kernels, area.slots):
         missing = [s for s in slots if s not in bindings]
         if missing:
             raise KeyError(f"kernel {kernel.name!r} needs address slot(s) {missing} but the launch binds only "
                            f"{sorted(bindings)}")
-        steps.extend(_kernel_steps(kernel, k, slots, bindings, area, cfg))
-    return JobPlan(program.name, steps, nodes=program.num_nodes or len(kernels))
+    return JobPlan(program.name, _plan_steps(area, bindings), nodes=program.num_nodes or len(area.kernels))
 
 
-def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Mapping[str, torch.Tensor],
-                  area: CorrectionArea, cfg: SpyreConfig) -> list[Step]:
+def _plan_steps(area: CorrectionArea, bindings: Mapping[str, torch.Tensor]) -> list[Step]:
+    """Every kernel's steps (the area's own, :meth:`CorrectionArea._static_steps`) with the actions that do
+    the work: write the correction blob, copy it, patch and run; or, for a host kernel, run it on the host."""
+    host_bytes = area.host_bytes(bindings)
+    steps = []
+    for k, kernel in enumerate(area.kernels):
+        make = _host_actions if kernel.host else _device_actions
+        actions = make(kernel, k, bindings, area)
+        steps.extend(Step(kind, name, dur, action, nbytes, on_start, args)
+                     for (kind, name, dur, nbytes, args), (action, on_start)
+                     in zip(area._static_steps(k, host_bytes), actions))
+    return steps
+
+
+Actions = list[tuple[Callable[[], None] | None, Callable[[float], None] | None]]
+"""Per step of a kernel: its action and what it does when it starts (None: nothing)."""
+
+
+def _device_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.Tensor],
+                    area: CorrectionArea) -> Actions:
+    slots = area.slots[k]
     n, offset = len(slots), area.offsets[k]
     views = {s: bindings[s] for s in slots}
 
@@ -573,40 +587,18 @@ def _kernel_steps(kernel: RuntimeKernel, k: int, slots: list[str], bindings: Map
             index = area.device.index
             TIMELINE.emit_shifted(sim.events, start, None if index == 0 else lambda lane: device_lane(lane, index))
 
-    time_us, timing = float(kernel.time_us), kernel.timing
-    if kernel.host:
-        return _host_kernel_steps(kernel, slots, views, area, time_us, timing)
-    blob = n * ADDRESS_BYTES
-    return [
-        Step(StepKind.HOST_COMPUTE, f"correct {kernel.name}",
-             cfg.host_correction_base_us + cfg.host_correction_per_slot_us * n, correct,
-             args={"slots": n, "pinned_buffer": area.pinned.data_ptr()}),
-        Step(StepKind.H2D, f"correction blob -> {kernel.name}", dma_us(blob, area.device), copy_blob, nbytes=blob,
-             args={"region_address": area.region_address + offset * ADDRESS_BYTES}),
-        Step(StepKind.COMPUTE, kernel.name, time_us, patch_and_run, on_start=place_sim_trace,
-             args={"timing": f"modeled ({timing})", **kernel.args}),
-    ]
+    return [(correct, None), (copy_blob, None), (patch_and_run, place_sim_trace)]
 
 
-def _host_kernel_steps(kernel: RuntimeKernel, slots: list[str], views: Mapping[str, torch.Tensor], area: CorrectionArea,
-                       time_us: float, timing: str) -> list[Step]:
-    """A launch the device cannot run: its operands cross PCIe to the host and its results come back."""
-    outputs = set(kernel.output_slots)
-    bytes_in = sum(device_nbytes(views[s]) for s in slots if s not in outputs)
-    bytes_out = sum(device_nbytes(views[s]) for s in slots if s in outputs)
+def _host_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.Tensor],
+                  area: CorrectionArea) -> Actions:
+    """A kernel the device cannot run: its operands cross PCIe to the host, it runs there, its results come back."""
+    views = {s: bindings[s] for s in area.slots[k]}
 
     def run_on_host() -> None:
-        windows = {s: _resolve(area.device, buffer_of(views[s]).address, views[s]) for s in slots}
-        kernel.run(Operands(windows))
+        kernel.run(Operands({s: _resolve(area.device, buffer_of(v).address, v) for s, v in views.items()}))
 
-    return [
-        Step(StepKind.D2H, f"{kernel.name} inputs -> host", dma_us(bytes_in, area.device), nbytes=bytes_in,
-             args={"fallback": True}),
-        Step(StepKind.HOST_COMPUTE, f"{kernel.name} on host", time_us, run_on_host,
-             args={"fallback": True, "timing": f"modeled ({timing})"}),
-        Step(StepKind.H2D, f"{kernel.name} results -> device", dma_us(bytes_out, area.device), nbytes=bytes_out,
-             args={"fallback": True}),
-    ]
+    return [(None, None), (run_on_host, None), (None, None)]
 
 
 def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
@@ -636,7 +628,7 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
     options = _DEFAULT_OPTIONS if options is None else options
     area = correction_area(program, device)
     meta = {"dispatch": options.dispatch, **trace_args} if trace_args else options.trace_meta
-    if not _binds_every_slot(area, bindings, device.index):
+    if not _binds_every_slot(area, bindings):
         plan = plan_launch(program, bindings, device)        # explains what is wrong with the binding
         TIMELINE.begin_launch(plan.name, meta)
         try:
@@ -666,17 +658,12 @@ def _launch_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
     return _LaunchedPlan(area, bindings, _LAST_PLAN)
 
 
-def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor], index: int) -> bool:
-    """Every slot bound, every bound tensor on card ``index`` (else ``plan_launch`` says what is wrong)."""
+def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor]) -> bool:
+    """Every slot bound, every bound tensor on the area's card (else ``plan_launch`` says what is wrong)."""
     if len(bindings) < len(area.all_slots) or not bindings.keys() >= area.slot_set:
         return False
-    expected = _spyre_device(index)
+    expected = area.torch_device
     return all(t.device == expected for t in bindings.values())
-
-
-@functools.lru_cache(maxsize=64)
-def _spyre_device(index: int) -> torch.device:
-    return torch.device("spyre", index)
 
 
 def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
@@ -731,8 +718,6 @@ class _LaunchedPlan(JobPlan):
     def __getattr__(self, attr: str) -> Any:
         if attr != "steps":
             raise AttributeError(attr)
-        area, cfg = self._area, self._area.device.config
-        steps = [step for k, kernel in enumerate(area.kernels)
-                 for step in _kernel_steps(kernel, k, area.slots[k], self._bindings, area, cfg)]
+        steps = _plan_steps(self._area, self._bindings)
         self.steps = steps
         return steps
