@@ -157,6 +157,10 @@ class DeviceBuffer:
     def address(self) -> int:
         return self.allocation.address
 
+    def free(self) -> None:
+        """Give the DRAM back (what the death of the buffer's tensor storage or launch slot does)."""
+        self.device.free(self.allocation, self.generation)
+
     @property
     def device_nbytes(self) -> int:
         return self.layout.device_nbytes
@@ -190,7 +194,7 @@ class DeviceBuffer:
         dtype = flat.dtype
         if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
                 and flat.numel() == self.numel):
-            # nothing to narrow or check (fp16 kept as fp16): the mirror is a private copy of the values
+            # nothing to narrow or check (fp16 kept as fp16): the mirror is the result itself, or a private copy
             self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
             self._data = None
             return
@@ -355,8 +359,7 @@ class _Release:
         self.buffer = buffer
 
     def __del__(self) -> None:
-        buffer = self.buffer
-        buffer.device.free(buffer.allocation, buffer.generation)
+        self.buffer.free()
 
 
 _ALIAS = torch.ops.aten.alias.default._handle.redispatch_boxed
@@ -412,8 +415,7 @@ class DeviceSlot:
         return self                           # ``buffer_of`` finds ``spyre_buffer`` here, as on a storage
 
     def __del__(self) -> None:
-        buffer = self.buffer
-        buffer.device.free(buffer.allocation, buffer.generation)
+        self.buffer.free()
 
 
 @functools.lru_cache(maxsize=64)
