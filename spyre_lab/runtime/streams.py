@@ -433,13 +433,10 @@ class Stream(torch.Stream):
         self.ready_us = end
         return start, end
 
-    def enqueue_prepared(self, step: PreparedStep) -> float:
-        """:meth:`enqueue` of a step whose names, unit, lane and trace args were worked out once
-        (:class:`PreparedStep`): the same clock arithmetic and the same events; returns its start."""
-        return self.enqueue_all((step,))
-
     def enqueue_all(self, steps: Sequence[PreparedStep]) -> float:
-        """:meth:`enqueue_prepared` of ``steps`` one after the other (a kernel's three); returns the last start."""
+        """:meth:`enqueue` of ``steps`` one after the other (a kernel's three), each with its names, unit, lane and
+        trace args worked out once (:class:`PreparedStep`): the same clock arithmetic and the same events; returns
+        the last step's start."""
         timeline = TIMELINE
         emit = timeline.emit_args
         unit_free = timeline._unit_free
