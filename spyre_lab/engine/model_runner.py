@@ -51,14 +51,6 @@ def _append_flat(flat: list[int], values) -> tuple[int, ...]:
     return (len(values),)
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """Row-major strides of ``shape`` (a view of the staging buffer is a dense block of it)."""
-    strides, step = [], 1
-    for size in reversed(shape):
-        strides.append(step)
-        step *= size
-    return tuple(reversed(strides))
-
 
 @dataclass
 class ModelInput:
@@ -228,8 +220,9 @@ class ModelRunner:
                 buffer = torch.empty(packed.shape, dtype=packed.dtype, device=self.device)
                 views, offset = {}, 0
                 for name, shape in layout:
-                    views[name] = buffer.as_strided(shape, _contiguous_strides(shape), offset)
-                    offset += math.prod(shape)
+                    size = math.prod(shape)
+                    views[name] = buffer.narrow(0, offset, size).view(shape)
+                    offset += size
             staged = self._staging[layout] = (buffer, views)
             while len(self._staging) > STAGING_LAYOUTS:
                 self._staging.popitem(last=False)
