@@ -22,7 +22,6 @@ import torch
 from spyre_lab.runtime.eager_programs import DEVICE_OPS, launch_eager
 from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
-from spyre_lab.runtime.registration import kernel_for
 from spyre_lab.runtime.tensor import SpyreUsageError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
@@ -109,10 +108,18 @@ def _has_kernel(op: torch._ops.OpOverload, key: str) -> bool:
         return False
 
 
+def _direct_kernel(op: torch._ops.OpOverload) -> Any:
+    @torch._disable_dynamo
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        return dispatch(op, *args, **kwargs)
+
+    return kernel
+
+
 STRUCTURED_DIRECT = _structured_functional_ops()
 """Functional device ops registered as PrivateUse1 kernels of their own (see :func:`_structured_functional_ops`)."""
 for _op in STRUCTURED_DIRECT:
-    _DIRECT.impl(_op, kernel_for(_op), "PrivateUse1")
+    _DIRECT.impl(_op, _direct_kernel(_op), "PrivateUse1")
 
 
 def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

@@ -73,7 +73,7 @@ def register() -> None:
     lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     direct = torch.library.Library("aten", "IMPL")
     for op in (*DIRECT_KERNELS, *TRANSFER_KERNELS):
-        direct.impl(op, kernel_for(op), "PrivateUse1")
+        direct.impl(op, _kernel_for(op), "PrivateUse1")
     autocast.register(direct)
     host_memory.register(direct)
     _LIBRARIES.extend((lib, direct))
@@ -134,9 +134,7 @@ def _route_deepcopy_through_clone() -> None:
     torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
 
 
-def kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
-    """A PrivateUse1 kernel of its own for ``op``: the eager dispatcher, outside Dynamo."""
-
+def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
     @torch._disable_dynamo
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return _dispatch_unwrapped(op, *args, **kwargs)   # already outside Dynamo: one guard, not two
