@@ -53,7 +53,7 @@ from spyre_lab.compiler.access import Read
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.device.trace import Trace, TraceEvent
-from spyre_lab.runtime.devices import SpyreDevice, get_device
+from spyre_lab.runtime.devices import LiveBuffer, SpyreDevice, get_device
 from spyre_lab.runtime.streams import (
     CALLBACK_LANE,
     PCIE_LANE,
@@ -337,6 +337,8 @@ class CorrectionArea:
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
+        # per kernel, the intermediates-segment addresses it claims before it runs (None: the program has none)
+        self.claims: list[dict[int, LiveBuffer]] | None = None
         self._patched: list[list[int]] = [[] for _ in kernels]   # per kernel, the addresses its prologue patched
         self._generation = device.generation
         self._record: JobPlan | None = None
@@ -576,6 +578,8 @@ def _device_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.
     def patch_and_run() -> None:
         addresses = area.region_data[offset:offset + n].tolist()
         area._patched[k] = addresses
+        if area.claims is not None:
+            area.device.claim(area.claims[k])
         resolved = {s: _resolve(area.device, a, views[s]) for s, a in zip(slots, addresses)}
         kernel.run(Operands(resolved))
         if k == len(area.slot_counts) - 1:
@@ -596,6 +600,8 @@ def _host_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.Te
     views = {s: bindings[s] for s in area.slots[k]}
 
     def run_on_host() -> None:
+        if area.claims is not None:
+            area.device.claim(area.claims[k])
         kernel.run(Operands({s: _resolve(area.device, buffer_of(v).address, v) for s, v in views.items()}))
 
     return [(None, None), (run_on_host, None), (None, None)]
@@ -683,6 +689,7 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
     enqueue_all = stream.enqueue_all
     emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
+    claims, claim = area.claims, device.claim
     for k, kernel, slots, offset, steps, sim_events in area.prepared(stream, dispatch, host_bytes):
         # a device kernel: HostCompute writes the real addresses into the pinned buffer, H2D copies the blob into
         # the kernel's correction area, Compute's prologue patches the operands and the kernel runs; a host
@@ -693,6 +700,8 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
         if not numerics:
             continue
         views = [bindings[s] for s in slots]
+        if claims is not None:
+            claim(claims[k])
         if kernel.host:
             kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
             continue

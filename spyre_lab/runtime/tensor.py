@@ -33,17 +33,14 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.layout import StickLayout, contiguous_strides, stickify, unstickify
 from spyre_lab.device.layout import device_dtype as layout_device_dtype
+from spyre_lab.device.memory import Allocation
 from spyre_lab.runtime.devices import SpyreDevice, get_device
-
-if TYPE_CHECKING:
-    from spyre_lab.device.memory import Allocation
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -125,20 +122,23 @@ class DeviceBuffer:
                  "numel")
 
     def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int],
-                 exact: bool = False) -> None:
+                 exact: bool = False, placed_at: int | None = None) -> None:
         self.device = device
         self.numel = numel
         self.host_dtype = host_dtype
         shape = tuple(shape)
-        stored = host_dtype if exact else _storage_dtype(host_dtype)
-        self.layout = _layout(shape, stored, device.config.stick_bytes)
+        self.layout = buffer_layout(shape, host_dtype, device.config.stick_bytes, exact)
         if not exact and host_dtype in _NARROWED_TO_FP16:
             warn_if_narrowed(host_dtype)
-        self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=_tag(host_dtype, shape))
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
         self._host: torch.Tensor | None = None
-        device.register_buffer(self.allocation.address, self)
+        if placed_at is None:                   # a tensor's own DRAM block, found by its address from now on
+            self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=_tag(host_dtype, shape))
+            device.register_buffer(self.allocation.address, self)
+        else:                                   # a place a compiled program planned in the intermediates segment
+            nbytes = self.layout.device_nbytes   # (whoever placed it registers it while it is in use)
+            self.allocation = Allocation(placed_at, nbytes, nbytes, _tag(host_dtype, shape))
 
     @property
     def data(self) -> torch.Tensor:
@@ -282,6 +282,13 @@ def _storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return storage_dtype(dtype)
 
 
+def buffer_layout(shape: tuple[int, ...], host_dtype: torch.dtype, stick_bytes: int, exact: bool = False
+                  ) -> StickLayout:
+    """How a buffer of ``host_dtype`` values is laid out on the card: in its storage dtype (fp16 for floats),
+    or ``exact``: in ``host_dtype`` itself (the fp32 intermediates compiled programs keep)."""
+    return _layout(shape, host_dtype if exact else _storage_dtype(host_dtype), stick_bytes)
+
+
 @functools.lru_cache(maxsize=4096)
 def _layout(shape: tuple[int, ...], dtype: torch.dtype, stick_bytes: int) -> StickLayout:
     """Layouts are immutable and validated on construction: build each (shape, dtype) once."""
@@ -379,21 +386,23 @@ def _geometry(size: tuple[int, ...], stride: tuple[int, ...] | None
 
 
 class DeviceSlot:
-    """A DRAM buffer a compiled program keeps to itself for one launch (an intermediate between two kernels):
-    allocated like a tensor's, bound and patched like one, but with no torch tensor around it, since nothing
-    outside the launch ever sees it. Freed when the launch drops it, as a tensor's storage would be.
+    """A DRAM buffer a compiled program keeps to itself (an intermediate between two of its kernels): placed in
+    the card's intermediates segment when the program is loaded (:mod:`~spyre_lab.runtime.intermediates`), bound
+    and patched like a tensor at every launch, but with no torch tensor around it, since nothing outside the
+    program ever sees it.
 
     It answers what the launch path asks of a bound tensor: its card, dtype, size, stride and buffer."""
 
     __slots__ = ("_size", "_stride", "buffer", "device", "dtype", "spyre_buffer")
 
-    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, exact: bool = False) -> None:
+    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, address: int,
+                 exact: bool = False) -> None:
         self._size = torch.Size(size)
         self._stride = contiguous_strides(self._size)
         self.dtype = dtype
         self.device = _torch_device(device_index)
         self.buffer = self.spyre_buffer = DeviceBuffer(get_device(device_index), storage_numel(size, self._stride),
-                                                       dtype, self._size, exact=exact)
+                                                       dtype, self._size, exact=exact, placed_at=address)
 
     def size(self) -> torch.Size:
         return self._size
@@ -413,9 +422,6 @@ class DeviceSlot:
 
     def untyped_storage(self) -> DeviceSlot:
         return self                           # ``buffer_of`` finds ``spyre_buffer`` here, as on a storage
-
-    def __del__(self) -> None:
-        self.buffer.free()
 
 
 @functools.lru_cache(maxsize=64)
