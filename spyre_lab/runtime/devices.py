@@ -195,3 +195,22 @@ def current_device() -> int:
 def set_device(device: int | str | torch.device) -> None:
     global _CURRENT_INDEX
     _CURRENT_INDEX = device_index(device)
+
+
+_INDEX_OF: dict[torch.device, int | None] = {}
+
+
+def spyre_index(device: torch.device) -> int | None:
+    """The card index of ``device`` if it is a spyre device (the current card for plain ``"spyre"``), else None.
+    Asked of every operand of every launch, so answered from a table: ``torch.device.type`` builds a new string
+    at each call."""
+    try:
+        return _INDEX_OF[device]
+    except KeyError:
+        if device.type != "spyre":
+            _INDEX_OF[device] = None
+            return None
+        if device.index is None:
+            return _CURRENT_INDEX
+        index = _INDEX_OF[device] = device.index
+        return index

@@ -25,7 +25,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -35,7 +35,7 @@ from spyre_lab.compiler.ir import FusedKernel
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
-from spyre_lab.runtime.devices import get_device
+from spyre_lab.runtime.devices import get_device, spyre_index
 from spyre_lab.runtime.intermediates import IntermediatesPool, place_intermediates
 from spyre_lab.runtime.jobplan import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
 from spyre_lab.runtime.streams import Stream
@@ -140,6 +140,7 @@ class LoadedProgram:
     kernels: list[CompiledKernel]
     constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
     plans: dict[int, tuple[CorrectionArea, BindingPlan]] = field(default_factory=dict)
+    fixed_timing: ClassVar[bool] = True      # name and kernel times are the compiler's: launches need not check
 
     @property
     def name(self) -> str:
@@ -218,21 +219,21 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
     if len(inputs) != len(program.inputs):
         raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
                          f"({', '.join(program.inputs)}), got {len(inputs)}")
-    devices = [x.device for x in inputs]
-    index = next((d.index for d in devices if d.type == "spyre"), None)
+    cards = [spyre_index(x.device) for x in inputs]
+    index = next((c for c in cards if c is not None), None)
     if index is None:
         index = torch.spyre.current_device()
     loaded = load(program, mode)
     area, plan = loaded.binding_plan(index)
     bound: dict[str, torch.Tensor] = {}
     on_host, on_card = False, True
-    for (name, shape, dtype), x, device in zip(plan.inputs, inputs, devices):
+    for (name, shape, dtype), x, card in zip(plan.inputs, inputs, cards):
         if x.shape != shape or x.dtype != dtype:
             raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
                              f"{shape} {dtype}; compile again for the new shape")
-        if device.type == "spyre":
+        if card is not None:
             bound[name] = x
-            on_card = on_card and device.index == index
+            on_card = on_card and card == index
         else:
             bound[name], on_host = x.to(torch.device("spyre", index)), True
     bound.update(loaded.constants(index))

@@ -115,11 +115,15 @@ def warn_if_narrowed(dtype: torch.dtype) -> None:
         )
 
 
+_WINDOWS_KEPT = 8
+"""Windows of one buffer's mirror kept for reuse (:meth:`DeviceBuffer.read_window`)."""
+
+
 class DeviceBuffer:
     """The payload of one spyre storage: its DRAM allocation and its stickified contents."""
 
-    __slots__ = ("__weakref__", "_data", "_host", "allocation", "device", "generation", "host_dtype", "layout",
-                 "numel")
+    __slots__ = ("__weakref__", "_data", "_host", "_views", "allocation", "device", "generation", "host_dtype",
+                 "layout", "numel")
 
     def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int],
                  exact: bool = False, placed_at: int | None = None) -> None:
@@ -133,6 +137,7 @@ class DeviceBuffer:
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
         self._host: torch.Tensor | None = None
+        self._views: dict[tuple, torch.Tensor] = {}   # windows of ``_host`` handed out (see read_window)
         if placed_at is None:                   # a tensor's own DRAM block, found by its address from now on
             self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=_tag(host_dtype, shape))
             device.register_buffer(self.allocation.address, self)
@@ -182,6 +187,7 @@ class DeviceBuffer:
                 self._host = zeros.reshape(-1).to(self.host_dtype)
             else:
                 self._host = unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype)
+            self._views = {}
         return self._host
 
     def write_flat(self, flat: torch.Tensor, adopt: bool = False) -> None:
@@ -196,7 +202,7 @@ class DeviceBuffer:
                 and flat.numel() == self.numel):
             # nothing to narrow or check (fp16 kept as fp16): the mirror is the result itself, or a private copy
             self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
-            self._data = None
+            self._data, self._views = None, {}
             return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
@@ -208,14 +214,27 @@ class DeviceBuffer:
         if host.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
             host = host.clone()                # the mirror owns its memory: the caller may reuse ``flat``
         self._host = host
-        self._data = None
+        self._data, self._views = None, {}
 
     def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
-        """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate)."""
+        """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate).
+
+        Kept until the next write replaces the mirror: a weight or a cached operand is read by every launch
+        through the same window, and making the view again costs more than the lookup."""
         host = self._host
         if host is None or self.generation != self.device.generation:
             host = self.host_flat()            # made now, or the error of a reset device
-        return host.as_strided(size, stride, offset)
+        key = (size, stride, offset)
+        views = self._views
+        try:
+            view = views.get(key)
+        except TypeError:                      # a list for a size: not kept
+            return host.as_strided(size, stride, offset)
+        if view is None:
+            if len(views) >= _WINDOWS_KEPT:
+                views.clear()
+            view = views[key] = host.as_strided(size, stride, offset)
+        return view
 
     def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor,
                      adopt: bool = False) -> None:
@@ -247,6 +266,7 @@ class DeviceBuffer:
         if own is None or own() is not host:
             with torch.inference_mode(False):       # a normal tensor: later row writes may come from outside it
                 host = self._host = host.clone()
+            self._views = {}
             _ROW_MIRRORS[self] = weakref.ref(host)
         staged = values.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:
