@@ -91,3 +91,16 @@ def test_a_window_found_on_the_cpu_is_not_used_for_a_device_tensor():
     got = read.apply(on_card)                          # the steps themselves, through the device's own views
     assert got.device.type == "spyre" and torch.equal(got.cpu(), base.t()[1:5])
     assert read._strided[(on_card.shape, on_card.stride(), on_card.dtype, False)] is None
+
+
+def test_the_same_tensor_gets_the_same_window_until_its_layout_changes():
+    base = torch.arange(24.0).reshape(4, 6)
+    read = Read("x", ((aten.t.default, ()), (aten.slice.Tensor, (0, 1, 5))), torch.empty(0, device="meta"))
+    read.apply(base)                                    # finds the window
+    first = read.apply(base)
+    assert read.apply(base) is first                    # kept for the very same tensor
+    other = base.clone()
+    assert read.apply(other) is not first and torch.equal(read.apply(other), first)
+    base.t_()                                           # the same object, laid out anew
+    again = read.apply(base)
+    assert again is not first and torch.equal(again, aten.slice.Tensor(aten.t.default(base), 0, 1, 5))
