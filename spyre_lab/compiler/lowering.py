@@ -102,9 +102,36 @@ def _bind(op: Callable, args: tuple, kwargs: dict) -> Callable[..., torch.Tensor
 
 
 def _matmul_fp32(out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
+    left, right = LastFp32(), LastFp32()
+
     def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(a.float(), b.float()).to(out_dtype)
+        return torch.matmul(left(a), right(b)).to(out_dtype)
     return mm
+
+
+class LastFp32:
+    """``t.float()``, keeping the last copy made while the very same tensor comes back unchanged: a matmul node
+    reads its weight through the same view at every launch, and converting it again gives the same values.
+    Only tensors with a version counter are kept (an inference tensor can change in place without saying so),
+    and only small ones (a large copy would double what the weights hold)."""
+
+    __slots__ = ("source", "value", "version")
+    LIMIT_BYTES = 1 << 24
+
+    def __init__(self) -> None:
+        self.source: torch.Tensor | None = None
+        self.version = -1
+        self.value: torch.Tensor | None = None
+
+    def __call__(self, t: torch.Tensor) -> torch.Tensor:
+        if t is self.source and t._version == self.version:
+            return self.value                                    # type: ignore[return-value]
+        value = t.float()
+        if value is not t and not t.is_inference() and value.numel() * 4 <= self.LIMIT_BYTES:
+            self.source, self.version, self.value = t, t._version, value
+        else:
+            self.source = self.value = None
+        return value
 
 
 def _dim_names(n: int) -> tuple[str, ...]:
