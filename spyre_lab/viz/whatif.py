@@ -96,22 +96,20 @@ def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str
     kernel's numerics out because no modeled time depends on them; that keeps a what-if change fast.
     """
     from spyre_lab.runtime.jobplan import RuntimeOptions, launch, timing_only
-    from spyre_lab.runtime.programs import EXACT_INTERMEDIATE_DTYPES, load
+    from spyre_lab.runtime.programs import load
     from spyre_lab.runtime.streams import current_stream, recording, synchronize
     from spyre_lab.runtime.tensor import empty_spyre
 
     options = RuntimeOptions(dispatch=dispatch)  # type: ignore[arg-type]
     index = inputs[0].device.index or 0
     loaded = load(program, program.options.timing)
+    _, plan = loaded.binding_plan(index)          # as run_program binds: new outputs, placed intermediates
     bound = dict(zip(program.inputs, inputs))
     bound.update(loaded.constants(index))
-    visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
-    for kernel in loaded.kernels:
-        for slot in kernel.address_slots:
-            if slot not in bound:        # as run_program binds them: internal fp32 intermediates keep their format
-                info = program.buffers[slot]
-                bound[slot] = empty_spyre(info.shape, None, info.dtype, index,
-                                          exact=slot not in visible and info.dtype in EXACT_INTERMEDIATE_DTYPES)
+    for slot, shape, dtype in plan.fresh:
+        if slot not in bound:
+            bound[slot] = empty_spyre(shape, None, dtype, index)
+    bound.update(plan.intermediates.slots)
     synchronize()
     with timing_only(), recording() as trace:
         launch(loaded, bound, stream=current_stream(index), options=options)
