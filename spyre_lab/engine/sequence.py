@@ -6,6 +6,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from spyre_lab.engine.detokenizer import DecodeState
 from spyre_lab.engine.sampling_params import SamplingParams
 
 
@@ -33,6 +34,8 @@ class Sequence:
     num_preemptions: int = 0
     first_token_time: float | None = None
     finished_time: float | None = None
+    #: how far ``output_text`` is decoded and searched for stop strings (`detokenizer`)
+    decode_state: DecodeState = field(default_factory=DecodeState, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
