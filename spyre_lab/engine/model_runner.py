@@ -236,7 +236,7 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, model_input: ModelInput) -> torch.Tensor:
         """Run the model on prepared inputs; return logits [num seqs, vocab] for each sequence's last token."""
-        hidden = self.model(model_input.input_ids, model_input.positions, model_input.meta)
+        hidden = self.platform.run_model(self.model, model_input.input_ids, model_input.positions, model_input.meta)
         return self.model.compute_logits(hidden.index_select(0, model_input.logits_indices))  # a device gather
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
