@@ -236,7 +236,11 @@ class ModelRunner:
     def execute(self, model_input: ModelInput) -> torch.Tensor:
         """Run the model on prepared inputs; return logits [num seqs, vocab] for each sequence's last token."""
         hidden = self.platform.run_model(self.model, model_input.input_ids, model_input.positions, model_input.meta)
-        return self.model.compute_logits(hidden.index_select(0, model_input.logits_indices))  # a device gather
+        return self.logits(hidden, model_input.logits_indices)
+
+    def logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Each sequence's last hidden state (a device gather of rows ``logits_indices``) through the LM head."""
+        return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
         start = time.perf_counter()
