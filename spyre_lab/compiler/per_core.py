@@ -357,6 +357,6 @@ def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tenso
         return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices), tiles)
     if slices and _sliceable(kernel, program.access, list(slices)):     # (the same list again: the plan is kept)
         return _run_sliced(kernel, program, env, slices if isinstance(slices, list) else list(slices), tiles)
-    for node in kernel.nodes:
-        env[node.output] = run_node(node, env)
+    for node in kernel.nodes:                # run_node, inlined: every launch of every kernel comes here
+        env[node.output] = node.compute(*[env[b] for b in node.inputs])
     return []

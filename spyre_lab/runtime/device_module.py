@@ -133,7 +133,7 @@ class SpyreDeviceProperties:
     """What ``torch.cuda.get_device_properties`` answers, for a modeled card; ``config`` has every number."""
 
     name: str
-    total_memory: int                 # bytes tensors can use: usable DRAM minus the program segment
+    total_memory: int                 # bytes tensors can use: usable DRAM minus the two runtime segments
     multi_processor_count: int        # the card's cores
     config: SpyreConfig
     type: str = "spyre"

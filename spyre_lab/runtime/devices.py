@@ -34,6 +34,10 @@ DEVICES_ENV = "SPYRE_LAB_DEVICES"
 # estimate: DRAM kept for loaded programs (binaries and their correction areas), at the top of the
 # usable range so tensor addresses and memory_allocated() count tensors only, as torch.cuda does.
 PROGRAM_SEGMENT_BYTES = 1 << 30
+# the compiler's segment 0 of its address map (7 x 16 GiB): the intermediates pool, where every compiled program
+# keeps the buffers only it sees, planned by live range (spyre_lab.runtime.intermediates). Kept below the program
+# segment, so tensor addresses start at the bottom of DRAM.
+INTERMEDIATES_SEGMENT_BYTES = 16 << 30
 
 
 class SpyreDevice:
@@ -44,11 +48,13 @@ class SpyreDevice:
 
         self.index = index
         self.config = config
-        tensor_bytes = config.dram_usable_bytes - PROGRAM_SEGMENT_BYTES
+        tensor_bytes = config.dram_usable_bytes - PROGRAM_SEGMENT_BYTES - INTERMEDIATES_SEGMENT_BYTES
         self.memory: DeviceMemory = DeviceMemory(tensor_bytes, alignment=config.stick_bytes, name=f"spyre:{index}")
         self.program_memory: DeviceMemory = DeviceMemory(PROGRAM_SEGMENT_BYTES, alignment=config.stick_bytes,
                                                          name=f"spyre:{index} program segment")
-        self.program_base = tensor_bytes
+        self.intermediates_base = tensor_bytes
+        self.intermediates_bytes = INTERMEDIATES_SEGMENT_BYTES
+        self.program_base = tensor_bytes + INTERMEDIATES_SEGMENT_BYTES
         # address -> live buffer; every buffer leaves through free() (its tensor's storage or slot dies)
         self._buffers: dict[int, LiveBuffer] = {}
         self.generation = 0
@@ -73,6 +79,11 @@ class SpyreDevice:
 
     def register_buffer(self, address: int, buffer: LiveBuffer) -> None:
         self._buffers[address] = buffer
+
+    def claim(self, buffers: dict[int, LiveBuffer]) -> None:
+        """Make ``buffers`` (address -> buffer) the ones found at those addresses: a kernel about to run claims
+        the places in the intermediates segment it was planned to use, which other kernels used before it."""
+        self._buffers.update(buffers)
 
     def buffer_at(self, address: int) -> LiveBuffer:
         """The live buffer whose allocation starts at ``address`` (how patched kernels find operands)."""
@@ -184,3 +195,22 @@ def current_device() -> int:
 def set_device(device: int | str | torch.device) -> None:
     global _CURRENT_INDEX
     _CURRENT_INDEX = device_index(device)
+
+
+_INDEX_OF: dict[torch.device, int | None] = {}
+
+
+def spyre_index(device: torch.device) -> int | None:
+    """The card index of ``device`` if it is a spyre device (the current card for plain ``"spyre"``), else None.
+    Asked of every operand of every launch, so answered from a table: ``torch.device.type`` builds a new string
+    at each call."""
+    try:
+        return _INDEX_OF[device]
+    except KeyError:
+        if device.type != "spyre":
+            _INDEX_OF[device] = None
+            return None
+        if device.index is None:
+            return _CURRENT_INDEX
+        index = _INDEX_OF[device] = device.index
+        return index

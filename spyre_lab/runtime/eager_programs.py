@@ -16,7 +16,7 @@ import functools
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch._prims_common import is_non_overlapping_and_dense_or_false
@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
-from spyre_lab.runtime.devices import device_index, get_device, on_reset
+from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_index
 from spyre_lab.runtime.fallback import run_on_host
 from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
@@ -135,6 +135,7 @@ class EagerProgram:
     num_nodes: int = 1
     compiled: Program | None = None          # the compiler's Program for this op, when it has one
     mutations: tuple = ()                    # in-place updates run inside the kernel: none to write back
+    fixed_timing: ClassVar[bool] = True      # its name and roofline time never change: launches need not check
 
     @functools.cached_property
     def read_leaves(self) -> list[int]:
@@ -168,21 +169,37 @@ _SPECS: dict[tuple, Any] = {}
 
 def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], Any, tuple]:
     """``tree_flatten((args, kwargs))`` for an ATen call, without walking the pytree every time: an ATen
-    call nests at most one list deep, so its leaves are read directly and its TreeSpec is kept per call
-    shape (what :func:`_shape_of_call` names). Anything deeper takes ``tree_flatten``."""
+    call nests at most one list deep, so its leaves are read directly, with the call shape (what
+    :func:`_shape_of_call` names) on the way, and its TreeSpec is kept per call shape. Anything deeper
+    takes ``tree_flatten``."""
     leaves: list[Any] = []
-    for value in (*args, *kwargs.values()):
+    arities: list[Any] = []
+    for value in args:
         kind = type(value)
-        if kind in _FLAT:
+        if kind is list or kind is tuple:
             for item in value:
-                if type(item) in _FLAT or type(item) is dict:
+                inner = type(item)
+                if inner is list or inner is tuple or inner is dict:
                     return (*tree_flatten((args, kwargs)), _shape_of_call(args, kwargs))
             leaves.extend(value)
+            arities.append((kind, len(value)))
         elif kind is dict:
             return (*tree_flatten((args, kwargs)), _shape_of_call(args, kwargs))
         else:
             leaves.append(value)
-    call_shape = _shape_of_call(args, kwargs)
+            arities.append(-1)
+    if kwargs:
+        for value in kwargs.values():
+            kind = type(value)
+            if kind is dict or ((kind is list or kind is tuple) and any(type(i) in _NESTING for i in value)):
+                return (*tree_flatten((args, kwargs)), _shape_of_call(args, kwargs))
+            if kind is list or kind is tuple:
+                leaves.extend(value)
+            else:
+                leaves.append(value)
+        call_shape = _shape_of_call(args, kwargs)
+    else:
+        call_shape = (len(args), tuple(arities), ())
     spec = _SPECS.get(call_shape)
     if spec is None:
         full, spec = tree_flatten((args, kwargs))
@@ -190,6 +207,9 @@ def _flatten_call(args: tuple, kwargs: dict) -> tuple[list[Any], Any, tuple]:
             return full, spec, call_shape      # a container pytree reads differently: never cache it
         _SPECS[call_shape] = spec
     return leaves, spec, call_shape
+
+
+_NESTING = (list, tuple, dict)
 
 
 def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> tuple[tuple, int | None]:
@@ -200,10 +220,11 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
     for x in leaves:
         if isinstance(x, torch.Tensor):
             device = x.device
-            if device.type == "spyre":
+            card = spyre_index(device)
+            if card is not None:
                 if index is None:
-                    index = device.index
-                parts.append((device.index, x.shape, x.stride(), x.storage_offset(), x.dtype))
+                    index = card
+                parts.append((card, x.shape, x.stride(), x.storage_offset(), x.dtype))
             else:
                 scalar = device.type == "cpu" and x.numel() == 1   # a CPU scalar operand: its value is a constant
                 parts.append((device.type, x.dtype, x.item() if scalar else id(x)))
@@ -211,9 +232,7 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
             parts.append(tuple(x))
         else:
             parts.append((type(x), x))
-    key = tuple(parts)
-    hash(key)
-    return key, index
+    return tuple(parts), index      # hashed (an unhashable constant raises TypeError) by the cache lookup
 
 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,

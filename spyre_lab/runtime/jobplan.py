@@ -53,7 +53,7 @@ from spyre_lab.compiler.access import Read
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.device.trace import Trace, TraceEvent
-from spyre_lab.runtime.devices import SpyreDevice, get_device
+from spyre_lab.runtime.devices import LiveBuffer, SpyreDevice, get_device
 from spyre_lab.runtime.streams import (
     CALLBACK_LANE,
     PCIE_LANE,
@@ -337,6 +337,9 @@ class CorrectionArea:
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
+        self.fixed = False                     # the program's name and modeled times never change (see refresh)
+        # per kernel, the intermediates-segment addresses it claims before it runs (None: the program has none)
+        self.claims: list[dict[int, LiveBuffer]] | None = None
         self._patched: list[list[int]] = [[] for _ in kernels]   # per kernel, the addresses its prologue patched
         self._generation = device.generation
         self._record: JobPlan | None = None
@@ -366,7 +369,7 @@ class CorrectionArea:
         """Forget the launch image if what it was made from changed (a hand-made program renamed, a kernel
         given another modeled time): the next launch works it out again."""
         record = self._record
-        if record is not None and (record.name != program.name or any(
+        if record is not None and not self.fixed and (record.name != program.name or any(
                 float(k.time_us) != d for k, d in zip(self.kernels, self._durations))):
             self._record = None
             self._prepared.clear()
@@ -517,6 +520,7 @@ def correction_area(program: Launchable, device: SpyreDevice) -> CorrectionArea:
     if area is None or not area.binds(program):
         area = per_device[device.index] = CorrectionArea(launch_kernels(program, device.config), device,
                                                          program.kernels)
+        area.fixed = getattr(program, "fixed_timing", False)
     return area
 
 
@@ -576,6 +580,8 @@ def _device_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.
     def patch_and_run() -> None:
         addresses = area.region_data[offset:offset + n].tolist()
         area._patched[k] = addresses
+        if area.claims is not None:
+            area.device.claim(area.claims[k])
         resolved = {s: _resolve(area.device, a, views[s]) for s, a in zip(slots, addresses)}
         kernel.run(Operands(resolved))
         if k == len(area.slot_counts) - 1:
@@ -596,9 +602,20 @@ def _host_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.Te
     views = {s: bindings[s] for s in area.slots[k]}
 
     def run_on_host() -> None:
+        if area.claims is not None:
+            area.device.claim(area.claims[k])
         kernel.run(Operands({s: _resolve(area.device, buffer_of(v).address, v) for s, v in views.items()}))
 
     return [(None, None), (run_on_host, None), (None, None)]
+
+
+def _address_of(view: torch.Tensor, generation: int) -> int:
+    """``buffer_of(view).address`` for a tensor a launch bound on its card (so it has a buffer): what the host
+    writes into the correction blob for it."""
+    buffer = view.untyped_storage().spyre_buffer
+    if buffer.generation != generation:
+        buffer.check_valid()                             # the error of a tensor from before a device reset
+    return buffer.allocation.address
 
 
 def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
@@ -636,26 +653,27 @@ def launch(program: Launchable, bindings: Mapping[str, torch.Tensor], *, stream:
         finally:
             TIMELINE.end_launch()
         return plan
-    return _launch_prepared(program, area, bindings, stream, options, meta)
+    _launch_prepared(program, area, bindings, stream, options, meta)
+    return _LaunchedPlan(area, bindings, _LAST_PLAN)
 
 
 def launch_bound(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
-                 stream: Stream | None = None, options: RuntimeOptions | None = None) -> JobPlan:
+                 stream: Stream | None = None, options: RuntimeOptions | None = None) -> None:
     """:func:`launch` for a caller that bound every slot of ``area`` (``correction_area(program, card)``)
-    to a buffer on that card itself, as ``run_program`` does: nothing to check again."""
+    to a buffer on that card itself, as ``run_program`` does: nothing to check again, and no JobPlan to
+    return (``last_plan()`` has the record)."""
     stream = current_stream(area.device.index) if stream is None else stream
     options = _DEFAULT_OPTIONS if options is None else options
-    return _launch_prepared(program, area, bindings, stream, options, options.trace_meta)
+    _launch_prepared(program, area, bindings, stream, options, options.trace_meta)
 
 
 def _launch_prepared(program: Launchable, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
-                     stream: Stream, options: RuntimeOptions, meta: dict[str, Any]) -> JobPlan:
+                     stream: Stream, options: RuntimeOptions, meta: dict[str, Any]) -> None:
     TIMELINE.begin_launch(program.name, meta)
     try:
         _submit_prepared(program, area, bindings, stream, options)
     finally:
         TIMELINE.end_launch()
-    return _LaunchedPlan(area, bindings, _LAST_PLAN)
 
 
 def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor]) -> bool:
@@ -683,6 +701,8 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
     enqueue_all = stream.enqueue_all
     emit_shifted = TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
+    claims, claim = area.claims, device.claim
+    buffer_at, generation = device.buffer_at, device.generation
     for k, kernel, slots, offset, steps, sim_events in area.prepared(stream, dispatch, host_bytes):
         # a device kernel: HostCompute writes the real addresses into the pinned buffer, H2D copies the blob into
         # the kernel's correction area, Compute's prologue patches the operands and the kernel runs; a host
@@ -693,15 +713,23 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
         if not numerics:
             continue
         views = [bindings[s] for s in slots]
+        if claims is not None:
+            claim(claims[k])
         if kernel.host:
             kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
             continue
         n = len(slots)
-        pinned[:n] = [buffer_of(v).address for v in views]
+        pinned[:n] = [_address_of(v, generation) for v in views]
         region[offset:offset + n] = pinned[:n]
         addresses = region[offset:offset + n].tolist()
         area._patched[k] = addresses
-        kernel.run(Operands({s: _resolve(device, a, v) for s, a, v in zip(slots, addresses, views)}))
+        windows = {}
+        for s, a, v in zip(slots, addresses, views):      # the prologue: what each patched address holds
+            buffer = buffer_at(a)
+            if buffer.generation != generation or buffer.host_dtype != v.dtype:
+                buffer = _resolve(device, a, v)[0]         # says what is wrong
+            windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
+        kernel.run(Operands(windows))
     if numerics and area.kernels:
         area.launches += 1
     if dispatch == "rebuild" or not options.overlap:

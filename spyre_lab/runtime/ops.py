@@ -42,15 +42,29 @@ def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
             "with .to('spyre')."
         )
     try:
-        special = SPECIAL.get(op)
-        if special is not None:
-            return special(*args, **kwargs)
-        if is_view(op):
+        road = _ROADS.get(op)
+        if road is None:
+            road = _ROADS[op] = _road(op)
+        if road is launch_eager:
+            return launch_eager(op, args, kwargs)
+        if road is _view:
             return _view(op, args, kwargs)
-        return launch_eager(op, args, kwargs)
+        return road(*args, **kwargs)
     except SpyreUsageError as e:
         _naming(e, op)
         raise
+
+
+_ROADS: dict[torch._ops.OpOverload, Any] = {}
+"""Per op, the road :func:`dispatch` takes (worked out at its first call): its special kernel, :func:`_view`, or
+:func:`~spyre_lab.runtime.eager_programs.launch_eager`."""
+
+
+def _road(op: torch._ops.OpOverload) -> Any:
+    special = SPECIAL.get(op)
+    if special is not None:
+        return special
+    return _view if is_view(op) else launch_eager
 
 
 def _naming(error: SpyreUsageError, op: torch._ops.OpOverload) -> None:

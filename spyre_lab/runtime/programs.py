@@ -6,7 +6,8 @@ inputs, constants, outputs and the buffers' shapes. :func:`run_program` does wha
 does with it:
 
 * uploads the program's constants once per card (they live with the loaded program),
-* allocates a DRAM buffer for every intermediate and output slot of this launch,
+* allocates a DRAM buffer for every output of this launch; the program's intermediates were placed once,
+  by live range, in the card's intermediates segment (:mod:`~spyre_lab.runtime.intermediates`),
 * launches every kernel through the JobPlan path (HostCompute correction -> H2D of the blob ->
   Compute), a host fallback as D2H -> HostCompute -> H2D,
 * lands the program's in-place updates (``program.mutations``) in the caller's tensors: the JobPlan
@@ -24,7 +25,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -34,10 +35,11 @@ from spyre_lab.compiler.ir import FusedKernel
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
-from spyre_lab.runtime.devices import get_device
+from spyre_lab.runtime.devices import get_device, spyre_index
+from spyre_lab.runtime.intermediates import IntermediatesPool, place_intermediates
 from spyre_lab.runtime.jobplan import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
 from spyre_lab.runtime.streams import Stream
-from spyre_lab.runtime.tensor import DeviceSlot, empty_spyre
+from spyre_lab.runtime.tensor import empty_spyre
 
 EXACT_INTERMEDIATE_DTYPES = (torch.float32,)
 """Intermediate dtypes a compiled program keeps as they are in DRAM: the card's fp32 format (32 values
@@ -138,6 +140,7 @@ class LoadedProgram:
     kernels: list[CompiledKernel]
     constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
     plans: dict[int, tuple[CorrectionArea, BindingPlan]] = field(default_factory=dict)
+    fixed_timing: ClassVar[bool] = True      # name and kernel times are the compiler's: launches need not check
 
     @property
     def name(self) -> str:
@@ -159,7 +162,9 @@ class LoadedProgram:
         cached = self.plans.get(device_index)
         if cached is None or not cached[0].valid():
             area = correction_area(self, get_device(device_index))
-            cached = self.plans[device_index] = (area, BindingPlan.of(self, device_index))
+            plan = BindingPlan.of(self, device_index)
+            area.claims = plan.intermediates.claims if plan.intermediates.placements else None
+            cached = self.plans[device_index] = (area, plan)
         return cached
 
     def constants(self, device_index: int) -> dict[str, torch.Tensor]:
@@ -214,21 +219,21 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
     if len(inputs) != len(program.inputs):
         raise ValueError(f"program {program.name!r} takes {len(program.inputs)} inputs "
                          f"({', '.join(program.inputs)}), got {len(inputs)}")
-    devices = [x.device for x in inputs]
-    index = next((d.index for d in devices if d.type == "spyre"), None)
+    cards = [spyre_index(x.device) for x in inputs]
+    index = next((c for c in cards if c is not None), None)
     if index is None:
         index = torch.spyre.current_device()
     loaded = load(program, mode)
     area, plan = loaded.binding_plan(index)
     bound: dict[str, torch.Tensor] = {}
     on_host, on_card = False, True
-    for (name, shape, dtype), x, device in zip(plan.inputs, inputs, devices):
+    for (name, shape, dtype), x, card in zip(plan.inputs, inputs, cards):
         if x.shape != shape or x.dtype != dtype:
             raise ValueError(f"input {name} is {tuple(x.shape)} {x.dtype} but the program was compiled for "
                              f"{shape} {dtype}; compile again for the new shape")
-        if device.type == "spyre":
+        if card is not None:
             bound[name] = x
-            on_card = on_card and device.index == index
+            on_card = on_card and card == index
         else:
             bound[name], on_host = x.to(torch.device("spyre", index)), True
     bound.update(loaded.constants(index))
@@ -239,13 +244,10 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
             bound[buffer] = target
             direct.add(buffer)
             on_card = on_card and target.device == area.torch_device
-    for slot, shape, dtype, visible in plan.fresh:
-        if slot not in bound:                # intermediates the caller never sees keep their compiled dtype
-            if visible:                      # (a norm's fp32 sum of squares); outputs follow the fp16 policy
-                bound[slot] = empty_spyre(shape, None, dtype, index)
-            else:                            # seen by no one after the launch: a DRAM buffer without a tensor
-                bound[slot] = DeviceSlot(shape, dtype, index,  # type: ignore[assignment]
-                                         exact=dtype in EXACT_INTERMEDIATE_DTYPES)
+    for slot, shape, dtype in plan.fresh:    # what the caller sees: new tensors (the fp16 storage policy)
+        if slot not in bound:
+            bound[slot] = empty_spyre(shape, None, dtype, index)
+    bound.update(plan.intermediates.slots)  # type: ignore[arg-type]  # the rest: placed once, in segment 0
     if on_card:                              # every slot bound on the card: nothing for launch() to check
         launch_bound(loaded, area, bound, stream=stream, options=options)
     else:                                    # operands on another card: launch() says which
@@ -274,7 +276,8 @@ class BindingPlan:
 
     inputs: list[tuple[str, tuple[int, ...], torch.dtype]]
     outputs: list[tuple[str, bool, tuple[int, ...], torch.dtype]]   # buffer, read is the identity, shape, dtype
-    fresh: list[tuple[str, tuple[int, ...], torch.dtype, bool]]     # slot, shape, dtype, seen by the caller
+    fresh: list[tuple[str, tuple[int, ...], torch.dtype]]           # the caller's new tensors: slot, shape, dtype
+    intermediates: IntermediatesPool                                # seen by no one else: placed once
     mutated: frozenset[str]
 
     @staticmethod
@@ -283,10 +286,15 @@ class BindingPlan:
         buffers = program.buffers
         visible = {r.buffer for r in program.outputs} | {value.buffer for _, value in program.mutations}
         given = set(program.inputs) | set(program.constants)
-        slots = correction_area(loaded, get_device(index)).all_slots
+        area = correction_area(loaded, get_device(index))
+        made = [s for s in area.all_slots if s not in given]
+        # intermediates keep their compiled dtype (a norm's fp32 sum of squares); outputs follow the fp16 policy
+        private = [(s, tuple(buffers[s].shape), buffers[s].dtype, buffers[s].dtype in EXACT_INTERMEDIATE_DTYPES)
+                   for s in made if s not in visible]
         return BindingPlan(
             inputs=[(name, tuple(buffers[name].shape), buffers[name].dtype) for name in program.inputs],
             outputs=[(r.buffer, r.is_identity, tuple(buffers[r.buffer].shape), buffers[r.buffer].dtype)
                      for r in program.outputs],
-            fresh=[(s, tuple(buffers[s].shape), buffers[s].dtype, s in visible) for s in slots if s not in given],
+            fresh=[(s, tuple(buffers[s].shape), buffers[s].dtype) for s in made if s in visible],
+            intermediates=place_intermediates(private, area.slots, index),
             mutated=frozenset(target for target, _ in program.mutations))

@@ -33,17 +33,14 @@ from __future__ import annotations
 import functools
 import weakref
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.layout import StickLayout, contiguous_strides, stickify, unstickify
 from spyre_lab.device.layout import device_dtype as layout_device_dtype
+from spyre_lab.device.memory import Allocation
 from spyre_lab.runtime.devices import SpyreDevice, get_device
-
-if TYPE_CHECKING:
-    from spyre_lab.device.memory import Allocation
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
@@ -118,27 +115,35 @@ def warn_if_narrowed(dtype: torch.dtype) -> None:
         )
 
 
+_WINDOWS_KEPT = 8
+"""Windows of one buffer's mirror kept for reuse (:meth:`DeviceBuffer.read_window`)."""
+
+
 class DeviceBuffer:
     """The payload of one spyre storage: its DRAM allocation and its stickified contents."""
 
-    __slots__ = ("__weakref__", "_data", "_host", "allocation", "device", "generation", "host_dtype", "layout",
-                 "numel")
+    __slots__ = ("__weakref__", "_data", "_host", "_views", "allocation", "device", "generation", "host_dtype",
+                 "layout", "numel")
 
     def __init__(self, device: SpyreDevice, numel: int, host_dtype: torch.dtype, shape: Sequence[int],
-                 exact: bool = False) -> None:
+                 exact: bool = False, placed_at: int | None = None) -> None:
         self.device = device
         self.numel = numel
         self.host_dtype = host_dtype
         shape = tuple(shape)
-        stored = host_dtype if exact else _storage_dtype(host_dtype)
-        self.layout = _layout(shape, stored, device.config.stick_bytes)
+        self.layout = buffer_layout(shape, host_dtype, device.config.stick_bytes, exact)
         if not exact and host_dtype in _NARROWED_TO_FP16:
             warn_if_narrowed(host_dtype)
-        self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=_tag(host_dtype, shape))
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
         self._host: torch.Tensor | None = None
-        device.register_buffer(self.allocation.address, self)
+        self._views: dict[tuple, torch.Tensor] = {}   # windows of ``_host`` handed out (see read_window)
+        if placed_at is None:                   # a tensor's own DRAM block, found by its address from now on
+            self.allocation: Allocation = device.allocate(self.layout.device_nbytes, tag=_tag(host_dtype, shape))
+            device.register_buffer(self.allocation.address, self)
+        else:                                   # a place a compiled program planned in the intermediates segment
+            nbytes = self.layout.device_nbytes   # (whoever placed it registers it while it is in use)
+            self.allocation = Allocation(placed_at, nbytes, nbytes, _tag(host_dtype, shape))
 
     @property
     def data(self) -> torch.Tensor:
@@ -182,6 +187,7 @@ class DeviceBuffer:
                 self._host = zeros.reshape(-1).to(self.host_dtype)
             else:
                 self._host = unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype)
+            self._views = {}
         return self._host
 
     def write_flat(self, flat: torch.Tensor, adopt: bool = False) -> None:
@@ -196,7 +202,7 @@ class DeviceBuffer:
                 and flat.numel() == self.numel):
             # nothing to narrow or check (fp16 kept as fp16): the mirror is the result itself, or a private copy
             self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
-            self._data = None
+            self._data, self._views = None, {}
             return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
@@ -208,14 +214,27 @@ class DeviceBuffer:
         if host.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
             host = host.clone()                # the mirror owns its memory: the caller may reuse ``flat``
         self._host = host
-        self._data = None
+        self._data, self._views = None, {}
 
     def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
-        """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate)."""
+        """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate).
+
+        Kept until the next write replaces the mirror: a weight or a cached operand is read by every launch
+        through the same window, and making the view again costs more than the lookup."""
         host = self._host
         if host is None or self.generation != self.device.generation:
             host = self.host_flat()            # made now, or the error of a reset device
-        return host.as_strided(size, stride, offset)
+        key = (size, stride, offset)
+        views = self._views
+        try:
+            view = views.get(key)
+        except TypeError:                      # a list for a size: not kept
+            return host.as_strided(size, stride, offset)
+        if view is None:
+            if len(views) >= _WINDOWS_KEPT:
+                views.clear()
+            view = views[key] = host.as_strided(size, stride, offset)
+        return view
 
     def write_window(self, size: Sequence[int], stride: Sequence[int], offset: int, values: torch.Tensor,
                      adopt: bool = False) -> None:
@@ -247,6 +266,7 @@ class DeviceBuffer:
         if own is None or own() is not host:
             with torch.inference_mode(False):       # a normal tensor: later row writes may come from outside it
                 host = self._host = host.clone()
+            self._views = {}
             _ROW_MIRRORS[self] = weakref.ref(host)
         staged = values.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:
@@ -280,6 +300,13 @@ def _tag(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
 @functools.lru_cache(maxsize=64)
 def _storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return storage_dtype(dtype)
+
+
+def buffer_layout(shape: tuple[int, ...], host_dtype: torch.dtype, stick_bytes: int, exact: bool = False
+                  ) -> StickLayout:
+    """How a buffer of ``host_dtype`` values is laid out on the card: in its storage dtype (fp16 for floats),
+    or ``exact``: in ``host_dtype`` itself (the fp32 intermediates compiled programs keep)."""
+    return _layout(shape, host_dtype if exact else _storage_dtype(host_dtype), stick_bytes)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -379,21 +406,23 @@ def _geometry(size: tuple[int, ...], stride: tuple[int, ...] | None
 
 
 class DeviceSlot:
-    """A DRAM buffer a compiled program keeps to itself for one launch (an intermediate between two kernels):
-    allocated like a tensor's, bound and patched like one, but with no torch tensor around it, since nothing
-    outside the launch ever sees it. Freed when the launch drops it, as a tensor's storage would be.
+    """A DRAM buffer a compiled program keeps to itself (an intermediate between two of its kernels): placed in
+    the card's intermediates segment when the program is loaded (:mod:`~spyre_lab.runtime.intermediates`), bound
+    and patched like a tensor at every launch, but with no torch tensor around it, since nothing outside the
+    program ever sees it.
 
     It answers what the launch path asks of a bound tensor: its card, dtype, size, stride and buffer."""
 
     __slots__ = ("_size", "_stride", "buffer", "device", "dtype", "spyre_buffer")
 
-    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, exact: bool = False) -> None:
+    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, address: int,
+                 exact: bool = False) -> None:
         self._size = torch.Size(size)
         self._stride = contiguous_strides(self._size)
         self.dtype = dtype
         self.device = _torch_device(device_index)
         self.buffer = self.spyre_buffer = DeviceBuffer(get_device(device_index), storage_numel(size, self._stride),
-                                                       dtype, self._size, exact=exact)
+                                                       dtype, self._size, exact=exact, placed_at=address)
 
     def size(self) -> torch.Size:
         return self._size
@@ -413,9 +442,6 @@ class DeviceSlot:
 
     def untyped_storage(self) -> DeviceSlot:
         return self                           # ``buffer_of`` finds ``spyre_buffer`` here, as on a storage
-
-    def __del__(self) -> None:
-        self.buffer.free()
 
 
 @functools.lru_cache(maxsize=64)

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.runtime import jobplan, last_trace, recording
+from spyre_lab.runtime.devices import get_device
 from spyre_lab.runtime.jobplan import FunctionKernel, StepKind, launch
+from spyre_lab.runtime.tensor import buffer_of
 
 
 class Chain:
@@ -203,23 +206,39 @@ def test_a_deferred_stickify_reads_back_exactly():
     assert torch.equal(y.cpu(), torch.exp(values))
 
 
-def test_a_compiled_programs_intermediates_live_only_during_its_launch():
-    """Intermediates are bound as bare DRAM buffers (no tensor around them): allocated for the launch, counted in
-    the peak, freed when it returns; the outputs stay."""
+def test_a_compiled_programs_intermediates_take_no_tensor_dram_and_the_same_addresses_every_launch():
+    """Intermediates live in the intermediates segment, placed once when the program is bound: a launch allocates
+    only its outputs in tensor DRAM (nothing else shows in the peak), frees nothing else, and patches the same
+    intermediate addresses every time."""
     from spyre_lab.compiler import backend
-    from spyre_lab.runtime.programs import run_program
+    from spyre_lab.runtime.jobplan import correction_area
+    from spyre_lab.runtime.programs import load, run_program
 
     a, b = torch.randn(64, 64, dtype=torch.float16), torch.randn(64, 64, dtype=torch.float16)
-    program = backend.compile_graph(lambda x, y: torch.softmax(x @ y, dim=-1) * 2 + x, [a, b])
+    program = backend.compile_graph(lambda x, y: torch.softmax(x @ y, dim=-1) * 2 + x, [a, b],
+                                    CompileOptions(fusion=frozenset()))
     inputs = [a.to("spyre"), b.to("spyre")]
     run_program(program, inputs)                                  # loads constants, binds the program
+    area, plan = load(program).binding_plan(0)
+    assert plan.intermediates.slots, "unfused, the chain has intermediates"
+    segment = get_device(0)
+    low, high = segment.intermediates_base, segment.intermediates_base + segment.intermediates_bytes
     torch.spyre.reset_peak_memory_stats()
     before = torch.spyre.memory_allocated()
     (out,) = run_program(program, inputs)
-    output_bytes = torch.spyre.memory_allocated() - before
-    assert 0 < output_bytes < torch.spyre.max_memory_allocated() - before   # intermediates were there, then freed
+    assert torch.spyre.memory_allocated() - before == torch.spyre.max_memory_allocated() - before == (
+        buffer_of(out).device_nbytes)                             # only the output was allocated
+    def placed() -> list[dict[str, int]]:
+        return [{s: a for s, a in p.items() if s in plan.intermediates.slots} for p in area.last_patched]
+
+    first = placed()
     del out
     assert torch.spyre.memory_allocated() == before
+    run_program(program, inputs)
+    assert correction_area(load(program), segment) is area and placed() == first and any(first)
+    for patched in area.last_patched:
+        for slot, address in patched.items():
+            assert (low <= address < high) == (slot in plan.intermediates.slots)
     expected = torch.softmax((a.float() @ b.float()).half(), dim=-1) * 2 + a
     assert torch.allclose(run_program(program, inputs)[0].cpu().float(), expected.float(), atol=2e-2)
 
