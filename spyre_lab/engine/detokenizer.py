@@ -16,22 +16,12 @@ request. Both are done incrementally here, with results equal to the full decode
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from spyre_lab.engine.sequence import Sequence
+
 if TYPE_CHECKING:
-    from spyre_lab.engine.sequence import Sequence
     from spyre_lab.engine.tokenizer import Tokenizer
-
-
-@dataclass
-class DecodeState:
-    """What a sequence's text covers: its first ``tokens`` output tokens, searched for ``stops`` up to ``searched``
-    characters."""
-
-    tokens: int = 0
-    searched: int = 0
-    stops: list[str] | None = None
 
 
 def update_text(tokenizer: Tokenizer, seq: Sequence) -> None:

@@ -6,7 +6,6 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from spyre_lab.engine.detokenizer import DecodeState
 from spyre_lab.engine.sampling_params import SamplingParams
 
 
@@ -14,6 +13,16 @@ class SequenceStatus(enum.Enum):
     WAITING = "waiting"  # queued for prefill (new, or preempted and to be recomputed)
     RUNNING = "running"  # has KV blocks, decodes each step
     FINISHED = "finished"
+
+
+@dataclass
+class DecodeState:
+    """How far a sequence's ``output_text`` is decoded (its first ``tokens`` output tokens) and searched for the
+    stop strings ``stops`` (its first ``searched`` characters); kept by `engine.detokenizer`."""
+
+    tokens: int = 0
+    searched: int = 0
+    stops: list[str] | None = None
 
 
 @dataclass
