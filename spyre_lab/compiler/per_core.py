@@ -155,23 +155,38 @@ class _SlicedPlan:
     out_ranges: dict[str, list[Ranges]]          # per kernel output: each core's part of it
     rows: _Rows | None = None                    # the blocks as rows, where they form them
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
+    last: list[tuple[torch.Tensor, int | None, list[torch.Tensor]] | None] = field(default_factory=list)
 
     def anchor_operands(self, kernel: FusedKernel, access: Access, env: dict[str, torch.Tensor]
                         ) -> list[Sequence[torch.Tensor]]:
         """Per anchor read, every core's operand: what ``_core_values`` would narrow (and ``_partial`` convert),
-        made with one fp32 conversion per group of cores that can share it (see ``core_operands``)."""
+        made with one fp32 conversion per group of cores that can share it (see ``core_operands``).
+
+        The operands made from a source are kept with it (:attr:`last`): when the next launch reads the very same
+        tensor, unchanged (a weight: the runtime hands out the same window of an unchanged buffer), they are the
+        same values in the same layout, so its conversion is not made again. Only tensors with a version counter
+        are kept: an inference tensor can change in place without saying so."""
         convert = isinstance(kernel.anchor, MatMul) or kernel.anchor.op in ("sum", "mean")
         if not self.operands:
             self.operands = [{} for _ in access.reads]
+            self.last = [None for _ in access.reads]
         out = []
-        for r, plans in zip(access.reads, self.operands):
-            x = r.apply(env[r.buffer])
+        for i, (r, plans) in enumerate(zip(access.reads, self.operands)):
+            source = env[r.buffer]
+            version = None if source.is_inference() else source._version   # (inference tensors keep no count)
+            last = self.last[i]
+            if last is not None and last[0] is source and last[1] == version is not None:
+                out.append(last[2])
+                continue
+            x = r.apply(source)
             key = (x.shape, x.stride(), x.dtype)
             plan = plans.get(key)
             if plan is None:
                 ranges = [core_ranges(r.axes, x.shape, kernel.anchor.dims, own) for _, _, own in self.cores]
                 plan = plans[key] = plan_operands(x, ranges, convert)
-            out.append(plan(x))
+            made = plan(x)
+            self.last[i] = (source, version, made) if isinstance(plan, SharedOperands) and version is not None else None
+            out.append(made)
         return out
 
 

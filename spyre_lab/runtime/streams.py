@@ -238,14 +238,18 @@ class Timeline:
     def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float,
                      lane_of: Callable[[str], str] | None = None) -> None:
         """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
-        targets = [t for t in (self._launch_trace, *self._recorders) if t is not None]
-        if not targets:
+        launch, recorders = self._launch_trace, self._recorders
+        if launch is None and not recorders:
             return
-        block = _Placed(events if isinstance(events, list) else list(events), offset_us, lane_of)
-        for trace in targets:
-            if isinstance(trace, LazyTrace):
+        block = _Placed(events if type(events) is list else list(events), offset_us, lane_of)
+        for trace in (launch, *recorders) if recorders else (launch,):
+            if type(trace) is LazyTrace:        # LazyTrace.place, inlined: every kernel of every launch comes here
+                if block.events:
+                    trace._pending.append(block)
+                    trace._pending_len += len(block.events)
+            elif isinstance(trace, LazyTrace):
                 trace.place(block)
-            else:
+            elif trace is not None:
                 trace.events.extend(block.materialise())
 
     @contextlib.contextmanager
@@ -438,37 +442,33 @@ class Stream(torch.Stream):
     def enqueue_all(self, steps: Sequence[PreparedStep]) -> float:
         """:meth:`enqueue` of ``steps`` one after the other (a kernel's three), each with its names, unit, lane and
         trace args worked out once (:class:`PreparedStep`): the same clock arithmetic and the same events; returns
-        the last step's start. (The hottest loop of every launch: in the usual case, one lazy launch trace and no
-        recording, events are appended to that trace directly.)"""
+        the last step's start. (The hottest loop of every launch: when every open trace is lazy, as the launch
+        trace and the engine's step recordings are, the events are handed to them in one list.)"""
         timeline = TIMELINE
         unit_free = timeline._unit_free
-        launch = timeline._launch_trace
-        direct = not timeline._recorders and type(launch) is LazyTrace
-        traced = direct or launch is not None or bool(timeline._recorders)
-        pending = launch._pending if direct else None
-        before = len(pending) if direct else 0
-        emit = timeline.emit_args
+        launch, recorders = timeline._launch_trace, timeline._recorders
+        events: list[tuple[str, str, float, float, dict[str, Any]]] = []
         ready = self.ready_us
         host = timeline.host_us
         start = 0.0
         for step in steps:
             cost = step.host_cost_us
             if cost:
-                if direct:
-                    pending.append((HOST_LANE, step.host_name, host, cost, step.host_args))
-                elif traced:
-                    emit(HOST_LANE, step.host_name, host, cost, step.host_args)
+                events.append((HOST_LANE, step.host_name, host, cost, step.host_args))
                 host += cost
             start = max(host, ready, unit_free.get(step.unit_key, 0.0))
             ready = unit_free[step.unit_key] = start + step.dur_us
-            if direct:
-                pending.append((step.lane, step.name, start, step.dur_us, step.args))
-            elif traced:
-                emit(step.lane, step.name, start, step.dur_us, step.args)
-        if direct:
-            launch._pending_len += len(pending) - before
+            events.append((step.lane, step.name, start, step.dur_us, step.args))
         timeline.host_us = host
         self.ready_us = ready
+        if launch is not None or recorders:
+            for trace in (launch, *recorders) if recorders else (launch,):
+                if type(trace) is LazyTrace:
+                    trace._pending.extend(events)
+                    trace._pending_len += len(events)
+                elif trace is not None:
+                    for item in events:
+                        _add(trace, item)
         return start
 
     # --- torch.cuda.Stream-like API ----------------------------------------------------------

@@ -321,3 +321,49 @@ def test_large_sources_are_converted_core_by_core(monkeypatch, case):
     monkeypatch.setattr(per_core, "plan_operands", lambda *a: plans.append(real(*a)) or plans[-1])
     assert assert_kernels_match_reference(program, inputs, lambda k: random_slices(rng, k.anchor.dims, parts)) == 1
     assert plans and all(isinstance(p, core_operands.OnDemand) for p in plans)
+
+
+def test_a_weight_read_again_unchanged_reuses_its_conversion_and_a_changed_one_does_not():
+    """A launch that reads the very same, unchanged tensor as the last one (a weight) reuses its fp32 operands; the
+    same tensor changed in place, or another tensor, is converted again. Every result is bit for bit the
+    per-core emulation's."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 256).half(), (torch.randn(256, 128) * 0.1).half()
+    program = _compile(lambda x, w: x @ w, [x, w])
+    (kernel,) = program.kernels
+    rng = random.Random(0)
+    slices = random_slices(rng, kernel.anchor.dims, {"N": 2, "K": 4})
+    assert _sliceable(kernel, program.access, slices)
+    conversions = []
+    real_float = torch.Tensor.float
+
+    def counting_float(t):
+        conversions.append(t.shape)
+        return real_float(t)
+
+    def run(x_in, w_in):
+        env = dict(zip(program.inputs, [x_in, w_in]))
+        ref_env = dict(env)
+        reference_run_sliced(kernel, program, ref_env, slices)
+        torch.Tensor.float = counting_float
+        try:
+            run_kernel(kernel, program, env, slices, tiles=False)
+        finally:
+            torch.Tensor.float = real_float
+        assert _same(env[kernel.anchor.output], ref_env[kernel.anchor.output])
+
+    def conversions_in(x_in, w_in) -> int:
+        before = len(conversions)
+        run(x_in, w_in)
+        return len(conversions) - before
+
+    def activation():
+        return torch.randn(4, 256).half()
+
+    conversions_in(x, w)                           # the first launch also checks the shared layout
+    only_x = conversions_in(activation(), w)       # a new activation, the same weight: only x is converted
+    other = (torch.randn(256, 128) * 0.1).half()
+    both = conversions_in(activation(), other)
+    assert 0 < only_x < both
+    other.mul_(2)                                  # the same tensor, changed in place: converted again
+    assert conversions_in(activation(), other) == both
