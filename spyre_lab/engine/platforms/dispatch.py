@@ -82,7 +82,10 @@ class BucketDispatch:
         for entry in entries:
             if entry.compile_id == self._compile_ids[bucket] and entry.guard_manager.check(f_locals):
                 forward = self._forward
-                self._bound[bucket] = types.FunctionType(entry.code, forward.__globals__, forward.__name__,
-                                                         forward.__defaults__, forward.__closure__)
+                try:
+                    self._bound[bucket] = types.FunctionType(entry.code, forward.__globals__, forward.__name__,
+                                                             forward.__defaults__, forward.__closure__)
+                except (TypeError, ValueError):        # code that does not fit the function: stay guarded
+                    return False
                 return True
         return False
