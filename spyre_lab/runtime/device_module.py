@@ -204,6 +204,7 @@ def memory_summary(device: DeviceArg = None, abbreviated: bool = False) -> str:
         ("fragmentation", f"{mem.fragmentation:.1%}"),
         ("total (tensor DRAM)", size(mem.capacity)),
         ("program segment in use", size(dev.program_memory.allocated_bytes)),
+        ("intermediates (largest plan)", f"{size(dev.intermediates_peak_bytes)} of {size(dev.intermediates_bytes)}"),
         ("out-of-memory errors", f"{stats['num_ooms']}"),
     ]
     if abbreviated:

@@ -54,6 +54,7 @@ class SpyreDevice:
                                                          name=f"spyre:{index} program segment")
         self.intermediates_base = tensor_bytes
         self.intermediates_bytes = INTERMEDIATES_SEGMENT_BYTES
+        self.intermediates_peak_bytes = 0       # the largest plan of a program bound here (they share the segment)
         self.program_base = tensor_bytes + INTERMEDIATES_SEGMENT_BYTES
         # address -> live buffer; every buffer leaves through free() (its tensor's storage or slot dies)
         self._buffers: dict[int, LiveBuffer] = {}
@@ -103,6 +104,7 @@ class SpyreDevice:
     def reset(self) -> None:
         """Free all DRAM; buffers of the old generation become invalid and say so when used."""
         self.generation += 1
+        self.intermediates_peak_bytes = 0
         self._buffers.clear()
         self.memory.reset()
         self.program_memory.reset()

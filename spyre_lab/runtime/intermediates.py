@@ -109,4 +109,6 @@ def place_intermediates(private: Sequence[tuple[str, tuple[int, ...], torch.dtyp
                                 address=device.intermediates_base + p.offset, exact=specs[p.slot][2])
              for p in placements}
     claims = [{slots[s].buffer.address: slots[s].buffer for s in kernel if s in slots} for kernel in kernel_slots]
-    return IntermediatesPool(placements, slots, claims)
+    pool = IntermediatesPool(placements, slots, claims)
+    device.intermediates_peak_bytes = max(device.intermediates_peak_bytes, pool.peak_bytes)
+    return pool

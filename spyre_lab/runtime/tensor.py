@@ -302,10 +302,12 @@ def _storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return storage_dtype(dtype)
 
 
+@functools.lru_cache(maxsize=4096)
 def buffer_layout(shape: tuple[int, ...], host_dtype: torch.dtype, stick_bytes: int, exact: bool = False
                   ) -> StickLayout:
     """How a buffer of ``host_dtype`` values is laid out on the card: in its storage dtype (fp16 for floats),
-    or ``exact``: in ``host_dtype`` itself (the fp32 intermediates compiled programs keep)."""
+    or ``exact``: in ``host_dtype`` itself (the fp32 intermediates compiled programs keep). Asked at every
+    allocation, answered once per shape."""
     return _layout(shape, host_dtype if exact else _storage_dtype(host_dtype), stick_bytes)
 
 

@@ -66,6 +66,9 @@ def test_a_chain_reuses_its_own_intermediate_addresses_and_computes_right():
     assert len(pool.placements) >= 3 and len(set(offsets)) < len(offsets)      # shared bytes
     assert pool.peak_bytes < pool.total_bytes
     assert "intermediates:" in pool.describe() and pool.placements[0].slot in pool.describe()
+    assert get_device(0).intermediates_peak_bytes >= pool.peak_bytes
+    row = next(r for r in torch.spyre.memory_summary().splitlines() if "intermediates (largest plan)" in r)
+    assert row.rstrip().endswith("of 16.00 GiB")
     torch.testing.assert_close(out.cpu(), _chain(x.float()).half(), atol=2e-2, rtol=2e-2)
 
 
