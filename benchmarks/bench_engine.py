@@ -136,12 +136,21 @@ def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
     cpu_step = _decode_step_cpu_ms(cpu_llm, greedy, requests)["step"]
     print(f"  cpu platform step {cpu_step:6.2f} ms")
     rule_off = {"fusion": sorted(CompileOptions().without("attention").fusion)}
-    for label, options in (("attention kernel (rule on) ", None), ("eager attention (rule off)", rule_off)):
+
+    def spyre_llm(**options) -> LLM:
         with warnings.catch_warnings(record=True):       # fallback / dtype notices: reported by the demo, not here
             warnings.simplefilter("always")
-            platform = SpyrePlatform(prefill_buckets=[max_model_len], batch_buckets=[1], compile_options=options)
+            platform = SpyrePlatform(prefill_buckets=[max_model_len], batch_buckets=[1], **options)
             llm = LLM("tiny-granite", platform=platform, max_model_len=max_model_len, max_num_seqs=1)
             llm.warmup(show_progress=False)
+        return llm
+
+    kernel_llm = None
+    for label, options in (("attention kernel (rule on) ", None), ("eager attention (rule off)", rule_off)):
+        llm = spyre_llm(compile_options=options)
+        kernel_llm = kernel_llm or llm
+        with warnings.catch_warnings(record=True):
+            warnings.simplefilter("always")
             split = _decode_step_cpu_ms(llm, greedy, requests, piece=piecewise.CompiledPiece)
         step, pieces, attention = split["step"], split["pieces"], split["attention"]
         rest = step - pieces - attention
@@ -149,14 +158,34 @@ def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
               f"attention {attention:5.2f} ({split['layers']} layers) + the rest {rest:5.2f}")
         print(f"  {'':27}  the rest = inputs {split['inputs']:4.2f} + logits and sampling {split['sample']:4.2f} + "
               f"engine, Dynamo and step timing {rest - split['inputs'] - split['sample']:4.2f}")
+    # guard-free dispatch on and off (`platforms.dispatch`), requests interleaved: the machine drifts minute to minute
+    steps = _interleaved_step_cpu_ms({"on": kernel_llm, "off": spyre_llm(skip_guards=False)}, greedy, 2 * requests)
+    print(f"  guard-free dispatch (attention kernel): step {steps['on']:6.2f} ms on, {steps['off']:6.2f} ms with "
+          f"Dynamo's guards evaluated every step (skip_guards=False): {steps['off'] - steps['on']:+.2f} ms")
+
+
+def _interleaved_step_cpu_ms(llms: dict[str, LLM], params: SamplingParams, requests: int) -> dict[str, float]:
+    """Median process CPU ms of a decode step for each engine, running one request on each in turn (order
+    alternating), so that both see the same machine."""
+    times: dict[str, list[float]] = {name: [] for name in llms}
+    for i in range(requests):
+        for name in (list(llms) if i % 2 else list(llms)[::-1]):
+            engine = llms[name].llm_engine
+            engine.add_request(f"ab-{i}", KNOWN_PROMPTS[i % len(KNOWN_PROMPTS)], params)
+            engine.step()                                             # the prefill
+            while engine.has_unfinished_requests():
+                start = time.process_time()
+                engine.step()
+                times[name].append((time.process_time() - start) * 1e3)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: type | None = None) -> dict:
     """Medians over decode steps of process CPU ms: the whole engine step, and (spyre) its pieces and attention
     (the eager ops or the one-launch kernel, whichever runs), its inputs (built and copied) and its logits and
-    sampling (the last token's gather, the LM head, the copy to the host, the sampler)."""
+    sampling (the last tokens' gather, the LM head and its scaling: `ModelRunner.logits`; the copy to the host and
+    the sampler)."""
     from spyre_lab.engine.model_runner import ModelRunner
-    from spyre_lab.engine.models.granite import GraniteForCausalLM
     from spyre_lab.engine.platforms import paged_attention_op, paged_kernel
     from spyre_lab.engine.sampler import Sampler
 
@@ -177,7 +206,7 @@ def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: 
         saved = [(piece, "forward", "pieces"),
                  (paged_attention_op, "grouped_paged_attention", "attention"),
                  (paged_kernel.PagedAttentionLaunch, "__call__", "attention"),
-                 (ModelRunner, "prepare_decode", "inputs"), (GraniteForCausalLM, "compute_logits", "sample"),
+                 (ModelRunner, "prepare_decode", "inputs"), (ModelRunner, "logits", "sample"),
                  (Sampler, "__call__", "sample")]
         saved = [(owner, name, key, getattr(owner, name)) for owner, name, key in saved]
         for owner, name, key, fn in saved:

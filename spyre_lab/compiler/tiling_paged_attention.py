@@ -112,15 +112,21 @@ def paged_online_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                 v = v_cache.index_select(0, blocks).flatten(0, 1).transpose(0, 1)
                 s = torch.matmul(q, k.transpose(1, 2)) * scale
                 if t0 * bs + k.shape[1] - 1 > seq_len - qlen:             # some key lies past some query
-                    k_pos = torch.arange(t0 * bs, t0 * bs + k.shape[1]).view(1, 1, -1)
-                    s = s.masked_fill(k_pos > q_pos, -math.inf)
+                    if qlen == 1:                                         # one query: the keys past it are a tail
+                        s.narrow(-1, seq_len - t0 * bs, t0 * bs + k.shape[1] - seq_len).fill_(-math.inf)
+                    else:
+                        k_pos = torch.arange(t0 * bs, t0 * bs + k.shape[1]).view(1, 1, -1)
+                        s = s.masked_fill(k_pos > q_pos, -math.inf)
                 state = _online_step(*state, s, v) if state is not None else _first_step(s, v)
             parts.append(state)
         m, l_sum, acc = parts[-1]
         for pm, pl, pacc in reversed(parts[:-1]):                    # the ring chain: r+1 merged into r
             m, l_sum, acc = merge_partials((pm, pl, pacc), (m, l_sum, acc))
-        empty = l_sum == 0
-        o = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_sum))
+        if qlen == 1:                      # a decode row sees its own key, so its sum is at least exp(0) = 1
+            o = acc / l_sum
+        else:
+            empty = l_sum == 0
+            o = torch.where(empty, 0.0, acc / torch.where(empty, 1.0, l_sum))
         o = o.view(kv, qlen, group, d).permute(1, 0, 2, 3).reshape(qlen, heads * d)
         out.index_copy_(0, tokens, o.to(out.dtype))               # a sequence's tokens are distinct
     return out

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from spyre_lab.engine.config import EngineConfig
+from spyre_lab.engine.detokenizer import find_stop, update_text
 from spyre_lab.engine.kv_cache import BlockManager
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
@@ -191,17 +192,17 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence, token_id: int) -> None:
         params = seq.sampling_params
         if self.tokenizer is not None:
-            seq.output_text = self.tokenizer.decode(seq.output_token_ids)
+            update_text(self.tokenizer, seq)           # as decoding all output tokens, one token's work
         if not params.ignore_eos and token_id in self.eos_token_ids:
             return self.scheduler.finish(seq, "stop")
         if token_id in params.stop_token_ids:
             seq.stop_reason = token_id
             return self.scheduler.finish(seq, "stop")
-        for stop in params.stop:
-            cut = seq.output_text.find(stop)
-            if cut >= 0:
-                seq.output_text, seq.stop_reason = seq.output_text[:cut], stop
-                return self.scheduler.finish(seq, "stop")
+        found = find_stop(seq) if params.stop else None    # the first stop string in the text, searched anew only
+        if found is not None:                              # where new text could complete one
+            cut, seq.stop_reason = found
+            seq.output_text = seq.output_text[:cut]
+            return self.scheduler.finish(seq, "stop")
         if len(seq.output_token_ids) >= params.max_tokens or len(seq) >= self.max_model_len:
             return self.scheduler.finish(seq, "length")
         return None

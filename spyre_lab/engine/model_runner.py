@@ -166,10 +166,10 @@ class ModelRunner:
         slots = [self._slot(seq, len(seq) - 1) for seq in seqs] + [self.scratch_block * self.block_size] * padding
         tables = [seq.block_table + [self.scratch_block] * (width - len(seq.block_table)) for seq in seqs]
         tables += [[self.scratch_block] * width] * padding
-        query_index = torch.arange(batch).unsqueeze(1)
-        query_positions = torch.tensor(positions).unsqueeze(1)
+        query_index = [[i] for i in range(batch)]                  # [batch, 1]: plain lists, packed as they are
+        query_positions = [[p] for p in positions]
         token_seq, token_offset = list(range(batch)), [0] * batch
-        ends = torch.arange(len(seqs))
+        ends = list(range(len(seqs)))
         seq_query_lens = [(len(seq), 1) for seq in seqs] + [(0, 0)] * padding   # padding rows: nothing to attend
         return self._to_input(input_ids, positions, slots, tables, query_index, query_positions, token_seq,
                               token_offset, ends, bucket, seq_query_lens)
@@ -186,8 +186,7 @@ class ModelRunner:
         and the tensors of a `ModelInput` hold their values until the next step with the same layout is
         prepared. The additive mask (model dtype, not an integer) is built and copied only for a platform
         whose attention reads it (``Platform.needs_attn_bias``)."""
-        query_index = torch.as_tensor(query_index)
-        max_query = query_index.shape[1]
+        max_query = query_index.shape[1] if isinstance(query_index, torch.Tensor) else len(query_index[0])
         out_index = [s * max_query + o for s, o in zip(_ints(token_seq), _ints(token_offset), strict=True)]
         fields = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slots),
                   ("block_tables", tables), ("query_index", query_index), ("out_index", out_index)]
@@ -236,8 +235,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, model_input: ModelInput) -> torch.Tensor:
         """Run the model on prepared inputs; return logits [num seqs, vocab] for each sequence's last token."""
-        hidden = self.model(model_input.input_ids, model_input.positions, model_input.meta)
-        return self.model.compute_logits(hidden.index_select(0, model_input.logits_indices))  # a device gather
+        hidden = self.platform.run_model(self.model, model_input.input_ids, model_input.positions, model_input.meta)
+        return self.logits(hidden, model_input.logits_indices)
+
+    def logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:
+        """Each sequence's last hidden state (a device gather of rows ``logits_indices``) through the LM head."""
+        return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
     def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
         start = time.perf_counter()

@@ -16,6 +16,16 @@ class SequenceStatus(enum.Enum):
 
 
 @dataclass
+class DecodeState:
+    """How far a sequence's ``output_text`` is decoded (its first ``tokens`` output tokens) and searched for the
+    stop strings ``stops`` (its first ``searched`` characters); kept by `engine.detokenizer`."""
+
+    tokens: int = 0
+    searched: int = 0
+    stops: list[str] | None = None
+
+
+@dataclass
 class Sequence:
     request_id: str
     prompt_token_ids: list[int]
@@ -33,6 +43,8 @@ class Sequence:
     num_preemptions: int = 0
     first_token_time: float | None = None
     finished_time: float | None = None
+    #: how far ``output_text`` is decoded and searched for stop strings (`detokenizer`)
+    decode_state: DecodeState = field(default_factory=DecodeState, repr=False, compare=False)
 
     def __len__(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)

@@ -38,6 +38,8 @@ class CharTokenizer:
     """
 
     pad_token_id, bos_token_id, eos_token_id, unk_token_id = 0, 1, 2, 3
+    #: ``decode(a + b) == decode(a) + decode(b)``: a request's text can grow one token at a time (`detokenizer`)
+    decodes_token_by_token = True
 
     def __init__(self, chars: str, lowercase: bool = False) -> None:
         if len(set(chars)) != len(chars):

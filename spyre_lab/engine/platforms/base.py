@@ -91,6 +91,11 @@ class Platform:
         """Last step of loading (e.g. move to device, compile decoder blocks). Default: identity."""
         return model
 
+    def run_model(self, model: nn.Module, *inputs: object) -> torch.Tensor:
+        """One forward of the loaded model on a step's inputs. Default: call it; a compiling platform may call
+        its compiled code more directly (`spyre.SpyrePlatform`)."""
+        return model(*inputs)
+
     def modeled_device_ms(self, kind: str, num_tokens: int, batch: int) -> float | None:
         """Modeled device time of one model step, or None when the platform has no device model."""
         return None

@@ -145,7 +145,7 @@ class PagedAttentionKernel:
             _write_slots(operands, cache, slots, new.reshape(tokens, kv, d))     # this step's slots, nothing else
         lens = operands["seq_query_lens"]
         out = paged_online_attention(query, operands["k_cache"], operands["v_cache"], operands["block_tables"],
-                                     operands["query_index"], lens[:, 0], lens[:, 1], kv, self.scale,
+                                     operands["query_index"], lens.select(1, 0), lens.select(1, 1), kv, self.scale,
                                      self.current.chunks if self.current else None,
                                      tile_blocks=self.current.plan.tile_blocks if self.current else 1)
         operands.write("out", out)

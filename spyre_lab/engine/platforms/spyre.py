@@ -39,6 +39,7 @@ from spyre_lab.compiler import cache as program_cache
 from spyre_lab.compiler.backend import options_from
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.engine.platforms.base import DeviceTime, Platform
+from spyre_lab.engine.platforms.dispatch import BucketDispatch
 from spyre_lab.engine.platforms.paged_attention_op import KernelAttention, OpaqueAttention
 from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_backend
 from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
@@ -61,11 +62,15 @@ class SpyrePlatform(Platform):
         compile_blocks: bool = True,
         transpose_weights: bool = True,
         compile_options: Mapping[str, Any] | CompileOptions | None = None,
+        skip_guards: bool = True,
     ) -> None:
         if compile_blocks and not static_shapes:
             raise ValueError("compile_blocks=True needs static_shapes=True (one compiled program per bucket); "
                              "pass compile_blocks=False to run dynamic shapes op by op")
         self.compile_blocks, self.transpose_weights = compile_blocks, transpose_weights
+        #: a compiled bucket's later steps run Dynamo's code for it without evaluating its guards (`dispatch`)
+        self.skip_guards = skip_guards
+        self.dispatch: BucketDispatch | None = None
         #: bucket ("prefill", 64) / ("decode", 4) -> its compiled pieces in call order (see spyre_lab.explain)
         self.compiled_pieces: dict[tuple[str, int], list[CompiledGraph]] = {}
         #: bucket -> the split graph a step runs: its compiled pieces with the attention calls between them
@@ -102,6 +107,7 @@ class SpyrePlatform(Platform):
         for layer, module in enumerate(m for m in model.modules() if isinstance(m, KernelAttention)):
             module.layer_index = layer                    # names its kernel: "paged attention L3"
         _COMPILED.add(self)
+        self.dispatch = BucketDispatch(model) if self.skip_guards else None
         model.compile(backend=self._backend, fullgraph=True, dynamic=False)
         return model
 
@@ -120,11 +126,20 @@ class SpyrePlatform(Platform):
         else:  # the model called directly, outside an engine step: name the graph by its token count
             hidden = tree_leaves(next(n for n in gm.graph.nodes if n.op == "output").args)[0]
             bucket = ("call", hidden.meta["example_value"].shape[0])
+        if self.dispatch is not None:
+            self.dispatch.compiling(bucket)
         self.compiled_pieces[bucket] = pieces = compiled_pieces(split)
         self.split_graphs[bucket] = split
         self.compile_stats[bucket] = {"pieces": len(pieces), "compiles": after["compiles"] - before["compiles"],
                                           "hits": after["hits"] - before["hits"]}
         return split
+
+    def run_model(self, model: nn.Module, *inputs: Any) -> Any:
+        """A compiled bucket's steps after its first call run Dynamo's code for it without guard evaluation
+        (`dispatch.BucketDispatch`); the first call, and every call with ``skip_guards=False``, go through Dynamo."""
+        if self.dispatch is None:
+            return model(*inputs)
+        return self.dispatch(self._bucket, model, *inputs)
 
     def explain_attention(self) -> str:
         """The paged-attention kernels' last launches (one per layer): shape, modeled time, blocks and bytes read,

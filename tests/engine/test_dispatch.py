@@ -1,0 +1,82 @@
+"""Guard-free dispatch (`platforms.dispatch`): a warmed bucket runs Dynamo's code for it without its guards.
+
+What must hold: each bucket's first call goes through Dynamo (it compiles) and every later call of a warmed
+bucket does not; the direct call gives bit for bit the hidden states the Dynamo call gives on the same inputs;
+and a whole run is the same with ``skip_guards`` on and off: tokens, step kinds and modeled step times.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from warning_checks import only_warnings
+
+from spyre_lab.engine import LLM, SamplingParams
+
+try:
+    from spyre_lab.engine.platforms.spyre import SpyrePlatform
+except ImportError as error:  # the runtime layer is optional for the engine
+    pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
+
+EXPECTED_WARNINGS = (
+    r"aten::\w+ has no spyre kernel",
+    r"spyre: aten\.embedding runs on the host CPU",
+    r"spyre stores torch\.float(32|64) tensors as float16",
+)
+PROMPTS = ["count from 5 to 12:", "3 + 4 =", "letters from c to h:"]
+
+
+def run(skip_guards: bool) -> tuple[LLM, list[list[int]]]:
+    with only_warnings(*EXPECTED_WARNINGS):
+        # buckets no other test's compile counts rely on (compiled programs are cached process-wide)
+        platform = SpyrePlatform(prefill_buckets=[24], batch_buckets=[1, 3], skip_guards=skip_guards)
+        llm = LLM("tiny-granite", platform=platform, max_model_len=24, max_num_seqs=3, block_size=4,
+                  num_kv_blocks=16)
+        llm.warmup(show_progress=False)
+        outs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=10), use_tqdm=False)
+    return llm, [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[bool, tuple[LLM, list[list[int]]]]:
+    return {flag: run(flag) for flag in (True, False)}
+
+
+def test_warmed_buckets_skip_dynamo(runs) -> None:
+    llm, _ = runs[True]
+    dispatch = llm.llm_engine.platform.dispatch
+    assert dispatch.buckets == [("decode", 1), ("decode", 3), ("prefill", 24)]
+    served = sum(1 for r in llm.stats.to_rows() if not r["kind"].startswith("warmup"))
+    assert dispatch.calls == {"dynamo": 3, "direct": served}       # the three warmup compiles, then none
+    assert runs[False][0].llm_engine.platform.dispatch is None
+
+
+def test_same_run_with_and_without_guards(runs) -> None:
+    (on, tokens_on), (off, tokens_off) = runs[True], runs[False]
+    assert tokens_on == tokens_off
+    rows_on, rows_off = on.stats.to_rows(), off.stats.to_rows()
+    assert [r["kind"] for r in rows_on] == [r["kind"] for r in rows_off]
+    # modeled times: equal up to the rounding of where on the process's modeled clock each step ran
+    assert [r["device_ms_modeled"] for r in rows_on] == pytest.approx([r["device_ms_modeled"] for r in rows_off],
+                                                                      rel=1e-12)
+
+
+@torch.inference_mode()
+def test_direct_call_equals_dynamo_call(runs) -> None:
+    llm, _ = runs[True]
+    engine = llm.llm_engine
+    platform, runner = engine.platform, engine.runner
+    with only_warnings(*EXPECTED_WARNINGS):
+        engine.add_request("x", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))
+        engine.step()                                                  # prefill: the request now decodes
+    scheduled = engine.scheduler.schedule()                           # a decode step: the slot for its next token
+    inputs = runner.prepare_decode(scheduled.seqs)
+    args = (inputs.input_ids, inputs.positions, inputs.meta)
+    with platform.device_timer("decode", 1, 1):
+        before = dict(platform.dispatch.calls)
+        direct = platform.run_model(engine.model, *args).cpu()
+        through_dynamo = engine.model(*args).cpu()
+    assert platform.dispatch.calls["direct"] == before["direct"] + 1
+    assert torch.equal(direct, through_dynamo)
+    engine.abort_request("x")
+    list(engine.run_to_completion())
