@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -186,12 +187,21 @@ class LazyTrace(Trace):
 
     @property
     def duration_us(self) -> float:
-        """``end_us - start_us`` from one pass over the pending events (the engine asks it of every step)."""
-        extents = self._extents()
-        starts = [*(e.start_us for e in self._events), *(s for s, _ in extents)]
-        if not starts:
-            return 0.0
-        return max([*(e.end_us for e in self._events), *(e for _, e in extents)]) - min(starts)
+        """``end_us - start_us`` from one pass over the events (the engine asks it of every step), no list made."""
+        lo, hi = math.inf, -math.inf
+        for event in self._events:
+            lo, hi = min(lo, event.start_us), max(hi, event.end_us)
+        for item in self._pending:
+            if type(item) is tuple:
+                start = item[2]
+                end = start + item[3]
+            else:
+                start, end = item.extent()
+            if start < lo:
+                lo = start
+            if end > hi:
+                hi = end
+        return 0.0 if lo == math.inf else hi - lo
 
 
 class Timeline:
