@@ -1,0 +1,115 @@
+"""Instructions per cached eager op and per tiny-granite decode step, counted by valgrind's callgrind.
+
+On a shared machine, wall-clock and CPU time swing by a third from one minute to the next; the number of
+instructions a piece of host code executes does not. Each workload runs twice in a child process under
+callgrind, with counting switched on only around its last N repeats (two values of N, ``REPEATS``): the
+difference divided by the difference of the Ns is the count per repeat, and start-up, warmup and compiles
+cancel out. Compare two trees by running this in each. Needs valgrind (``apt-get install valgrind``); takes
+about three minutes, so ``make bench`` leaves it out.
+
+    .venv/bin/python benchmarks/instructions.py            # both workloads
+    .venv/bin/python benchmarks/instructions.py eager      # one
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+
+from sections import chosen, parser
+
+REPEATS = {"eager": (300, 1300), "decode": (5, 25)}
+"""Per workload, the repeats counted in its two runs (the shorter first)."""
+
+
+def _counting(on: bool) -> None:
+    subprocess.run(["callgrind_control", "-i", "on" if on else "off", str(os.getpid())], capture_output=True,
+                   check=False)
+
+
+def _child_eager(repeats: int) -> None:
+    import torch
+
+    import spyre_lab.runtime  # noqa: F401  (the spyre device)
+
+    x = torch.randn(64, 64, dtype=torch.float16).to("spyre")
+    y = torch.randn(64, 64, dtype=torch.float16).to("spyre")
+    for _ in range(50):
+        torch.add(x, y)
+    _counting(True)
+    for _ in range(repeats):
+        torch.add(x, y)
+    _counting(False)
+
+
+def _child_decode(repeats: int) -> None:
+    import torch
+
+    from spyre_lab.engine import LLM, SamplingParams
+    from spyre_lab.engine.platforms.spyre import SpyrePlatform
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[128], batch_buckets=[1]), max_model_len=128,
+              max_num_seqs=1)
+    llm.warmup(show_progress=False)
+    engine = llm.llm_engine
+    engine.add_request("a", "count from 5 to 12:", SamplingParams(temperature=0, max_tokens=repeats + 4,
+                                                                  ignore_eos=True))
+    for _ in range(3):                       # the prefill and two decode steps
+        engine.step()
+    _counting(True)
+    for _ in range(repeats):
+        engine.step()
+    _counting(False)
+
+
+def _collected(workload: str, repeats: int) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        done = subprocess.run(
+            ["valgrind", "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={tmp}/out",
+             sys.executable, __file__, "--child", workload, str(repeats)],
+            capture_output=True, text=True, check=False, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    found = re.search(r"Collected : (\d+)", done.stderr)
+    if done.returncode or not found:
+        raise SystemExit(f"callgrind run of {workload} failed (exit {done.returncode}):\n{done.stderr[-2000:]}")
+    return int(found.group(1))
+
+
+def per_repeat(workload: str) -> float:
+    short, long = REPEATS[workload]
+    return (_collected(workload, long) - _collected(workload, short)) / (long - short)
+
+
+def bench_eager() -> None:
+    """Instructions per cached eager torch.add (64x64 fp16 spyre tensors, the program cached)."""
+    print(f"cached eager torch.add 64x64 fp16: {per_repeat('eager') / 1e3:8.1f} k instructions per op")
+
+
+def bench_decode() -> None:
+    """Instructions per tiny-granite decode step on the spyre platform (piecewise-compiled, batch bucket 1)."""
+    print(f"tiny-granite decode step (spyre):  {per_repeat('decode') / 1e6:8.2f} M instructions per step")
+
+
+SECTIONS = {"eager": bench_eager, "decode": bench_decode}
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["--child"]:
+        {"eager": _child_eager, "decode": _child_decode}[argv[1]](int(argv[2]))
+        return
+    args = parser(__doc__, SECTIONS).parse_args(argv)
+    if not (shutil.which("valgrind") and shutil.which("callgrind_control")):
+        raise SystemExit("valgrind is not installed; install it (apt-get install valgrind) to count instructions")
+    print("host instructions counted by callgrind (the same on a busy machine as on an idle one)")
+    for name in chosen(args.sections, SECTIONS):
+        SECTIONS[name]()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
