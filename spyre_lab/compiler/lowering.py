@@ -29,6 +29,7 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from spyre_lab.compiler.access import Access, Lowered, Read, compose
+from spyre_lab.compiler.core_operands import SHARE_LIMIT_BYTES
 from spyre_lab.compiler.ir import BufferInfo, Fallback, Graph, IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.op_tables import (
     DEVICE_POINTWISE,
@@ -41,6 +42,7 @@ from spyre_lab.compiler.op_tables import (
     VIEW_OPS,
     decomposition_table,
 )
+from spyre_lab.compiler.same_tensor import SameTensorCache
 from spyre_lab.compiler.user_line import warn_at_user_line
 
 __all__ = ["Access", "Lowered", "LoweringError", "Read", "decomposition_table", "lower"]
@@ -109,28 +111,21 @@ def _matmul_fp32(out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
     return mm
 
 
-class LastFp32:
+class LastFp32(SameTensorCache):
     """``t.float()``, keeping the last copy made while the very same tensor comes back unchanged: a matmul node
     reads its weight through the same view at every launch, and converting it again gives the same values.
-    Only tensors with a version counter are kept (an inference tensor can change in place without saying so),
-    and only small ones (a large copy would double what the weights hold)."""
+    Copies larger than ``SHARE_LIMIT_BYTES`` are not kept (they would double what the weights hold)."""
 
-    __slots__ = ("source", "value", "version")
-    LIMIT_BYTES = 1 << 24
-
-    def __init__(self) -> None:
-        self.source: torch.Tensor | None = None
-        self.version = -1
-        self.value: torch.Tensor | None = None
+    __slots__ = ()
 
     def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        if t is self.source and t._version == self.version:
-            return self.value                                    # type: ignore[return-value]
-        value = t.float()
-        if value is not t and not t.is_inference() and value.numel() * 4 <= self.LIMIT_BYTES:
-            self.source, self.version, self.value = t, t._version, value
-        else:
-            self.source = self.value = None
+        value = self.get(t)
+        if value is None:
+            value = t.float()
+            if value is not t and value.numel() * value.element_size() <= SHARE_LIMIT_BYTES:
+                self.keep(t, value)
+            else:
+                self.forget()
         return value
 
 

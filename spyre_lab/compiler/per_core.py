@@ -27,6 +27,7 @@ from spyre_lab.compiler.access import Access
 from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul, Reduction
 from spyre_lab.compiler.program import Program
+from spyre_lab.compiler.same_tensor import SameTensorCache
 
 
 @dataclass
@@ -155,28 +156,26 @@ class _SlicedPlan:
     out_ranges: dict[str, list[Ranges]]          # per kernel output: each core's part of it
     rows: _Rows | None = None                    # the blocks as rows, where they form them
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
-    last: list[tuple[torch.Tensor, int | None, list[torch.Tensor]] | None] = field(default_factory=list)
+    kept: list[SameTensorCache] = field(default_factory=list)   # per anchor read: its last source's operands
 
     def anchor_operands(self, kernel: FusedKernel, access: Access, env: dict[str, torch.Tensor]
                         ) -> list[Sequence[torch.Tensor]]:
         """Per anchor read, every core's operand: what ``_core_values`` would narrow (and ``_partial`` convert),
         made with one fp32 conversion per group of cores that can share it (see ``core_operands``).
 
-        The operands made from a source are kept with it (:attr:`last`): when the next launch reads the very same
-        tensor, unchanged (a weight: the runtime hands out the same window of an unchanged buffer), they are the
-        same values in the same layout, so its conversion is not made again. Only tensors with a version counter
-        are kept: an inference tensor can change in place without saying so."""
+        The operands made from a source are kept with it (:attr:`kept`, see ``same_tensor``): when the next launch
+        reads the very same tensor unchanged (a weight), they are the same values in the same layout, so its
+        conversion is not made again."""
         convert = isinstance(kernel.anchor, MatMul) or kernel.anchor.op in ("sum", "mean")
         if not self.operands:
             self.operands = [{} for _ in access.reads]
-            self.last = [None for _ in access.reads]
+            self.kept = [SameTensorCache() for _ in access.reads]
         out = []
-        for i, (r, plans) in enumerate(zip(access.reads, self.operands)):
+        for r, plans, kept in zip(access.reads, self.operands, self.kept):
             source = env[r.buffer]
-            version = None if source.is_inference() else source._version   # (inference tensors keep no count)
-            last = self.last[i]
-            if last is not None and last[0] is source and last[1] == version is not None:
-                out.append(last[2])
+            made = kept.get(source)
+            if made is not None:
+                out.append(made)
                 continue
             x = r.apply(source)
             key = (x.shape, x.stride(), x.dtype)
@@ -185,7 +184,10 @@ class _SlicedPlan:
                 ranges = [core_ranges(r.axes, x.shape, kernel.anchor.dims, own) for _, _, own in self.cores]
                 plan = plans[key] = plan_operands(x, ranges, convert)
             made = plan(x)
-            self.last[i] = (source, version, made) if isinstance(plan, SharedOperands) and version is not None else None
+            if isinstance(plan, SharedOperands):      # (an OnDemand plan converts lazily: nothing made to keep)
+                kept.keep(source, made)
+            else:
+                kept.forget()
             out.append(made)
         return out
 
