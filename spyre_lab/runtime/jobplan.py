@@ -317,7 +317,7 @@ class CorrectionArea:
     per slot per kernel) and the pinned host buffer the correction blob is written to, reused every launch."""
 
     def __init__(self, kernels: Sequence[RuntimeKernel], device: SpyreDevice,
-                 source: Sequence[RuntimeKernel] | None = None) -> None:
+                 source: Sequence[RuntimeKernel] | None = None, fixed: bool = False) -> None:
         self.device = device
         self.torch_device = torch.device("spyre", device.index)
         self.kernels = list(kernels)           # what every launch runs: bound once, not rebuilt per launch
@@ -337,9 +337,9 @@ class CorrectionArea:
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
         self.launches = 0
-        self.fixed = False                     # the program's name and modeled times never change (see refresh)
-        # per kernel, the intermediates-segment addresses it claims before it runs (None: the program has none)
-        self.claims: list[dict[int, LiveBuffer]] | None = None
+        self.fixed = fixed                     # the program's name and modeled times never change (see refresh)
+        # per kernel, the intermediates-segment addresses it claims before it runs (a compiled program's plan)
+        self.claims: list[dict[int, LiveBuffer]] = [{} for _ in kernels]
         self._patched: list[list[int]] = [[] for _ in kernels]   # per kernel, the addresses its prologue patched
         self._generation = device.generation
         self._record: JobPlan | None = None
@@ -519,8 +519,7 @@ def correction_area(program: Launchable, device: SpyreDevice) -> CorrectionArea:
     area = per_device.get(device.index)
     if area is None or not area.binds(program):
         area = per_device[device.index] = CorrectionArea(launch_kernels(program, device.config), device,
-                                                         program.kernels)
-        area.fixed = getattr(program, "fixed_timing", False)
+                                                         program.kernels, getattr(program, "fixed_timing", False))
     return area
 
 
@@ -580,8 +579,7 @@ def _device_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.
     def patch_and_run() -> None:
         addresses = area.region_data[offset:offset + n].tolist()
         area._patched[k] = addresses
-        if area.claims is not None:
-            area.device.claim(area.claims[k])
+        area.device.claim(area.claims[k])
         resolved = {s: _resolve(area.device, a, views[s]) for s, a in zip(slots, addresses)}
         kernel.run(Operands(resolved))
         if k == len(area.slot_counts) - 1:
@@ -602,8 +600,7 @@ def _host_actions(kernel: RuntimeKernel, k: int, bindings: Mapping[str, torch.Te
     views = {s: bindings[s] for s in area.slots[k]}
 
     def run_on_host() -> None:
-        if area.claims is not None:
-            area.device.claim(area.claims[k])
+        area.device.claim(area.claims[k])
         kernel.run(Operands({s: _resolve(area.device, buffer_of(v).address, v) for s, v in views.items()}))
 
     return [(None, None), (run_on_host, None), (None, None)]
@@ -713,8 +710,7 @@ def _submit_prepared(program: Launchable, area: CorrectionArea, bindings: Mappin
         if not numerics:
             continue
         views = [bindings[s] for s in slots]
-        if claims is not None:
-            claim(claims[k])
+        claim(claims[k])
         if kernel.host:
             kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
             continue

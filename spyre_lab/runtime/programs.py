@@ -163,7 +163,7 @@ class LoadedProgram:
         if cached is None or not cached[0].valid():
             area = correction_area(self, get_device(device_index))
             plan = BindingPlan.of(self, device_index)
-            area.claims = plan.intermediates.claims if plan.intermediates.placements else None
+            area.claims = plan.intermediates.claims
             cached = self.plans[device_index] = (area, plan)
         return cached
 
@@ -244,10 +244,7 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
             bound[buffer] = target
             direct.add(buffer)
             on_card = on_card and target.device == area.torch_device
-    for slot, shape, dtype in plan.fresh:    # what the caller sees: new tensors (the fp16 storage policy)
-        if slot not in bound:
-            bound[slot] = empty_spyre(shape, None, dtype, index)
-    bound.update(plan.intermediates.slots)  # type: ignore[arg-type]  # the rest: placed once, in segment 0
+    plan.bind_made(bound, index)
     if on_card:                              # every slot bound on the card: nothing for launch() to check
         launch_bound(loaded, area, bound, stream=stream, options=options)
     else:                                    # operands on another card: launch() says which
@@ -279,6 +276,14 @@ class BindingPlan:
     fresh: list[tuple[str, tuple[int, ...], torch.dtype]]           # the caller's new tensors: slot, shape, dtype
     intermediates: IntermediatesPool                                # seen by no one else: placed once
     mutated: frozenset[str]
+
+    def bind_made(self, bound: dict[str, Any], index: int) -> None:
+        """Bind what the program makes and ``bound`` does not give: a new tensor for each output the caller sees
+        (the fp16 storage policy), and the intermediates, placed once in the card's segment 0."""
+        for slot, shape, dtype in self.fresh:
+            if slot not in bound:
+                bound[slot] = empty_spyre(shape, None, dtype, index)
+        bound.update(self.intermediates.slots)
 
     @staticmethod
     def of(loaded: LoadedProgram, index: int) -> BindingPlan:

@@ -98,18 +98,13 @@ def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str
     from spyre_lab.runtime.jobplan import RuntimeOptions, launch, timing_only
     from spyre_lab.runtime.programs import load
     from spyre_lab.runtime.streams import current_stream, recording, synchronize
-    from spyre_lab.runtime.tensor import empty_spyre
 
     options = RuntimeOptions(dispatch=dispatch)  # type: ignore[arg-type]
     index = inputs[0].device.index or 0
     loaded = load(program, program.options.timing)
-    _, plan = loaded.binding_plan(index)          # as run_program binds: new outputs, placed intermediates
     bound = dict(zip(program.inputs, inputs))
     bound.update(loaded.constants(index))
-    for slot, shape, dtype in plan.fresh:
-        if slot not in bound:
-            bound[slot] = empty_spyre(shape, None, dtype, index)
-    bound.update(plan.intermediates.slots)
+    loaded.binding_plan(index)[1].bind_made(bound, index)    # as run_program binds: new outputs, intermediates
     synchronize()
     with timing_only(), recording() as trace:
         launch(loaded, bound, stream=current_stream(index), options=options)
