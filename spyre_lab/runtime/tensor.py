@@ -184,11 +184,18 @@ class DeviceBuffer:
         if self._host is None:
             if self._data is None:             # never written: zeros, as the card's fresh DRAM reads here
                 zeros = torch.zeros(self.layout.host_shape, dtype=self.layout.dtype)
-                self._host = zeros.reshape(-1).to(self.host_dtype)
+                self._replace_mirror(zeros.reshape(-1).to(self.host_dtype), written=False)
             else:
-                self._host = unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype)
-            self._views = {}
+                self._replace_mirror(unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype),
+                                     written=False)
         return self._host
+
+    def _replace_mirror(self, host: torch.Tensor, written: bool = True) -> None:
+        """Make ``host`` the mirror: the windows handed out of the old one are dropped, and (``written``: the
+        values are new) so is the stickified copy."""
+        self._host, self._views = host, {}
+        if written:
+            self._data = None
 
     def write_flat(self, flat: torch.Tensor, adopt: bool = False) -> None:
         """Replace the whole storage with ``flat`` (host dtype, ``numel`` elements).
@@ -201,8 +208,7 @@ class DeviceBuffer:
         if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
                 and flat.numel() == self.numel):
             # nothing to narrow or check (fp16 kept as fp16): the mirror is the result itself, or a private copy
-            self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
-            self._data, self._views = None, {}
+            self._replace_mirror(flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous())
             return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
@@ -213,8 +219,7 @@ class DeviceBuffer:
         host = staged.reshape(-1).to(self.host_dtype)
         if host.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr():
             host = host.clone()                # the mirror owns its memory: the caller may reuse ``flat``
-        self._host = host
-        self._data, self._views = None, {}
+        self._replace_mirror(host)
 
     def read_window(self, size: Sequence[int], stride: Sequence[int], offset: int) -> torch.Tensor:
         """The strided window (size, stride, offset) of this storage as a host tensor (do not mutate).
@@ -265,8 +270,8 @@ class DeviceBuffer:
         own = _ROW_MIRRORS.get(self)
         if own is None or own() is not host:
             with torch.inference_mode(False):       # a normal tensor: later row writes may come from outside it
-                host = self._host = host.clone()
-            self._views = {}
+                host = host.clone()
+            self._replace_mirror(host)
             _ROW_MIRRORS[self] = weakref.ref(host)
         staged = values.to(self.layout.dtype)
         if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:
@@ -297,24 +302,14 @@ def _tag(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
     return f"{dtype} {shape}"
 
 
-@functools.lru_cache(maxsize=64)
-def _storage_dtype(dtype: torch.dtype) -> torch.dtype:
-    return storage_dtype(dtype)
-
-
 @functools.lru_cache(maxsize=4096)
 def buffer_layout(shape: tuple[int, ...], host_dtype: torch.dtype, stick_bytes: int, exact: bool = False
                   ) -> StickLayout:
     """How a buffer of ``host_dtype`` values is laid out on the card: in its storage dtype (fp16 for floats),
-    or ``exact``: in ``host_dtype`` itself (the fp32 intermediates compiled programs keep). Asked at every
-    allocation, answered once per shape."""
-    return _layout(shape, host_dtype if exact else _storage_dtype(host_dtype), stick_bytes)
-
-
-@functools.lru_cache(maxsize=4096)
-def _layout(shape: tuple[int, ...], dtype: torch.dtype, stick_bytes: int) -> StickLayout:
-    """Layouts are immutable and validated on construction: build each (shape, dtype) once."""
-    return StickLayout.default(shape, dtype, stick_bytes=stick_bytes)
+    or ``exact``: in ``host_dtype`` itself (the fp32 intermediates compiled programs keep). Layouts are immutable
+    and validated on construction, and asked for at every allocation: each is built once."""
+    stored = host_dtype if exact else storage_dtype(host_dtype)
+    return StickLayout.default(shape, stored, stick_bytes=stick_bytes)
 
 
 # --- making tensors ---------------------------------------------------------------------------
