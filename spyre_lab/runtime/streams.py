@@ -150,10 +150,10 @@ class LazyTrace(Trace):
             self._pending.append(block)
             self._pending_len += len(block.events)
 
-    def add_pending(self, item: tuple[str, str, float, float, dict[str, Any]]) -> None:
-        """One event's fields, made into a TraceEvent when read (``args`` is copied then)."""
-        self._pending.append(item)
-        self._pending_len += 1
+    def add_pending(self, items: list[tuple[str, str, float, float, dict[str, Any]]]) -> None:
+        """Events' fields, each made into a TraceEvent when read (``args`` is copied then)."""
+        self._pending.extend(items)
+        self._pending_len += len(items)
 
     def __len__(self) -> int:
         return len(self._events) + self._pending_len
@@ -167,7 +167,7 @@ class LazyTrace(Trace):
         for item in self._pending:
             if type(item) is tuple:
                 if keep(item[0]):
-                    out.add_pending(item)
+                    out.add_pending([item])
             else:
                 block = item.kept(keep)
                 if block is not None:
@@ -226,41 +226,34 @@ class Timeline:
 
     def emit_args(self, lane: str, name: str, start_us: float, dur_us: float, args: dict[str, Any]) -> None:
         """:meth:`emit` with the args as one dict (not kept: each trace copies it when it makes the event)."""
-        launch, recorders = self._launch_trace, self._recorders
-        if launch is None and not recorders:
+        traces = self.open_traces()
+        if not traces:
             return
         if dur_us < 0:
             raise ValueError(f"trace event {name!r} on {lane!r} has negative duration {dur_us}")
-        item = (lane, name, float(start_us), float(dur_us), args)
-        if launch is not None:
-            if type(launch) is LazyTrace:      # the usual case, inlined: the launch hot path emits ~6 events
-                launch._pending.append(item)
-                launch._pending_len += 1
-            else:
-                _add(launch, item)
-        for trace in recorders:
-            if type(trace) is LazyTrace:
-                trace._pending.append(item)
-                trace._pending_len += 1
-            else:
-                _add(trace, item)
+        items = [(lane, name, float(start_us), float(dur_us), args)]
+        for trace in traces:
+            _add(trace, items)
 
     def emit_shifted(self, events: Iterable[TraceEvent], offset_us: float,
                      lane_of: Callable[[str], str] | None = None) -> None:
         """Place already-timed events (a simulator's per-core trace) at ``offset_us``."""
-        launch, recorders = self._launch_trace, self._recorders
-        if launch is None and not recorders:
+        traces = self.open_traces()
+        if not traces:
             return
         block = _Placed(events if type(events) is list else list(events), offset_us, lane_of)
-        for trace in (launch, *recorders) if recorders else (launch,):
-            if type(trace) is LazyTrace:        # LazyTrace.place, inlined: every kernel of every launch comes here
-                if block.events:
-                    trace._pending.append(block)
-                    trace._pending_len += len(block.events)
-            elif isinstance(trace, LazyTrace):
+        for trace in traces:
+            if isinstance(trace, LazyTrace):
                 trace.place(block)
-            elif trace is not None:
+            else:
                 trace.events.extend(block.materialise())
+
+    def open_traces(self) -> tuple[Trace, ...]:
+        """Where an event goes now: the open launch's trace and every recording (none: nothing is traced)."""
+        launch, recorders = self._launch_trace, self._recorders
+        if not recorders:
+            return () if launch is None else (launch,)
+        return tuple(recorders) if launch is None else (launch, *recorders)
 
     @contextlib.contextmanager
     def launch(self, name: str, **meta: Any) -> Iterator[Trace]:
@@ -328,12 +321,12 @@ class Timeline:
         self.last_trace = Trace(meta={"launch": None})
 
 
-def _add(trace: Trace, item: tuple[str, str, float, float, dict[str, Any]]) -> None:
-    if type(trace) is LazyTrace:
-        trace.add_pending(item)
+def _add(trace: Trace, items: list[tuple[str, str, float, float, dict[str, Any]]]) -> None:
+    """Hand events' fields to ``trace``: a lazy trace keeps them pending, any other makes its events now."""
+    if isinstance(trace, LazyTrace):
+        trace.add_pending(items)
     else:
-        lane, name, start, dur, args = item
-        trace.events.append(TraceEvent(lane, name, start, dur, dict(args)))
+        trace.events.extend(TraceEvent(lane, name, start, dur, dict(args)) for lane, name, start, dur, args in items)
 
 
 TIMELINE = Timeline()
@@ -452,11 +445,9 @@ class Stream(torch.Stream):
     def enqueue_all(self, steps: Sequence[PreparedStep]) -> float:
         """:meth:`enqueue` of ``steps`` one after the other (a kernel's three), each with its names, unit, lane and
         trace args worked out once (:class:`PreparedStep`): the same clock arithmetic and the same events; returns
-        the last step's start. (The hottest loop of every launch: when every open trace is lazy, as the launch
-        trace and the engine's step recordings are, the events are handed to them in one list.)"""
+        the last step's start. (The hottest loop of every launch: the events go to the open traces as one list.)"""
         timeline = TIMELINE
         unit_free = timeline._unit_free
-        launch, recorders = timeline._launch_trace, timeline._recorders
         events: list[tuple[str, str, float, float, dict[str, Any]]] = []
         ready = self.ready_us
         host = timeline.host_us
@@ -471,14 +462,8 @@ class Stream(torch.Stream):
             events.append((step.lane, step.name, start, step.dur_us, step.args))
         timeline.host_us = host
         self.ready_us = ready
-        if launch is not None or recorders:
-            for trace in (launch, *recorders) if recorders else (launch,):
-                if type(trace) is LazyTrace:
-                    trace._pending.extend(events)
-                    trace._pending_len += len(events)
-                elif trace is not None:
-                    for item in events:
-                        _add(trace, item)
+        for trace in timeline.open_traces():
+            _add(trace, events)
         return start
 
     # --- torch.cuda.Stream-like API ----------------------------------------------------------
