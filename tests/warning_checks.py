@@ -12,6 +12,13 @@ import re
 import warnings
 from collections.abc import Iterator
 
+SPYRE_ENGINE_WARNINGS = (
+    r"aten::\w+ has no spyre kernel",                          # rotary tables, the eager path's KV writes, masks
+    r"spyre: aten\.embedding runs on the host CPU",            # the embedding gather
+    r"spyre stores torch\.float(32|64) tensors as float16",    # the rotary tables are computed in fp32 / fp64
+)
+"""What running tiny-granite on the spyre platform may warn about (each notice is one-time, so none is required)."""
+
 
 @contextlib.contextmanager
 def only_warnings(*patterns: str) -> Iterator[list[warnings.WarningMessage]]:

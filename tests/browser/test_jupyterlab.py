@@ -21,6 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from warning_checks import SPYRE_ENGINE_WARNINGS
 
 HERE = Path(__file__).parent
 NOTEBOOK = HERE / "all_views.ipynb"
@@ -30,9 +31,7 @@ REQUIRED = os.environ.get("SPYRE_LAB_REQUIRE_BROWSER") == "1"
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
          "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
 RUN_TIMEOUT_S = 600
-EXPECTED_WARNINGS = re.compile(
-    r"aten::\w+ has no spyre kernel|spyre: aten\.embedding runs on the host CPU"      # the engine's CPU fallbacks
-    r"|spyre stores torch\.float(32|64) tensors as float16")  # rotary tables; the SDPA mask constants (WhatIf)
+EXPECTED_WARNINGS = re.compile("|".join(SPYRE_ENGINE_WARNINGS))   # the engine's, and WhatIf's SDPA mask constants
 
 
 def _missing() -> str | None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from warning_checks import only_warnings
+from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.engine import LLM, SamplingParams
 
@@ -18,16 +18,11 @@ try:
 except ImportError as error:  # the runtime layer is optional for the engine
     pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
 
-EXPECTED_WARNINGS = (
-    r"aten::\w+ has no spyre kernel",
-    r"spyre: aten\.embedding runs on the host CPU",
-    r"spyre stores torch\.float(32|64) tensors as float16",
-)
 PROMPTS = ["count from 5 to 12:", "3 + 4 =", "letters from c to h:"]
 
 
 def run(skip_guards: bool) -> tuple[LLM, list[list[int]]]:
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         # buckets no other test's compile counts rely on (compiled programs are cached process-wide)
         platform = SpyrePlatform(prefill_buckets=[24], batch_buckets=[1, 3], skip_guards=skip_guards)
         llm = LLM("tiny-granite", platform=platform, max_model_len=24, max_num_seqs=3, block_size=4,
@@ -66,7 +61,7 @@ def test_direct_call_equals_dynamo_call(runs) -> None:
     llm, _ = runs[True]
     engine = llm.llm_engine
     platform, runner = engine.platform, engine.runner
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         engine.add_request("x", PROMPTS[0], SamplingParams(temperature=0, max_tokens=4))
         engine.step()                                                  # prefill: the request now decodes
     scheduled = engine.scheduler.schedule()                           # a decode step: the slot for its next token

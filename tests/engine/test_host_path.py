@@ -15,7 +15,7 @@ import math
 
 import pytest
 import torch
-from warning_checks import only_warnings
+from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.tiling_paged_attention import paged_online_attention
@@ -32,16 +32,11 @@ try:
 except ImportError as error:  # the runtime layer is optional for the engine
     pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
 
-EXPECTED_WARNINGS = (
-    r"aten::\w+ has no spyre kernel",
-    r"spyre: aten\.embedding runs on the host CPU",
-    r"spyre stores torch\.float(32|64) tensors as float16",
-)
 BLOCK = 4
 
 
 def spyre_llm(**platform_options) -> LLM:
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         return LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[24], batch_buckets=[4], **platform_options),
                    max_model_len=24, max_num_seqs=4, block_size=BLOCK, num_kv_blocks=16)
 
@@ -172,7 +167,7 @@ def test_a_layout_reuses_its_device_buffer(kernel_on):
 def test_attention_between_pieces_calls_the_ops_function(kernel_on):
     """Between the compiled pieces, the split graph calls each layer's attention function itself (no submodule,
     no custom-op dispatch); the calls are still recognised as attention."""
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         kernel_on.warmup(show_progress=False)
     graph = kernel_on.llm_engine.platform.split_graphs["decode", 4]
     calls = [n for n in graph.graph.nodes if is_paged_attention(n)]
@@ -252,7 +247,7 @@ def test_row_writes_keep_updating_the_buffers_own_mirror():
 
 
 def test_row_writes_narrow_and_check_like_any_write():
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         wide = torch.zeros(4, 3).to("spyre")                      # float32 on the host, stored as fp16
     buffer_of(wide).write_rows((4, 3), (3, 1), 0, torch.tensor([2]), torch.full((1, 3), 1 / 3))
     assert torch.equal(wide.cpu()[2], torch.full((3,), 1 / 3).half().float())
@@ -267,7 +262,7 @@ def test_served_tokens_equal_the_cpu_platforms(kernel_on, cpu):
     prompts = ["count from 5 to 12:", "3 + 4 ="]
     greedy = SamplingParams(temperature=0, max_tokens=12)
     cpu16 = LLM("tiny-granite", dtype=torch.float16, max_model_len=24, block_size=BLOCK, num_kv_blocks=16)
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         ours = [o.outputs[0].token_ids for o in kernel_on.generate(prompts, greedy, use_tqdm=False)]
     assert ours == [o.outputs[0].token_ids for o in cpu16.generate(prompts, greedy, use_tqdm=False)]
     assert KernelAttention in {type(m) for m in kernel_on.llm_engine.model.modules()}
@@ -351,7 +346,7 @@ def test_step_records_keep_the_device_lanes_and_only_the_latest_traces(kernel_on
     engine = kernel_on.llm_engine
     saved, engine.stats = engine.stats, EngineStats(max_device_traces=3)
     try:
-        with only_warnings(*EXPECTED_WARNINGS):
+        with only_warnings(*SPYRE_ENGINE_WARNINGS):
             kernel_on.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True),
                                use_tqdm=False)
         details = engine.stats.details

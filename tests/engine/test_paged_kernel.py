@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from warning_checks import only_warnings
+from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.engine import LLM, SamplingParams
@@ -29,15 +29,10 @@ except ImportError as error:  # the runtime layer is optional for the engine
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPTS = ["3 + 4 =", "count from 5 to 12:"]
 LAYERS = 4                                            # tiny-granite's decoder layers
-EXPECTED_WARNINGS = (
-    r"aten::\w+ has no spyre kernel",                          # rotary tables, the eager path's KV writes, masks
-    r"spyre: aten\.embedding runs on the host CPU",            # the embedding gather
-    r"spyre stores torch\.float(32|64) tensors as float16",    # the rotary tables are computed in fp32 / fp64
-)
 
 
 def spyre_llm(**platform_options) -> LLM:
-    with only_warnings(*EXPECTED_WARNINGS):  # CPU-fallback notices for ops the runtime has no kernel for
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):  # CPU-fallback notices for ops the runtime has no kernel for
         # buckets no other test file uses (so the program cache's counts other tests read stay theirs); decode runs
         # with padded batch rows (bucket 3 for at most 2 sequences)
         llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[40], batch_buckets=[3], **platform_options),
@@ -63,7 +58,7 @@ def reference() -> list[str]:
 
 
 def _generate(llm: LLM) -> list[str]:
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         return [o.outputs[0].text for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
 
 
@@ -216,7 +211,7 @@ def test_padding_rows_of_a_decode_batch_attend_to_nothing(kernel_on):
     from spyre_lab.engine.platforms import paged_kernel
     from spyre_lab.engine.platforms.paged_attention_op import KernelAttention
 
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         kernel_on.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     attn = next(m for m in kernel_on.llm_engine.model.modules() if isinstance(m, KernelAttention))
     launch = paged_kernel.layer_launch(attn.layer_index, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)

@@ -4,7 +4,7 @@ import dataclasses
 import importlib
 
 import pytest
-from warning_checks import only_warnings
+from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.studies.granite8b import GRANITE_3_3_8B, StepConfig, time_steps
 
@@ -12,20 +12,17 @@ R = importlib.import_module("spyre_lab.studies.reproduce")   # the module (the p
 SMALL = dataclasses.replace(GRANITE_3_3_8B, vocab_size=1031, hidden_size=256, intermediate_size=512,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=64, num_hidden_layers=4)
 BUCKETS = [("prefill", 64), ("decode", 2)]
-EXPECTED_WARNINGS = (r"spyre: aten\.embedding runs on the host CPU",            # the embedding gather
-                     r"spyre stores torch\.float(32|64) tensors as float16",    # rotary tables in fp32 / fp64
-                     r"aten::\w+ has no spyre kernel")                          # the eager path's KV writes
 
 
 @pytest.fixture(scope="module")
 def rule_on():
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         return time_steps(StepConfig(), BUCKETS, depth="probe", config=SMALL)
 
 
 @pytest.fixture(scope="module")
 def rule_off():
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         return time_steps(R.ATTENTION_OFF, BUCKETS, depth="probe", config=SMALL)
 
 
@@ -40,7 +37,7 @@ def test_compile_options_without_the_rule_switch_the_kernel_off_too():
     from spyre_lab.compiler.options import CompileOptions
 
     fusion = sorted(CompileOptions().without("attention").fusion)
-    with only_warnings(*EXPECTED_WARNINGS):
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
         (t,) = time_steps(StepConfig(), BUCKETS[1:], depth=2, config=SMALL,
                           compile_options={"fusion": fusion}).values()
     assert t.attention_launches >= 10 * 2                          # two layers of eager attention ops
