@@ -174,20 +174,9 @@ class LazyTrace(Trace):
                     out.place(block)
         return out
 
-    def _extents(self) -> list[tuple[float, float]]:
-        return [(b[2], b[2] + b[3]) if type(b) is tuple else b.extent() for b in self._pending]
-
-    @property
-    def start_us(self) -> float:
-        return min([*(e.start_us for e in self._events), *(s for s, _ in self._extents())], default=0.0)
-
-    @property
-    def end_us(self) -> float:
-        return max([*(e.end_us for e in self._events), *(e for _, e in self._extents())], default=0.0)
-
-    @property
-    def duration_us(self) -> float:
-        """``end_us - start_us`` from one pass over the events (the engine asks it of every step), no list made."""
+    def _bounds(self) -> tuple[float, float]:
+        """(first start, last end) of every event, pending ones included, in one pass that makes no list (the
+        engine asks a step's duration at every step); (0.0, 0.0) for an empty trace."""
         lo, hi = math.inf, -math.inf
         for event in self._events:
             lo, hi = min(lo, event.start_us), max(hi, event.end_us)
@@ -201,7 +190,20 @@ class LazyTrace(Trace):
                 lo = start
             if end > hi:
                 hi = end
-        return 0.0 if lo == math.inf else hi - lo
+        return (0.0, 0.0) if lo == math.inf else (lo, hi)
+
+    @property
+    def start_us(self) -> float:
+        return self._bounds()[0]
+
+    @property
+    def end_us(self) -> float:
+        return self._bounds()[1]
+
+    @property
+    def duration_us(self) -> float:
+        lo, hi = self._bounds()
+        return hi - lo
 
 
 class Timeline:
