@@ -145,10 +145,9 @@ def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
             llm.warmup(show_progress=False)
         return llm
 
-    kernel_llm = None
-    for label, options in (("attention kernel (rule on) ", None), ("eager attention (rule off)", rule_off)):
-        llm = spyre_llm(compile_options=options)
-        kernel_llm = kernel_llm or llm
+    llms = {"attention kernel (rule on) ": spyre_llm(compile_options=None),
+            "eager attention (rule off)": spyre_llm(compile_options=rule_off)}
+    for label, llm in llms.items():
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")
             split = _decode_step_cpu_ms(llm, greedy, requests, piece=piecewise.CompiledPiece)
@@ -159,6 +158,7 @@ def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
         print(f"  {'':27}  the rest = inputs {split['inputs']:4.2f} + logits and sampling {split['sample']:4.2f} + "
               f"engine, Dynamo and step timing {rest - split['inputs'] - split['sample']:4.2f}")
     # guard-free dispatch on and off (`platforms.dispatch`), requests interleaved: the machine drifts minute to minute
+    kernel_llm = llms["attention kernel (rule on) "]
     steps = _interleaved_step_cpu_ms({"on": kernel_llm, "off": spyre_llm(skip_guards=False)}, greedy, 2 * requests)
     print(f"  guard-free dispatch (attention kernel): step {steps['on']:6.2f} ms on, {steps['off']:6.2f} ms with "
           f"Dynamo's guards evaluated every step (skip_guards=False): {steps['off'] - steps['on']:+.2f} ms")
