@@ -23,11 +23,13 @@ UNIT_COLORS: dict[str, str] = {
     "idle": "#EEEEEE",
 }
 
-#: Qualitative palette for kernels (Tableau 20 order, units' hues avoided first).
+#: Qualitative palette for kernels (the Tableau 20 colors). The first six avoid the hues of the units a kernel is
+#: drawn beside (load blue, PT red, SFU orange, store green), so a program of a few kernels never has one that
+#: reads as a DRAM ceiling or a load lane; the unit-like hues come after.
 KERNEL_PALETTE: tuple[str, ...] = (
-    "#1F77B4", "#FF7F0E", "#2CA02C", "#D62728", "#9467BD", "#8C564B", "#E377C2", "#7F7F7F",
-    "#BCBD22", "#17BECF", "#AEC7E8", "#FFBB78", "#98DF8A", "#FF9896", "#C5B0D5", "#C49C94",
-    "#F7B6D2", "#C7C7C7", "#DBDB8D", "#9EDAE5",
+    "#17BECF", "#9467BD", "#BCBD22", "#E377C2", "#8C564B", "#7F7F7F", "#1F77B4", "#FF7F0E",
+    "#2CA02C", "#D62728", "#9EDAE5", "#C5B0D5", "#DBDB8D", "#F7B6D2", "#C49C94", "#C7C7C7",
+    "#AEC7E8", "#FFBB78", "#98DF8A", "#FF9896",
 )
 
 MODELED_TIME_AXIS = "modeled time (µs)"
@@ -52,16 +54,25 @@ def unit_color(lane_or_unit: str) -> str:
     return UNIT_COLORS.get(lane_or_unit) or UNIT_COLORS[lane_unit(lane_or_unit)]
 
 
+_KERNEL_INDEX = re.compile(r"k(\d+)_")
+
+
 def kernel_color(kernel: str | int) -> str:
     """A kernel's color, the same in every view and every run.
 
-    An integer picks the palette entry by position (kernel order in a Program); a name is hashed, so a
-    kernel named ``k3_softmax`` is the same color in FusionView, DataflowView, Roofline and DecodeTimeline.
+    A compiled kernel is named ``k<i>_<rule>_<ops>`` by its position ``i`` in its Program, and that position
+    picks the palette entry: every view of a program draws its kernels in distinct colors (up to the palette's
+    20), and ``k3_softmax`` is the same color in FusionView, DataflowView, Roofline and DecodeTimeline. (A hash of
+    the name would let two kernels of one program collide.) An integer is a position; any other name is hashed.
     """
     if isinstance(kernel, int):
         return KERNEL_PALETTE[kernel % len(KERNEL_PALETTE)]
+    m = _KERNEL_INDEX.match(kernel)
+    if m:
+        return KERNEL_PALETTE[int(m.group(1)) % len(KERNEL_PALETTE)]
     digest = hashlib.blake2s(kernel.encode(), digest_size=2).digest()
     return KERNEL_PALETTE[int.from_bytes(digest, "big") % len(KERNEL_PALETTE)]
+
 
 #: Measured host phases of one engine step (wall clock), light to dark in step order.
 HOST_PHASE_COLORS: dict[str, str] = {

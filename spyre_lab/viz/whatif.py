@@ -14,6 +14,10 @@ What is drawn, current configuration against the baseline (the configuration the
 * TTFT and TPOT, **modeled estimates**: ``layers`` x the modeled span of one launch of the prefill-shaped and the
   decode-shaped program (one decoder layer each). Embedding, LM head, sampling and the engine's host work are
   not in it; `DecodeTimeline` shows a real engine run.
+
+Each launch is the phase its inputs are given as, never guessed: ``example_inputs`` (the positional argument)
+make the prefill launch and score TTFT, ``decode_inputs`` make the decode launch and score TPOT. Give either or
+both; a metric whose launch was not given is left out of the caption and the bars (never drawn as ``nan``).
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ from spyre_lab.viz.timeline import step_lanes
 
 LX_KIB_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
 DRAM_GBS_CHOICES = (25.6, 51.2, 102.4, 204.8, 409.6, 819.2)
+_PHASE_OF = {"TTFT": "prefill", "TPOT": "decode"}
+"""The launch each score comes from: time to first token is a prefill, time per output token a decode step."""
 SUBPLOT_TITLE_SIZE = 14
 """Panel titles a little smaller than the figure title; a panel title never reaches past the figure's edge."""
 
@@ -77,15 +83,26 @@ class Outcome:
     layers: int
 
     def span_us(self, phase: str) -> float:
-        return self.traces[phase].duration_us if phase in self.traces else float("nan")
+        """Modeled µs of one launch of the ``phase`` program (a phase whose inputs were not given is an error)."""
+        if phase not in self.traces:
+            raise KeyError(f"no {phase} launch in this WhatIf: it was opened with inputs for "
+                           f"{' and '.join(self.traces)} only (pass {phase}_inputs= to add one)")
+        return self.traces[phase].duration_us
 
     @property
-    def ttft_ms(self) -> float:
-        return self.layers * self.span_us("prefill") / 1e3
+    def ttft_ms(self) -> float | None:
+        """``layers`` x one prefill launch (ms); None without prefill inputs."""
+        return self.layers * self.span_us("prefill") / 1e3 if "prefill" in self.traces else None
 
     @property
-    def tpot_ms(self) -> float:
-        return self.layers * self.span_us("decode") / 1e3 if "decode" in self.traces else float("nan")
+    def tpot_ms(self) -> float | None:
+        """``layers`` x one decode launch (ms); None without decode inputs."""
+        return self.layers * self.span_us("decode") / 1e3 if "decode" in self.traces else None
+
+    def metrics(self) -> dict[str, float]:
+        """The scores this outcome has, in order: TTFT from the prefill launch, TPOT from the decode launch."""
+        out = {"TTFT": self.ttft_ms, "TPOT": self.tpot_ms}
+        return {name: value for name, value in out.items() if value is not None}
 
 
 def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str) -> Trace:
@@ -116,18 +133,24 @@ class WhatIf(View):
     """Compiler and hardware switches against the kernel timeline, the roofline and modeled TTFT / TPOT.
 
     ``WhatIf(fn, prefill_inputs, decode_inputs=..., layers=N)`` for any function or module (one decoder layer is
-    the usual choice), or ``WhatIf.granite_layer("tiny-granite")`` for the engine model's own layer shapes.
+    the usual choice), or ``WhatIf.granite_layer("tiny-granite")`` for the engine model's own layer shapes. A
+    decode-only function (one token per sequence) is ``WhatIf(fn, decode_inputs=inputs)``: its launch is a decode
+    launch and scores TPOT.
     """
 
     figure_height = 820
 
-    def __init__(self, model: Callable | torch.nn.Module, example_inputs: Sequence[torch.Tensor],
+    def __init__(self, model: Callable | torch.nn.Module, example_inputs: Sequence[torch.Tensor] | None = None,
                  decode_inputs: Sequence[torch.Tensor] | None = None, layers: int = 1,
                  cfg: SpyreConfig = SPYRE, options: CompileOptions | None = None, dispatch: str = "aot_patch",
                  name: str | None = None) -> None:
         super().__init__()
-        if isinstance(example_inputs, torch.Tensor) or not isinstance(example_inputs, (list, tuple)):
-            raise TypeError("example_inputs must be a list of the call's arguments, e.g. [x]")
+        if example_inputs is None and decode_inputs is None:
+            raise TypeError("WhatIf needs the call's arguments: example_inputs=[x] for a prefill launch (TTFT), "
+                            "decode_inputs=[x] for a decode launch (TPOT), or both")
+        for what, given in (("example_inputs", example_inputs), ("decode_inputs", decode_inputs)):
+            if given is not None and (isinstance(given, torch.Tensor) or not isinstance(given, (list, tuple))):
+                raise TypeError(f"{what} must be a list of the call's arguments, e.g. [x]")
         if layers < 1:
             raise ValueError(f"layers must be >= 1, got {layers}")
         if dispatch not in ("aot_patch", "rebuild"):
@@ -135,12 +158,14 @@ class WhatIf(View):
         self.model, self.layers, self.base_cfg = model, layers, cfg
         self.base_options = options or CompileOptions()
         self.name = name or getattr(model, "__name__", type(model).__name__)
-        self._inputs = {"prefill": list(example_inputs)}
+        self._inputs: dict[str, list[Any]] = {}
+        if example_inputs is not None:
+            self._inputs["prefill"] = list(example_inputs)
         if decode_inputs is not None:
             self._inputs["decode"] = list(decode_inputs)
         self._device_inputs: dict[str, list[torch.Tensor]] = {}
         self._cache: dict[Setting, Outcome] = {}
-        self.phase = "prefill"
+        self.phase = next(iter(self._inputs))
         self.work_division = self.base_options.work_division
         self.dispatch = dispatch
         self.cores = cfg.cores
@@ -203,10 +228,12 @@ class WhatIf(View):
     @property
     def caption(self) -> str:  # type: ignore[override]
         now, base = self.current, self.baseline
-        return (f"What if — {self.name}: {now.setting.describe()}. Modeled TTFT {now.ttft_ms:.3f} ms "
-                f"({_delta(now.ttft_ms, base.ttft_ms)}), TPOT {now.tpot_ms:.3f} ms "
-                f"({_delta(now.tpot_ms, base.tpot_ms)})"
-                f" vs baseline; estimates: {self.layers} x one layer's launch.")
+        was = base.metrics()
+        scores = ", ".join(f"{name} {value:.3f} ms ({_delta(value, was[name])})"
+                           for name, value in now.metrics().items())
+        sources = ", ".join(f"{name} from the {_PHASE_OF[name]} launch" for name in now.metrics())
+        return (f"What if — {self.name}: {now.setting.describe()}. Modeled {scores} vs baseline; estimates: "
+                f"{self.layers} x one layer's launch ({sources}).")
 
     # ---- controls --------------------------------------------------------------------------------------
     def make_controls(self) -> list[W.Widget]:
@@ -227,7 +254,7 @@ class WhatIf(View):
         controls.append(self.bind("dram_gbs", W.SelectionSlider(options=dram, value=self.dram_gbs,
                                                                 description="DRAM GB/s", continuous_update=False,
                                                                 layout=W.Layout(width="280px"))))
-        if "decode" in self._inputs:
+        if len(self._inputs) > 1:
             controls.append(self.bind("phase", toggle(["prefill", "decode"], self.phase, "timeline")))
         return controls
 
@@ -239,7 +266,8 @@ class WhatIf(View):
             rows=2, cols=2, specs=[[{"colspan": 2}, None], [{}, {}]], row_heights=[0.5, 0.5],
             column_widths=[0.62, 0.38], vertical_spacing=0.13, horizontal_spacing=0.1,
             subplot_titles=[f"one {phase} launch, now vs baseline ({style.MODELED_TIME_AXIS})",
-                            f"roofline of the {phase} kernels (modeled)", "TTFT / TPOT<br>modeled estimates (ms)"],
+                            f"roofline of the {phase} kernels (modeled)",
+                            " / ".join(now.metrics()) + "<br>modeled estimates (ms)"],
             template="plotly_white", height=self.figure_height, margin=dict(l=70, r=30, t=70, b=50))
         data: list[dict[str, Any]] = []
         axis_updates: dict[str, dict[str, Any]] = {}
@@ -312,17 +340,18 @@ class WhatIf(View):
 
     def _bars(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome,
               base: Outcome) -> None:
-        names = ["TTFT", "TPOT"] if "decode" in self._inputs else ["TTFT"]
+        was = base.metrics()
+        names = list(was)
         for label, outcome, color in (("baseline", base, style.BASELINE_COLOR), ("now", now, style.CHANGED_COLOR)):
-            ys = [outcome.ttft_ms, outcome.tpot_ms][: len(names)]
-            text = [f"{y:.3f}" if label == "baseline" else f"{y:.3f}<br>({_delta(y, b)})"
-                    for y, b in zip(ys, [base.ttft_ms, base.tpot_ms])]
+            scores = outcome.metrics()
+            ys = [scores[name] for name in names]
+            text = [f"{y:.3f}" if label == "baseline" else f"{y:.3f}<br>({_delta(y, was[name])})"
+                    for y, name in zip(ys, names)]
             data.append(dict(type="bar", x=names, y=ys, name=label, marker=dict(color=color), text=text,
                              textposition="outside", constraintext="none", cliponaxis=False,
                              hovertemplate="%{x}: %{y:.3f} ms (modeled estimate)<extra>" + label + "</extra>",
                              xaxis=refs[0], yaxis=refs[1]))
-        top = max(now.ttft_ms, base.ttft_ms, now.tpot_ms if "decode" in self._inputs else 0,
-                  base.tpot_ms if "decode" in self._inputs else 0)
+        top = max([*now.metrics().values(), *was.values()])
         axis[_axis_key(refs[1])] = dict(title=dict(text="ms (modeled)"), range=[0, top * 1.25])
 
 

@@ -199,3 +199,62 @@ def test_granite_layer_keeps_its_fp32_mask_constants_exact_without_a_warning(fre
     constants = [t for p in view.baseline.programs.values() for t in p.constants.values()]
     assert constants and all(t.dtype == torch.float32 for t in constants)
     assert all(x.dtype == torch.float16 for x in view._inputs["prefill"])    # the learner's tensors are fp16
+
+
+def _mlp(x, wg, wu, wd):
+    return (torch.nn.functional.silu(x @ wg) * (x @ wu)) @ wd
+
+
+def _mlp_inputs(tokens):
+    return [torch.randn(tokens, 64, dtype=torch.float16), torch.randn(64, 128, dtype=torch.float16),
+            torch.randn(64, 128, dtype=torch.float16), torch.randn(128, 64, dtype=torch.float16)]
+
+
+def _scores(fig):
+    """The score bars drawn: {bar name: {metric: value}}; a nan value would be an untrue bar."""
+    return {t.name: dict(zip(t.x, t.y)) for t in fig.data if t.type == "bar" and t.orientation != "h"}
+
+
+def test_a_decode_only_launch_scores_tpot_from_its_decode_launch_and_no_ttft():
+    """A one-token function given as decode inputs is a decode launch: TPOT (layers x that launch), never a TTFT,
+    never nan (the caption, the bars and the panel title all say the same)."""
+    torch.manual_seed(0)
+    view = WhatIf(_mlp, decode_inputs=_mlp_inputs(1), layers=40, name="decode MLP")
+    outcome = view.baseline
+    assert list(outcome.traces) == ["decode"] and view.phase == "decode"
+    assert outcome.tpot_ms == pytest.approx(40 * outcome.traces["decode"].duration_us / 1e3)
+    assert outcome.ttft_ms is None
+    caption = view.caption
+    assert "TPOT" in caption and "TTFT" not in caption and "nan" not in caption
+    assert "TPOT from the decode launch" in caption
+    fig = view.figure
+    assert _scores(fig) == {"baseline": {"TPOT": pytest.approx(outcome.tpot_ms)},
+                            "now": {"TPOT": pytest.approx(outcome.tpot_ms)}}
+    assert "one decode launch" in fig.layout.annotations[0].text
+    assert "phase" not in view.controls                       # one launch: nothing to toggle
+    with pytest.raises(KeyError, match="prefill_inputs="):
+        outcome.span_us("prefill")
+
+
+def test_a_prefill_only_launch_never_shows_a_nan_tpot():
+    torch.manual_seed(0)
+    view = WhatIf(_mlp, _mlp_inputs(16), layers=2)
+    assert "nan" not in view.caption and "TPOT" not in view.caption and "TTFT" in view.caption
+    scores = _scores(view.figure)
+    assert set(scores) == {"baseline", "now"} and all(list(s) == ["TTFT"] for s in scores.values())
+    assert all(v == v for s in scores.values() for v in s.values())
+
+
+def test_with_both_launches_ttft_is_the_prefill_launch_and_tpot_the_decode_launch(view):
+    outcome = view.baseline
+    assert outcome.ttft_ms == pytest.approx(4 * outcome.traces["prefill"].duration_us / 1e3)
+    assert outcome.tpot_ms == pytest.approx(4 * outcome.traces["decode"].duration_us / 1e3)
+    assert outcome.ttft_ms != outcome.tpot_ms
+    scores = _scores(view.figure)["now"]
+    assert scores == {"TTFT": pytest.approx(outcome.ttft_ms), "TPOT": pytest.approx(outcome.tpot_ms)}
+    assert "nan" not in view.caption
+
+
+def test_no_inputs_at_all_names_the_fix():
+    with pytest.raises(TypeError, match="decode_inputs="):
+        WhatIf(lambda x: x)
