@@ -117,6 +117,7 @@ class DataflowView(View):
         super().__init__()
         self._builders: dict[str, Any] = {}
         self._timelines: dict[str, _Timeline] = {}
+        self._plans: dict[str, Any] = {}      # kernel name -> the compiler's LXPlan (when the source carries one)
         self.name, self.cfg, default_mode = self._adopt(source, cfg)
         self.mode = mode or default_mode
         if self.mode not in self._builders:
@@ -167,10 +168,14 @@ class DataflowView(View):
                         if hasattr(launch, "simulate")]
             for m in ("event", "analytic"):
                 self._builders[m] = lambda m=m: _program_trace(source.name, launches, m)
+            self._plans = {launch.name: launch.lx_plan for launch, _ in launches
+                           if getattr(launch, "lx_plan", None) is not None}
             return source.name, source.cfg, "event"
         if hasattr(source, "simulate") and hasattr(source, "tile_kernel"):   # a KernelSpec
             for m in ("event", "analytic"):
                 self._builders[m] = lambda m=m: _program_trace(source.name, [(source, None)], m)
+            if getattr(source, "lx_plan", None) is not None:
+                self._plans = {source.name: source.lx_plan}
             return source.name, source.cfg, "event"
         if isinstance(source, dict) and "launches" in source:
             raise ValueError("a saved program JSON holds no tile programs to simulate; save the run's trace "
@@ -234,6 +239,40 @@ class DataflowView(View):
         delta = np.concatenate([arr[:, 2], -arr[:, 2]])
         order = np.lexsort((delta, t))       # at equal times, releases before claims
         return t[order], np.cumsum(delta[order])
+
+    def planned_lx_peak(self) -> tuple[str, int] | None:
+        """(kernel, bytes) of the compiler's planned LX footprint (``LXPlan.peak``) for the kernel in view: the
+        selected kernel, or the largest plan among the kernels drawn; None when the source carries no plan."""
+        if not self._plans:
+            return None
+        if self.kernel in self._plans:
+            return self.kernel, int(self._plans[self.kernel].peak)
+        t0, t1 = self.window()
+        shown = [k.name for k in self.timeline().kernels if k.name in self._plans and k.end >= t0 and k.start <= t1]
+        if not shown:
+            return None
+        name = max(shown, key=lambda n: self._plans[n].peak)
+        return name, int(self._plans[name].peak)
+
+    def lx_peak_text(self, resident_bytes: float) -> str:
+        """The LX panel's label: the simulated resident peak and, beside it, the plan's footprint, each named by
+        what it counts (the figure's notes say how they differ)."""
+        text = f"resident peak {resident_bytes:,.0f} B ({resident_bytes / 1024:,.0f} KiB), simulated"
+        planned = self.planned_lx_peak()
+        if planned is not None:
+            name, peak = planned
+            which = "" if name == self.kernel or len(self._plans) == 1 else f" ({html.escape(name)})"
+            text += f"<br>planned footprint{which} {peak:,} B ({peak / 1024:,.0f} KiB), LXPlan.peak"
+        return text
+
+    def lx_peak_note(self) -> str:
+        """Why the two LX peaks differ: they count different things."""
+        note = (f"LX resident peak: bytes of the buffers holding data at one moment on core {self.core} "
+                f"({self.mode} simulation)")
+        if self.planned_lx_peak() is not None:
+            note += ("; planned footprint: the highest LX address the compiler's plan reserves, where each buffer "
+                     "keeps its range for its whole lifetime, so holes between buffers count")
+        return note + f"; LX per core {self.cfg.lx_bytes:,} B"
 
     def resident(self, t: float) -> list[TraceEvent]:
         """The selected core's LX buffers claimed at time ``t`` (the op that fires at ``t`` included)."""
@@ -359,7 +398,8 @@ class DataflowView(View):
                                "through tiles.")
             return base
         e = f["event"]
-        line = f"Core {self.core}, step {f['step'] + 1}/{f['steps']}: {e.name!r} fired at {e.start_us:.2f} µs"
+        line = (f"Core {self.core}, step {_step_words(f['step'], f['steps'])}: {e.name!r} fired at "
+                f"{e.start_us:.2f} µs")
         if f["trigger"] is not None:
             line += f", when {f['trigger'].name!r} finished"
         if f["waited"]:
@@ -439,14 +479,16 @@ class DataflowView(View):
                              name=f"LX core {self.core}", showlegend=False, xaxis="x3", yaxis="y3",
                              hovertemplate="%{y:.1f} KiB at %{x:.3f} µs<extra></extra>"))
             peak, cap = float(occ.max(initial=0)) / 1024, self.cfg.lx_bytes / 1024
-            top = cap * 1.05 if peak > 0.5 * cap else max(peak * 1.35, 1.0)
+            planned = self.planned_lx_peak()
+            top = max(cap if peak > 0.5 * cap else peak, (planned[1] / 1024) if planned else 0.0) * 1.45 or 1.0
             lx_axis["range"] = [0, top]
             if peak > 0.5 * cap:
                 launches.append(dict(type="line", x0=0, x1=1, xref="x3 domain", y0=cap, y1=cap, yref="y3",
                                      line=dict(color=NEUTRAL["rule"], dash="dot", width=1), name="capacity"))
-            extra_notes.append(dict(text=f"peak {peak:,.3g} KiB of the {cap:,.0f} KiB LX", xref="x3 domain",
+            notes.append(self.lx_peak_note())
+            extra_notes.append(dict(text=self.lx_peak_text(float(occ.max(initial=0))), xref="x3 domain",
                                     yref="y3 domain", x=1.0, y=1.0, xanchor="right", yanchor="top", showarrow=False,
-                                    font=dict(size=10, color=NEUTRAL["muted"]), name="lx"))
+                                    align="right", font=dict(size=10, color=NEUTRAL["muted"]), name="lx"))
         elif self.mode == "analytic":
             notes.append("analytic timing: one span per unit and core, no tiles to step through")
         shapes, annotations, bar = self._cursor_parts()
@@ -522,7 +564,7 @@ class DataflowView(View):
             annotations.append(dict(x=t, y=rows[e.lane], ax=trig.end_us, ay=rows[trig.lane], xref="x", yref="y",
                                     axref="x", ayref="y", showarrow=True, arrowhead=3, arrowsize=1.2,
                                     arrowcolor=NEUTRAL["cursor"], arrowwidth=1.5, text="", name="arrow"))
-        text = (f"core {self.core} · step {f['step'] + 1}/{f['steps']}: <b>{html.escape(e.name)}</b> "
+        text = (f"core {self.core} · step {_step_words(f['step'], f['steps'])}: <b>{html.escape(e.name)}</b> "
                 f"({_UNIT_LABEL.get(lane_unit(e.lane), '')}) fired at {t:.3f} µs")
         if trig is not None:
             text += f", triggered by <b>{html.escape(trig.name)}</b> landing at {trig.end_us:.3f} µs"
@@ -538,6 +580,11 @@ class DataflowView(View):
                    marker=dict(color=[UNIT_COLORS.get(unit_of[x.args.get("buffer")], UNIT_COLORS["engine"])
                                       for x in res]))
         return shapes, annotations, bar
+
+
+def _step_words(step: int, steps: int) -> str:
+    """The step as the slider shows it (it counts from 0): ``3 of 0–27``."""
+    return f"{step} of 0–{steps - 1}"
 
 
 def _other(mode: str) -> str:

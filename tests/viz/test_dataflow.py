@@ -93,7 +93,7 @@ def test_controls_redraw_the_figure(small):
     view.controls["step"].value = 3
     assert [s.x0 for s in fw.layout.shapes if s.name == "cursor"] != cursor
     assert tuple(fw.data[-1].y) != bar
-    assert "step 4/" in view.caption
+    assert "step 3 of 0–" in view.caption
     band = next(s.y0 for s in fw.layout.shapes if s.name == "band")
     view.controls["core"].value = 2
     assert fw.data[-2].name == "LX core 2"
@@ -183,3 +183,38 @@ def test_runtime_recording_with_host_and_pcie_lanes():
     kernels = [e.name for e in trace.events if e.lane.startswith("stream")]
     assert view.controls["kernel"].options[1:] == tuple(kernels)
     assert "analytic timing" in view.figure.layout.title.text
+
+
+def test_the_step_the_caption_names_is_the_slider_value(small):
+    """The slider counts firings from 0; the caption and the in-figure cursor note use the slider's number."""
+    _, sim = small
+    view = DataflowView(sim)
+    fw = view.fig_widget
+    slider = view.controls["step"]
+    assert slider.min == 0
+    for value in (0, 3, slider.max):
+        slider.value = value
+        assert f"step {value} of 0–{slider.max}:" in view.caption
+        cursor = next(a.text for a in fw.layout.annotations if a.name == "cursor")
+        assert f"step {value} of 0–{slider.max}:" in cursor
+
+
+def test_lx_panel_names_the_resident_peak_and_the_planned_footprint():
+    """The plan's LX peak (LXPlan.peak, what ``lx_plan.explain()`` prints) and the simulated resident peak are
+    different counts: the panel shows both numbers, each with what it counts, and a note says how they differ."""
+    from spyre_lab import SPYRE
+
+    x = torch.randn(128, 1024, dtype=torch.float16)
+    kernel = compile_graph(lambda t: torch.softmax(t, dim=-1), [x], cfg=SPYRE.replace(cores=1)).launches[0]
+    view = DataflowView(kernel, mode="event")
+    fig = view.figure
+    resident = int(view.lx_occupancy()[1].max())
+    planned = kernel.lx_plan.peak
+    assert planned != resident                   # the case the two labels exist for
+    label = next(a.text for a in fig.layout.annotations if a.name == "lx")
+    assert f"resident peak {resident:,} B" in label and "simulated" in label
+    assert f"planned footprint {planned:,} B" in label and "LXPlan.peak" in label
+    assert f"peak {planned:,} of" in kernel.lx_plan.explain()       # the number the plan prints is the one shown
+    notes = " ".join(a.text for a in fig.layout.annotations)
+    assert "highest LX address" in notes and "at one moment" in notes
+    assert fig.layout.yaxis3.range[1] * 1024 >= planned                # both fit on the LX axis
