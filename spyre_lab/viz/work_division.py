@@ -1,8 +1,9 @@
 """WorkDivisionView: which core computes which slice of a kernel's iteration space, and what that costs.
 
 Top: the iteration space (for a matmul, the M x N output, one panel per K slice when K is split) with
-each core's slice filled in that core's color. Bottom left: each core's modeled utilization (PT/SFU
-busy share of the kernel's time). Bottom right: for a matmul, the work-division cost model's terms
+each core's slice filled in that core's color. Bottom left: per core, the busy share of its busiest unit over
+the tile phase (the kernel's time after its launch), and each idle core as a hatched "idle" bar, so a division
+that leaves cores without a slice shows them. Bottom right: for a matmul, the work-division cost model's terms
 (compute, DRAM, partial sums, the PT-pass tie-break) of the chosen split beside the cheapest candidates
 (``compiler/work_division.py``, ``matmul_cost``); for other kernels, where the busiest core's modeled
 time goes. A core-count slider replans the kernel on ``cfg.replace(cores=n)`` and a naive / planned
@@ -27,6 +28,8 @@ from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, core_color
 
 _TERMS = (("compute_us", "compute (PT)", "pt"), ("hbm_us", "DRAM", "load"), ("psum_us", "partial sums (ring)", "ring"),
           ("tiebreak_us", "PT-pass tie-break", "engine"))
+_BUSY_UNITS = ("load", "pt", "sfu", "store", "ring")
+_BUSY_LABEL = {"load": "load", "pt": "PT", "sfu": "SFU", "store": "store", "ring": "ring"}
 MAX_FACETS = 8
 """Most panels (K slices x other split dims) drawn side by side; the figure says when more exist."""
 CANDIDATES = 6
@@ -148,7 +151,7 @@ class WorkDivisionView(View):
         layout, axes = cached_subplots(rows=2, cols=2, row_heights=[0.58, 0.42], vertical_spacing=0.14,
                                        horizontal_spacing=0.08, specs=[[{"colspan": 2}, None], [{}, {}]],
                                        subplot_titles=["iteration space, colored by the core that computes it",
-                                                       "per-core utilization (PT/SFU busy share, modeled)",
+                                                       "per core: busiest unit's share of the tile phase (modeled)",
                                                        _corner_title(spec, self)],
                                        template="plotly_white", height=self.figure_height,
                                        margin=dict(l=60, r=20, t=80, b=90))
@@ -200,14 +203,15 @@ class WorkDivisionView(View):
         gap = 0.06 * width
         facet_of: dict[int, int] = {}
         facet_count = math.prod(d.splits.get(f, 1) for f in facet_dims)
+        # a slice's panel is the rank of its start among its dim's slice starts: slices may be uneven (K 1024 in
+        # three: 384, 384, 256), so dividing the start by this slice's own length would misplace the short one
+        starts = {f: sorted({r[f][0] for r in spec.slices if r}) for f in facet_dims}
         for core, ranges in enumerate(spec.slices):
             if not ranges:
                 continue
             index = 0
             for f in facet_dims:
-                lo, hi = ranges[f]
-                step = max(hi - lo, 1)
-                index = index * d.splits[f] + lo // step
+                index = index * d.splits[f] + starts[f].index(ranges[f][0])
             facet_of[core] = index
         shown = min(facet_count, MAX_FACETS)
         for core, ranges in enumerate(spec.slices):
@@ -232,6 +236,12 @@ class WorkDivisionView(View):
         if facet_count > shown:
             notes.append(note_annotation(f"showing {shown} of {facet_count} panels ({' x '.join(facet_dims)} slices)")
                          | dict(y=1.0))
+        idle = [c for c in range(self.cores) if not spec.slices[c]] if len(spec.slices) >= self.cores else []
+        if idle:
+            notes.append(dict(text=f"{len(idle)} of {self.cores} cores idle (no slice): {_core_runs(idle)}",
+                              xref=f"{axes[0]} domain", yref=f"{axes[1]} domain", x=0.0, y=-0.08, xanchor="left",
+                              yanchor="top", showarrow=False, name="idle",
+                              font=dict(size=11, color=NEUTRAL["text"])))
         data.append(dict(type="scatter", x=[0, shown * (width + gap) - gap], y=[height, height], mode="markers",
                          marker=dict(opacity=0), hoverinfo="skip", showlegend=False, xaxis=axes[0], yaxis=axes[1]))
         notes.append(dict(text=f"x: {x_dim} ({width})" + (f", y: {y_dim} ({height})" if y_dim else ""),
@@ -243,15 +253,24 @@ class WorkDivisionView(View):
             data.append(dict(type="bar", x=[], y=[], xaxis=axes[0], yaxis=axes[1], showlegend=False,
                              meta={"panel": "utilization"}))
             return
-        sim = spec.simulate("analytic")
-        cores = list(range(self.cores))
-        util = [sim.core_utilization.get(c, 0.0) for c in cores]
         busy = set(spec.tile_kernel.active_cores)
-        colors = [core_color(c, self.cores) if c in busy else UNIT_COLORS["idle"] for c in cores]
-        data.append(dict(type="bar", x=cores, y=util,
-                         marker=dict(color=colors, line=dict(color=NEUTRAL["rule"], width=0.5)),
-                         name="utilization", showlegend=False, xaxis=axes[0], yaxis=axes[1],
-                         hovertemplate="core %{x}: %{y:.1%} busy<extra></extra>", meta={"panel": "utilization"}))
+        cores = [c for c in range(self.cores) if c in busy]
+        shares, units = core_busy_shares(spec.simulate("analytic"), cores)
+        data.append(dict(type="bar", x=cores, y=shares,
+                         marker=dict(color=[core_color(c, self.cores) for c in cores],
+                                     line=dict(color=NEUTRAL["rule"], width=0.5)),
+                         name="busy", showlegend=False, xaxis=axes[0], yaxis=axes[1], customdata=units,
+                         hovertemplate="core %{x}: %{customdata} busy %{y:.1%} of the tile phase<extra></extra>",
+                         meta={"panel": "utilization"}))
+        idle = [c for c in range(self.cores) if c not in busy]
+        data.append(dict(type="bar", x=idle, y=[1.0] * len(idle), name=f"idle core ({len(idle)}: no slice)",
+                         marker=dict(color=UNIT_COLORS["idle"], line=dict(color=NEUTRAL["muted"], width=0.5),
+                                     pattern=dict(shape="x", fgcolor=NEUTRAL["muted"], size=6)),
+                         text=["idle"] * len(idle), textposition="inside", textangle=-90,
+                         insidetextfont=dict(size=9, color=NEUTRAL["muted"]),
+                         showlegend=bool(idle), xaxis=axes[0], yaxis=axes[1],
+                         hovertemplate="core %{x}: idle, no slice of this kernel<extra></extra>",
+                         meta={"panel": "idle"}))
 
     def _cost_terms(self, spec: Any, data: list[dict], notes: list[dict], axes: tuple[str, str]) -> None:
         from spyre_lab.compiler.work_division import matmul_candidates, matmul_cost
@@ -323,6 +342,31 @@ class WorkDivisionView(View):
                          marker=dict(color=[UNIT_COLORS[u] for u in units]), name="busy", showlegend=False,
                          xaxis=axes[0], yaxis=axes[1], hovertemplate="%{x}: %{y:.2f} µs<extra></extra>",
                          meta={"panel": "busy"}))
+
+
+def core_busy_shares(sim: Any, cores: list[int]) -> tuple[list[float], list[str]]:
+    """Per core, the busy share of its busiest unit over the tile phase (the kernel's time after its launch), and
+    that unit. The launch is left out because every core waits through it alike: a short kernel is mostly launch,
+    and counting it would flatten every core near 0% so that busy and idle cores look the same."""
+    phase = max(sim.time_us - sim.launch_us, 1e-12)
+    shares, names = [], []
+    for c in cores:
+        unit = max(_BUSY_UNITS, key=lambda u: sim.busy_us.get((c, u), 0.0))
+        shares.append(min(sim.busy_us.get((c, unit), 0.0) / phase, 1.0))
+        names.append(_BUSY_LABEL[unit])
+    return shares, names
+
+
+def _core_runs(cores: list[int]) -> str:
+    """``cores 24–31`` / ``cores 3, 7–9``: a list of core numbers as runs."""
+    runs: list[list[int]] = []
+    for c in cores:
+        if runs and c == runs[-1][-1] + 1:
+            runs[-1].append(c)
+        else:
+            runs.append([c])
+    text = ", ".join(f"{r[0]}–{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
+    return ("core " if len(cores) == 1 else "cores ") + text
 
 
 def _cores(n: int) -> str:

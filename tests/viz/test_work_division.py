@@ -48,7 +48,11 @@ def test_utilization_and_cost_terms_are_the_models(view):
     fig = view.figure
     (util,) = _panel(fig, "utilization")
     sim = spec.simulate("analytic")
-    assert list(util.y) == [sim.core_utilization.get(c, 0.0) for c in range(view.cores)]
+    busy = sorted(spec.tile_kernel.active_cores)
+    assert list(util.x) == busy
+    phase = sim.time_us - sim.launch_us
+    assert list(util.y) == pytest.approx([max(sim.busy_us.get((c, u), 0.0) for u in ("load", "pt", "sfu", "store",
+                                                                                     "ring")) / phase for c in busy])
     bars = _panel(fig, "cost")
     assert [b.marker.color for b in bars] == [UNIT_COLORS[u] for u in ("pt", "load", "ring", "engine")]
     assert bars[0].x[0].startswith("chosen")
@@ -66,7 +70,8 @@ def test_controls_replan(view):
     view.controls["cores"].value = 8
     rects = [t for t in fw.data if t.meta and "core" in t.meta]
     assert len(rects) == view.spec().division.cores_used <= 8
-    assert len(next(t for t in fw.data if t.meta and t.meta.get("panel") == "utilization").x) == 8
+    per_core = [c for t in fw.data if t.meta and t.meta.get("panel") in ("utilization", "idle") for c in t.x]
+    assert sorted(per_core) == list(range(8))
     assert "on 8 cores" in fw.layout.title.text
     view.controls["cores"].value = 32
     view.controls["strategy"].value = "naive"
@@ -149,3 +154,45 @@ def test_attention_kernel_shows_heads_by_query_rows(sdpa, tmp_path):
     assert sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in _slices(saved.figure)) == \
         sorted((t.meta["core"], tuple(t.x), tuple(t.y)) for t in rects)
     assert not _panel(saved.figure, "cost") and _panel(saved.figure, "attention")
+
+
+def _facet_of(t, width):
+    """The panel a slice rectangle sits in (panels are ``width`` wide with a gap of 6% between them)."""
+    return int(min(t.x) // (1.06 * width))
+
+
+def test_every_slice_of_an_uneven_k_split_is_drawn_in_its_panel():
+    """K 1024 over 3 cores is 384 + 384 + 256: the short last slice has its own panel, filled like the others."""
+    view = WorkDivisionView.matmul(16, 2816, 1024)
+    spec = view.spec()
+    assert spec.division.splits["K"] == 3 and len({r["K"] for r in spec.slices if r}) == 3
+    n, m = spec.dims["N"], spec.dims["M"]
+    per_panel: dict[int, float] = {}
+    for t in _slices(view.figure):
+        per_panel[_facet_of(t, n)] = per_panel.get(_facet_of(t, n), 0) + _area(t)
+    assert per_panel == {0: n * m, 1: n * m, 2: n * m}
+    labels = [a.text for a in view.figure.layout.annotations if (a.text or "").startswith("K slice")]
+    assert labels == ["K slice 0", "K slice 1", "K slice 2"]
+
+
+def test_idle_cores_of_a_24_of_32_division_are_drawn():
+    """48 sticks over 32 cores: 24 cores take 2 sticks, 8 sit idle, and both kinds are visible bars."""
+    def exp_tanh(x):
+        return torch.tanh(torch.exp(x))
+
+    view = WorkDivisionView(compile_graph(exp_tanh, [torch.randn(48 * 64, dtype=torch.float16)]))
+    fig = view.figure
+    (busy,) = _panel(fig, "utilization")
+    (idle,) = _panel(fig, "idle")
+    assert list(busy.x) == list(range(24)) and list(idle.x) == list(range(24, 32))
+    top = fig.layout[_axis_of(busy.yaxis)].range[1]
+    assert all(y > 0.25 * top for y in busy.y)             # a busy core is a visible bar, not a sliver near 0
+    assert all(y == top for y in idle.y) and idle.marker.pattern.shape  # an idle core: a hatched full-height bar
+    note = next(a.text for a in fig.layout.annotations if a.name == "idle")
+    assert note.startswith("8 of 32 cores idle") and "24–31" in note
+    view.cores = 24
+    assert not _panel(view.figure, "idle")[0].x            # on 24 cores every core is busy
+
+
+def _axis_of(ref):
+    return "yaxis" + ref[1:]
