@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import html
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import ipywidgets as W
@@ -19,10 +20,18 @@ import plotly.graph_objects as go
 
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.viz.base import View, base_layout, note_annotation, toggle
+from spyre_lab.viz.labels import FIT_WIDTH, Box, place_labels
 from spyre_lab.viz.records import KernelRecord, device_config, is_program, kernel_records, program_name
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 _SYMBOL = {"memory": "circle", "compute": "diamond", "communication": "square"}
+LABEL_FONT = 10
+RING_PX = 10
+"""Markers at one point are drawn as concentric rings, each this many px wider than the one on top of it."""
+SAME_POINT_PX = 3.0
+"""Markers whose centres are closer than this (at ``FIT_WIDTH``) count as one point."""
+LEGEND_NAME_CHARS = 34
+_MARGIN = dict(l=70, t=80, b=50)
 
 
 def sfu_peak_flops(cfg: SpyreConfig) -> float:
@@ -106,18 +115,113 @@ class Roofline(View):
                  line=dict(color=UNIT_COLORS["load"], width=1, dash="dot"),
                  name=f"DRAM {cfg.dram_bandwidth / 1e9:.1f} GB/s", hoverinfo="skip"),
         ]
-        for r, (x, y) in placed:
+        sizes = self.marker_sizes()
+        order = sorted(range(len(placed)), key=lambda i: -sizes[i])      # big first: a small marker stays on top
+        for i in order:
+            r, (x, y) = placed[i]
             share = (r.time_us or 0.0) / total if total else 0.0
+            name = r.name if len(r.name) <= LEGEND_NAME_CHARS else r.name[:LEGEND_NAME_CHARS - 1] + "…"
             traces.append(dict(
-                type="scatter", x=[x], y=[y / 1e12], mode="markers+text", text=[f"k{r.index}"],
-                textposition="top center", textfont=dict(size=10), name=r.name, meta={"kernel": r.name},
-                marker=dict(color=kernel_color(r.name), size=10 + 30 * math.sqrt(share),
-                            symbol=_SYMBOL.get(r.bottleneck, "circle"), line=dict(color=NEUTRAL["text"], width=0.5)),
+                type="scatter", x=[x], y=[y / 1e12], mode="markers", text=[f"k{r.index}"], name=name,
+                meta={"kernel": r.name}, legendrank=1000 + i,
+                marker=dict(color=kernel_color(r.name), size=sizes[i],
+                            symbol=_SYMBOL.get(r.bottleneck, "circle"), line=dict(color=NEUTRAL["white"], width=1)),
                 hovertext=[f"<b>{html.escape(r.name)}</b> ({r.rule})<br>{' → '.join(r.ops)}<br>"
                            f"{x:.2f} FLOP/B, {y / 1e12:.3f} TFLOP/s<br>{r.time_us:.2f} µs modeled "
                            f"({share:.0%} of device time), {r.bottleneck}-bound"],
                 hoverinfo="text", showlegend=len(placed) <= 24))
         return traces
+
+    def placed(self) -> list[tuple[KernelRecord, tuple[float, float]]]:
+        """The kernels that sit on the log roofline, with their (FLOP/byte, FLOP/s), in kernel order."""
+        return [(r, p) for r in self.records() if (p := self.point(r)) is not None]
+
+    def axis_ranges(self) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(x, y) axis ranges in log10 units, as the figure sets them."""
+        x_lo, x_hi = self.x_range()
+        return (math.log10(x_lo), math.log10(x_hi)), self.y_range()
+
+    def y_range(self) -> tuple[float, float]:
+        """The TFLOP/s axis (log10 units): whole decades under the lowest kernel, room for labels above the roof."""
+        ys = [p[1] / 1e12 for _, p in self.placed()] or [self.cfg.peak_flops / 1e12]
+        top = max(max(ys), self.cfg.peak_flops / 1e12)
+        return math.floor(math.log10(min(ys) / 3)), math.log10(top * 6)
+
+    def plot_area(self, width: int = FIT_WIDTH) -> Box:
+        """The plotting area in figure pixels at ``width``: the margins, the legend's column on the right."""
+        return Box(_MARGIN["l"], _MARGIN["t"], width - self.legend_px(), self.figure_height - _MARGIN["b"])
+
+    def legend_px(self) -> int:
+        """The right margin that holds the legend: its longest name at the legend's font, plus the swatch."""
+        names = [t["name"] for t in self._ceiling_names()] + [
+            r.name if len(r.name) <= LEGEND_NAME_CHARS else r.name[:LEGEND_NAME_CHARS] for r, _ in self.placed()]
+        return int(48 + max(len(n) for n in names) * LABEL_FONT * 0.6)
+
+    def _ceiling_names(self) -> list[dict[str, str]]:
+        cfg = self.cfg
+        return [{"name": f"PT peak {cfg.peak_flops / 1e12:.1f} TFLOP/s"},
+                {"name": f"SFU peak {sfu_peak_flops(cfg) / 1e12:.2f} TFLOP/s (estimate)"},
+                {"name": f"DRAM {cfg.dram_bandwidth / 1e9:.1f} GB/s"}]
+
+    def pixels(self, area: Box | None = None, ranges: tuple[tuple[float, float], tuple[float, float]] | None = None
+               ) -> list[tuple[float, float]]:
+        """Each placed kernel's centre in figure pixels (y grows downwards) in ``area`` (default: this view's
+        plot area at ``FIT_WIDTH``) under the axis ``ranges`` (log10 units; default: this view's)."""
+        area = area or self.plot_area()
+        (x0, x1), (y0, y1) = ranges or self.axis_ranges()
+        out = []
+        for _, (x, y) in self.placed():
+            px = area.x0 + (math.log10(x) - x0) / (x1 - x0) * (area.x1 - area.x0)
+            py = area.y0 + (y1 - math.log10(y / 1e12)) / (y1 - y0) * (area.y1 - area.y0)
+            out.append((px, py))
+        return out
+
+    def ridge_box(self) -> Box:
+        """Where the ridge label sits (top of the plot, right of the ridge line): labels keep out of it."""
+        area = self.plot_area()
+        x0, x1 = (math.log10(v) for v in self.x_range())
+        px = area.x0 + (math.log10(self.cfg.ridge_flop_per_byte) - x0) / (x1 - x0) * (area.x1 - area.x0)
+        text = f"ridge {self.cfg.ridge_flop_per_byte:.0f} FLOP/B"
+        return Box(px, area.y0, px + len(text) * LABEL_FONT * 0.6 + 4, area.y0 + LABEL_FONT * 1.25 + 4)
+
+    def marker_sizes(self, area: Box | None = None,
+                     ranges: tuple[tuple[float, float], tuple[float, float]] | None = None) -> list[float]:
+        """Marker diameters (px): 10 + 30 x sqrt(share of device time), and kernels at one point drawn as concentric
+        rings (the earlier one larger by ``RING_PX``) so none hides another."""
+        recs = self.records()
+        total = sum(r.time_us or 0.0 for r in recs if not r.host)
+        sizes = [10 + 30 * math.sqrt((r.time_us or 0.0) / total if total else 0.0) for r, _ in self.placed()]
+        pixels = self.pixels(area, ranges)
+        groups: list[list[int]] = []
+        for i, (x, y) in enumerate(pixels):
+            group = next((g for g in groups if math.dist(pixels[g[0]], (x, y)) < SAME_POINT_PX), None)
+            if group is None:
+                groups.append([i])
+            else:
+                group.append(i)
+        for group in groups:
+            if len(group) > 1:
+                inner = max(sizes[i] for i in group)
+                for rank, i in enumerate(reversed(group)):
+                    sizes[i] = inner + RING_PX * rank
+        return sizes
+
+    def label_annotations(self, area: Box | None = None, axes: tuple[str, str] = ("x", "y"),
+                          obstacles: Sequence[Box] = (),
+                          ranges: tuple[tuple[float, float], tuple[float, float]] | None = None
+                          ) -> list[dict[str, Any]]:
+        """``k<i>`` beside each placed kernel on a leader line, placed so no two labels overlap (in ``area``, by
+        default this view's plot area at ``FIT_WIDTH``; ``axes`` are the subplot's axis references, ``ranges``
+        its log10 axis ranges)."""
+        area = area or self.plot_area()
+        placed, pixels, sizes = self.placed(), self.pixels(area, ranges), self.marker_sizes(area, ranges)
+        texts = [f"k{r.index}" for r, _ in placed]
+        offsets = place_labels(pixels, [s / 2 for s in sizes], texts, area, LABEL_FONT, obstacles)
+        return [dict(x=math.log10(x), y=math.log10(y / 1e12), xref=axes[0], yref=axes[1], text=text, ax=dx, ay=dy,
+                     showarrow=True, arrowhead=0, arrowwidth=1, arrowcolor=kernel_color(r.name), standoff=size / 2,
+                     font=dict(size=LABEL_FONT, color=NEUTRAL["text"]), name="kernel label",
+                     hovertext=html.escape(r.name))
+                for (r, (x, y)), text, (dx, dy), size in zip(placed, texts, offsets, sizes)]
 
     def build(self) -> go.Figure:
         cfg = self.cfg
@@ -137,14 +241,18 @@ class Roofline(View):
         launch_word = "" if self.include_launch else ", launch overhead excluded"
         layout = base_layout(f"Roofline of {html.escape(self.name)} on {html.escape(cfg.name)} — {self.mode} timing "
                              f"(modeled{launch_word})", height=self.figure_height)
-        layout["legend"] = dict(orientation="v", x=1.02, y=1.0, font=dict(size=10))
-        layout["margin"] = dict(l=70, r=20, t=80, b=50)
+        layout["legend"] = dict(orientation="v", x=1.0, xanchor="left", xref="paper", y=1.0, font=dict(size=LABEL_FONT))
+        layout["margin"] = dict(_MARGIN, r=self.legend_px())
         fig.update_layout(**layout)
         fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per DRAM byte)", range=[
             math.log10(x_lo), math.log10(x_hi)])
-        fig.update_yaxes(type="log", title_text="modeled TFLOP/s")
-        fig.add_vline(x=cfg.ridge_flop_per_byte, line=dict(color=NEUTRAL["rule"], width=1, dash="dot"),
-                      annotation_text=f"ridge {cfg.ridge_flop_per_byte:.0f} FLOP/B", annotation_font_size=10)
+        fig.update_yaxes(type="log", title_text="modeled TFLOP/s", range=list(self.y_range()))
+        fig.add_vline(x=cfg.ridge_flop_per_byte, line=dict(color=NEUTRAL["rule"], width=1, dash="dot"))
+        ridge = f"ridge {cfg.ridge_flop_per_byte:.0f} FLOP/B"
+        fig.add_annotation(x=math.log10(cfg.ridge_flop_per_byte), xref="x", y=1.0, yref="y domain", yanchor="top",
+                           xanchor="left", text=ridge, showarrow=False,
+                           font=dict(size=LABEL_FONT, color=NEUTRAL["muted"]), name="ridge")
+        fig.layout.annotations = [*fig.layout.annotations, *self.label_annotations(obstacles=[self.ridge_box()])]
         for i, text in enumerate(notes):
             fig.add_annotation(note_annotation(text) | dict(y=1.0 + 0.04 * i))
         return fig

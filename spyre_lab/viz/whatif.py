@@ -23,6 +23,7 @@ both; a metric whose launch was not given is left out of the caption and the bar
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,7 @@ from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.trace import Trace
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
+from spyre_lab.viz.labels import FIT_WIDTH, Box
 from spyre_lab.viz.roofline import Roofline
 from spyre_lab.viz.timeline import step_lanes
 
@@ -173,6 +175,8 @@ class WhatIf(View):
         self.dram_gbs = round(cfg.dram_bandwidth / 1e9, 1)
         for rule in FUSION_RULES:
             setattr(self, f"fuse_{rule}", rule in self.base_options.fusion)
+        self._grid: dict[str, Any] = {}
+        self._labels: list[dict[str, Any]] = []
         self.baseline_setting = self.setting
         self.baseline = self.evaluate(self.baseline_setting)
 
@@ -271,6 +275,7 @@ class WhatIf(View):
             template="plotly_white", height=self.figure_height, margin=dict(l=70, r=30, t=70, b=50))
         data: list[dict[str, Any]] = []
         axis_updates: dict[str, dict[str, Any]] = {}
+        self._grid, self._labels = layout, []
         self._timeline(data, axis_updates, axes[(1, 1)], now, base, phase)
         self._roofline(data, axis_updates, axes[(2, 1)], now, base, phase)
         self._bars(data, axis_updates, axes[(2, 2)], now, base)
@@ -278,7 +283,8 @@ class WhatIf(View):
                   for a in layout.get("annotations", [])]
         frame = base_layout(f"WhatIf — {self.name}: switches vs kernels, roofline and TTFT / TPOT",
                             height=self.figure_height)
-        layout = {**layout, **{k: frame[k] for k in ("title", "font", "showlegend")}, "annotations": titles,
+        layout = {**layout, **{k: frame[k] for k in ("title", "font", "showlegend")},
+                  "annotations": [*titles, *self._labels],
                   "legend": dict(orientation="h", y=-0.1, x=0, xanchor="left"), "barmode": "group"}
         for key, update in axis_updates.items():
             layout[key] = {**layout.get(key, {}), **update}
@@ -309,20 +315,21 @@ class WhatIf(View):
     def _roofline(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome, base: Outcome,
                   phase: str) -> None:
         """The current program's Roofline (ceilings and kernels), with the baseline's kernels and ceilings in grey."""
-        drawn = Roofline(now.programs[phase]).trace_dicts()
+        roofline = Roofline(now.programs[phase])
+        drawn = roofline.trace_dicts()
         ceilings = [t for t in drawn if t["mode"] == "lines"]
         kernels = [t for t in drawn if t["mode"] != "lines"]
         for trace in ceilings:
             data.append(trace | dict(xaxis=refs[0], yaxis=refs[1]))
         # the kernels as one trace (each says its name on hover), so a switch that changes the kernel count
         # updates that trace in place instead of adding and removing traces in the live widget
-        data.append(dict(type="scatter", mode="markers+text", name="kernels", showlegend=False, hoverinfo="text",
+        # (labelled by annotations placed apart, as Roofline does: text on the markers would stack at one point)
+        data.append(dict(type="scatter", mode="markers", name="kernels", showlegend=False, hoverinfo="text",
                          x=[t["x"][0] for t in kernels], y=[t["y"][0] for t in kernels],
-                         text=[t["text"][0] for t in kernels], hovertext=[t["hovertext"][0] for t in kernels],
-                         textposition="top center", textfont=dict(size=10),
+                         hovertext=[t["hovertext"][0] for t in kernels],
                          marker={key: [t["marker"][key] for t in kernels] for key in ("color", "size", "symbol")}
-                         | dict(line=dict(color=style.NEUTRAL["text"], width=0.5)),
-                         meta={"kernels": [t["name"] for t in kernels]}, xaxis=refs[0], yaxis=refs[1]))
+                         | dict(line=dict(color=style.NEUTRAL["white"], width=1)),
+                         meta={"kernels": [t["meta"]["kernel"] for t in kernels]}, xaxis=refs[0], yaxis=refs[1]))
         baseline = Roofline(base.programs[phase])
         points = [(r, p) for r in baseline.records() if (p := baseline.point(r)) is not None]
         xs = list(ceilings[0]["x"])
@@ -335,8 +342,21 @@ class WhatIf(View):
                          marker=dict(symbol="circle-open", size=9, color=style.BASELINE_COLOR),
                          hovertext=[f"baseline {r.name}: {r.time_us:.2f} µs" for r, _ in points], hoverinfo="text",
                          xaxis=refs[0], yaxis=refs[1]))
-        axis[_axis_key(refs[0])] = dict(type="log", title=dict(text="FLOP per DRAM byte"))
-        axis[_axis_key(refs[1])] = dict(type="log", title=dict(text="modeled TFLOP/s"))
+        (x0, x1), (y0, y1) = roofline.axis_ranges()
+        for x, y in ((p[0], p[1] / 1e12) for _, p in points):     # the baseline's kernels stay on the axes too
+            x0, x1 = min(x0, math.floor(math.log10(x))), max(x1, math.ceil(math.log10(x)))
+            y0, y1 = min(y0, math.floor(math.log10(y))), max(y1, math.log10(y) + 0.5)
+        ranges = ((x0, x1), (y0, y1))
+        self._labels.extend(roofline.label_annotations(self._panel_area(refs), refs, ranges=ranges))
+        axis[_axis_key(refs[0])] = dict(type="log", title=dict(text="FLOP per DRAM byte"), range=[x0, x1])
+        axis[_axis_key(refs[1])] = dict(type="log", title=dict(text="modeled TFLOP/s"), range=[y0, y1])
+
+    def _panel_area(self, refs: tuple[str, str]) -> Box:
+        """A subplot's plotting area in figure pixels at the width labels are fitted to."""
+        m = self._grid["margin"]
+        width, height = FIT_WIDTH - m["l"] - m["r"], self.figure_height - m["t"] - m["b"]
+        (x0, x1), (y0, y1) = (self._grid[_axis_key(ref)]["domain"] for ref in refs)
+        return Box(m["l"] + x0 * width, m["t"] + (1 - y1) * height, m["l"] + x1 * width, m["t"] + (1 - y0) * height)
 
     def _bars(self, data: list[dict], axis: dict[str, dict], refs: tuple[str, str], now: Outcome,
               base: Outcome) -> None:

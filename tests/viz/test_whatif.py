@@ -147,8 +147,11 @@ def test_roofline_kernels_are_the_programs_device_kernels(view):
     (kernels,) = [t for t in fig.data if t.name == "kernels"]
     placed = [r for r in kernel_records(view.current.programs["prefill"]) if not r.host and r.flops and r.time_us
               and r.dram_bytes]
-    assert list(kernels.meta["kernels"]) == [r.name for r in placed]
-    assert list(kernels.marker.color) == [style.kernel_color(r.name) for r in placed]
+    assert sorted(kernels.meta["kernels"]) == sorted(r.name for r in placed)     # drawn big first
+    assert list(kernels.marker.color) == [style.kernel_color(name) for name in kernels.meta["kernels"]]
+    labels = [a for a in fig.layout.annotations if a.name == "kernel label"]
+    assert sorted(a.text for a in labels) == sorted(f"k{r.index}" for r in placed)    # one label each, on the panel
+    assert {(a.xref, a.yref) for a in labels} == {(kernels.xaxis, kernels.yaxis)}
     assert next(t for t in fig.data if t.name == "baseline ceilings").visible is False   # same card: nothing to show
 
 
