@@ -205,6 +205,7 @@ class DecodeTimeline(View):
             raise ValueError(f"DecodeTimeline shows up to 3 runs side by side, got {len(self.runs)}")
         self.include_warmup = include_warmup
         self._step_slots: dict[int, list[int]] = {}
+        self._reasons: dict[tuple[int, bool], str] = {}
         served = [r for run in self.runs for r in (run.rows if include_warmup else run.served)]
         if not served:
             raise ValueError("the run has no served steps yet; call llm.generate(...) first")
@@ -217,8 +218,11 @@ class DecodeTimeline(View):
     @property
     def caption(self) -> str:  # type: ignore[override]
         labels = " vs ".join(r.label for r in self.runs)
+        why = "; ".join(f"{r.label}: " * (len(self.runs) > 1) + text.replace("<br>", " ") for r in self.runs
+                        if (text := self._same_cost(r)))
         return (f"Engine steps ({labels}): tokens fed and bucket padding, modeled device ms, measured host ms by "
-                f"phase; bottom: step {self.step} on the modeled clock (µs), kernels by layer.")
+                f"phase; bottom: step {self.step} on the modeled clock (µs), kernels by layer."
+                + (f" Why the steps cost the same: {why}." if why else ""))
 
     def _default_step(self) -> int:
         """The first decode step that has device events (the per-token cost), else the first step."""
@@ -257,7 +261,7 @@ class DecodeTimeline(View):
         for c, run in enumerate(self.runs, start=1):
             rows = run.rows if self.include_warmup else run.served
             notes += self._batch_row(fig, run, rows, c)
-            self._device_row(fig, rows, c)
+            self._device_row(fig, run, rows, c)
             self._host_row(fig, run, rows, c)
             span = max(span, self._step_row(fig, run, c))
             for r in (1, 2, 3):
@@ -272,8 +276,9 @@ class DecodeTimeline(View):
                 fig.update_xaxes(range=[0, span * 1.02], row=4, col=c)
             for r, key in ((2, "device"), (3, "host")):
                 top = self._row_top(key)
+                room = 1.75 if r == 2 and any(self._same_cost(run) for run in self.runs) else 1.05   # the note
                 if top > 0:
-                    fig.update_yaxes(range=[0, top * 1.05], row=r, col=c)
+                    fig.update_yaxes(range=[0, top * room], row=r, col=c)
         for label, color in (("host: enqueue / launch", style.UNIT_COLORS["host"]),
                              ("host: rebuild graph", style.REBUILD_COLOR),
                              ("host: waits for the card", style.UNIT_COLORS["idle"]),
@@ -321,19 +326,40 @@ class DecodeTimeline(View):
                     hovertemplate="step %{x}: %{y} padding tokens (%{customdata[0]})<extra></extra>", row=1, col=col)
         return notes
 
-    def _device_row(self, fig: go.Figure, rows: list[dict], col: int) -> None:
+    def _device_row(self, fig: go.Figure, run: Run, rows: list[dict], col: int) -> None:
+        """Per step, the card's kernel time (in the step's kind color) stacked under the rest of the step's modeled
+        span, when the card waits for the host to enqueue (hatched): a host-bound step is mostly hatch."""
         kinds = [str(r["kind"]).removeprefix("warmup-") for r in rows]
         values = [r["device_ms_modeled"] for r in rows]
+        work = {r["step"]: step_work(run.details.get(r["step"])) for r in rows}
         for kind in ("prefill", "decode"):
-            xs = [r["step"] for r, k in zip(rows, kinds) if k == kind]
-            ys = [v for v, k in zip(values, kinds) if k == kind]
-            if not xs:
+            picked = [(r, v) for r, v, k in zip(rows, values, kinds) if k == kind]
+            if not picked:
                 continue
-            fig.add_bar(x=xs, y=[0 if v is None else v for v in ys], name=kind, legendgroup=kind,
+            xs = [r["step"] for r, _ in picked]
+            busy = [work[x].card_ms if work[x] and v is not None else v for x, (_, v) in zip(xs, picked)]
+            fig.add_bar(x=xs, y=[0 if v is None else v for v in busy], name=kind, legendgroup=kind,
                         marker_color=style.STEP_KIND_COLORS[kind], showlegend=col == 1,
-                        customdata=[["n/a (no device model)" if v is None else f"{v:.3f} ms"] for v in ys],
-                        hovertemplate=f"step %{{x}} ({kind}): %{{customdata[0]}} modeled<extra></extra>",
-                        row=2, col=col)
+                        customdata=[["n/a (no device model)" if v is None else f"{v:.3f} ms"] for _, v in picked],
+                        hovertemplate=f"step %{{x}} ({kind}): %{{customdata[0]}} modeled"
+                                      + ("; the card computes %{y:.3f} ms of it" if any(work.values()) else "")
+                                      + "<extra></extra>", row=2, col=col)
+        waits = [(r["step"], v - work[r["step"]].card_ms) for r, v in zip(rows, values)
+                 if v is not None and work[r["step"]]]
+        if waits:
+            fig.add_bar(x=[x for x, _ in waits], y=[w for _, w in waits], name="card waits for the host",
+                        legendgroup="card-waits", showlegend=col == 1,
+                        marker=dict(color=style.UNIT_COLORS["idle"], line=dict(color=style.UNIT_COLORS["host"],
+                                                                                width=0.5),
+                                    pattern=dict(shape="/", fgcolor=style.UNIT_COLORS["host"], size=5)),
+                        hovertemplate="step %{x}: the card waits %{y:.3f} ms for the host's enqueues"
+                                      "<extra></extra>", meta={"row": "device waits"}, row=2, col=col)
+        why = self._same_cost(run)
+        if why:
+            fig.add_annotation(text=why, showarrow=False, name="same cost", align="left",
+                               xref=f"{_axis('x', 2, col, len(self.runs))} domain", x=0.0, xanchor="left",
+                               yref=f"{_axis('y', 2, col, len(self.runs))} domain", y=1.0, yanchor="top",
+                               font=dict(size=10, color=style.NEUTRAL["text"]), bgcolor="rgba(255,255,255,0.8)")
         if all(v is None for v in values):
             fig.add_annotation(text="no device model on this platform (device time n/a)", showarrow=False,
                                xref=f"{_axis('x', 2, col, len(self.runs))} domain", x=0.5,
@@ -419,6 +445,13 @@ class DecodeTimeline(View):
             self._caption_widget.value = self._caption_html()
         return None
 
+    def _same_cost(self, run: Run) -> str:
+        """:func:`same_cost_reason` for a run, computed once (every served step's trace is read)."""
+        key = (id(run), self.include_warmup)
+        if key not in self._reasons:
+            self._reasons[key] = same_cost_reason(run, run.rows if self.include_warmup else run.served)
+        return self._reasons[key]
+
     def _step_summary(self, run: Run) -> str:
         row = next((r for r in run.rows if r["step"] == self.step), None)
         detail = run.details.get(self.step)
@@ -439,6 +472,60 @@ class DecodeTimeline(View):
                     detail = run.details.get(r["step"])
                     top = max(top, sum(detail.phases_ms.values()) if detail else r["host_ms"])
         return top
+
+
+@dataclass(frozen=True)
+class StepWork:
+    """What one step's modeled span is made of: the host's enqueues and the card's kernels."""
+
+    span_ms: float
+    card_ms: float          # the card computing (kernels and device copies on the streams)
+    enqueues: int           # JobPlan steps the host enqueued
+    enqueue_us: float       # host time per enqueue (SpyreConfig.host_launch_us in the trace)
+    host_ms: float          # host thread busy (enqueues, corrections, rebuilds; not its waits)
+    launches: int           # events on the card's streams (kernels and device copies)
+
+
+def step_work(detail: StepDetail | None) -> StepWork | None:
+    """A step's work from its recorded trace (None without one)."""
+    trace = detail.device_trace if detail is not None else None
+    if trace is None or not len(trace):
+        return None
+    card = host = 0.0
+    launches = 0
+    enqueues: list[float] = []
+    for e in trace.events:
+        if e.lane.startswith("stream"):
+            card += e.dur_us
+            launches += 1
+        elif e.lane == "host" and not e.args.get("waiting"):
+            host += e.dur_us
+            if e.name.startswith("enqueue"):
+                enqueues.append(e.dur_us)
+    per = sum(enqueues) / len(enqueues) if enqueues else 0.0
+    return StepWork(trace.duration_us / 1e3, card / 1e3, len(enqueues), per, host / 1e3, launches)
+
+
+def same_cost_reason(run: Run, rows: list[dict]) -> str:
+    """When every served step has the same modeled time, why: a host-bound step costs its enqueues, and every
+    bucket's program set launches the same number of kernels, so prefill and decode cost alike. Empty otherwise."""
+    values = [r["device_ms_modeled"] for r in rows if r["device_ms_modeled"] is not None]
+    if len(values) < 2 or max(values) - min(values) > 5e-4 * max(values):
+        return ""
+    work = [w for r in rows if (w := step_work(run.details.get(r["step"])))]
+    if not work or any(w.host_ms < 0.8 * w.span_ms for w in work):
+        return f"every step {values[0]:.3f} ms modeled"
+    counts = sorted({w.enqueues for w in work})
+    launches = sorted({w.launches for w in work})
+    per = work[0].enqueue_us
+    card = [w.card_ms for w in work]
+    kinds = list(dict.fromkeys(str(r["kind"]) for r in rows))
+    same = f"every step launches {launches[0]} programs on the card" if len(launches) == 1 else \
+        f"steps launch {launches[0]}–{launches[-1]} programs"
+    return (f"every {' and '.join(kinds)} step: {values[0]:.3f} ms modeled, host-bound: {same},<br>"
+            f"{'/'.join(map(str, counts))} host enqueues x {per:.1f} µs (SpyreConfig.host_launch_us, an estimate) "
+            f"= {counts[0] * per / 1e3:.3f} ms;<br>the card computes only {min(card):.3f}–{max(card):.3f} ms of it"
+            " (solid bars), waiting for the host the rest (hatched)")
 
 
 def _bucket_text(row: dict) -> str:

@@ -172,3 +172,43 @@ def test_bad_input_names_the_fix():
         DecodeTimeline(42)
     with pytest.raises(ValueError, match="not an EngineStats JSON"):
         DecodeTimeline({"steps": []})
+
+
+def test_device_row_splits_each_step_into_card_work_and_waiting_for_the_host(spyre_runs):
+    """The device row is the step's modeled span: the card's kernels (solid, in the step's kind color) under the
+    time the card waits for the host (hatched); when every step costs the same, the row and the caption say why."""
+    _, runs = spyre_runs
+    stats = runs["aot_patch"]
+    view = DecodeTimeline(stats)
+    fig = view.figure
+    device = [t for t in fig.data if t.type == "bar" and t.yaxis == "y2"]
+    solid = {x: y for t in device if t.name in ("prefill", "decode") for x, y in zip(t.x, t.y)}
+    waits = {x: y for t in device if t.name == "card waits for the host" for x, y in zip(t.x, t.y)}
+    assert waits and waits.keys() == solid.keys()
+    for s in stats.steps:
+        if s.kind.startswith("warmup"):
+            continue
+        trace = stats.details[s.step].device_trace
+        card_ms = sum(e.dur_us for e in trace.events if e.lane.startswith("stream")) / 1e3
+        assert solid[s.step] == pytest.approx(card_ms)
+        assert solid[s.step] + waits[s.step] == pytest.approx(s.device_ms_modeled)
+    served = [s.device_ms_modeled for s in stats.steps if not s.kind.startswith("warmup")]
+    notes = [a.text for a in fig.layout.annotations if a.name == "same cost"]
+    assert max(served) - min(served) < 5e-4 * max(served)         # tiny-granite: every step is host-bound
+    (note,) = notes
+    trace = stats.details[view.step].device_trace
+    enqueues = sum(e.lane == "host" and e.name.startswith("enqueue") for e in trace.events)
+    assert "host-bound" in note and f"{enqueues} host enqueues" in note and "host_launch_us" in note
+    assert "Why the steps cost the same" in view.caption and "host-bound" in view.caption
+    assert all(waits[x] > solid[x] for x in solid)                # mostly waiting: what makes every step alike
+
+
+def test_no_same_cost_note_when_steps_differ(spyre_runs):
+    """Two dispatch modes side by side still explain each run; a run whose steps differ gets no such note."""
+    from spyre_lab.viz.timeline import Run, same_cost_reason
+
+    _, runs = spyre_runs
+    rows = DecodeTimeline(runs["aot_patch"]).runs[0].served
+    changed = [dict(r) for r in rows]
+    changed[0]["device_ms_modeled"] *= 2
+    assert same_cost_reason(Run("run", changed), changed) == ""
