@@ -69,8 +69,10 @@ class Roofline(View):
 
     @property
     def caption(self) -> str:  # type: ignore[override]
-        return (f"Each marker is one kernel of {self.name}: FLOP per DRAM byte (x) against the FLOP/s it reaches "
-                f"in {self.mode}-modeled time (y), under the card's PT, SFU and DRAM ceilings.")
+        rings = " Kernels at one point are drawn as concentric rings." if self._same_points() else ""
+        return (f"Each marker is one kernel of {self.name} (labelled k0, k1, ... in kernel order): FLOP per DRAM byte "
+                f"(x) against the FLOP/s it reaches in {self.mode}-modeled time (y), under the card's PT, SFU and DRAM "
+                f"ceilings.{rings}")
 
     def make_controls(self) -> list[W.Widget]:
         mode = toggle(["analytic", "event"], self.mode, "timing")
@@ -184,6 +186,10 @@ class Roofline(View):
         text = f"ridge {self.cfg.ridge_flop_per_byte:.0f} FLOP/B"
         return Box(px, area.y0, px + len(text) * LABEL_FONT * 0.6 + 4, area.y0 + LABEL_FONT * 1.25 + 4)
 
+    def _same_points(self) -> bool:
+        pixels = self.pixels()
+        return any(math.dist(a, b) < SAME_POINT_PX for i, a in enumerate(pixels) for b in pixels[i + 1:])
+
     def marker_sizes(self, area: Box | None = None,
                      ranges: tuple[tuple[float, float], tuple[float, float]] | None = None) -> list[float]:
         """Marker diameters (px): 10 + 30 x sqrt(share of device time), and kernels at one point drawn as concentric
@@ -224,12 +230,11 @@ class Roofline(View):
                 for (r, (x, y)), text, (dx, dy), size in zip(placed, texts, offsets, sizes)]
 
     def build(self) -> go.Figure:
+        """The figure as plain dicts, unvalidated (a control change redraws it; plotly's validators would cost
+        most of the redraw)."""
         cfg = self.cfg
         recs = self.records()
-        fig = go.Figure()
         x_lo, x_hi = self.x_range()
-        for trace in self.trace_dicts():
-            fig.add_trace(go.Scatter(trace))
         notes = []
         skipped = [r for r in recs if self.point(r) is None]
         if skipped:
@@ -241,18 +246,20 @@ class Roofline(View):
         launch_word = "" if self.include_launch else ", launch overhead excluded"
         layout = base_layout(f"Roofline of {html.escape(self.name)} on {html.escape(cfg.name)} — {self.mode} timing "
                              f"(modeled{launch_word})", height=self.figure_height)
-        layout["legend"] = dict(orientation="v", x=1.0, xanchor="left", xref="paper", y=1.0, font=dict(size=LABEL_FONT))
-        layout["margin"] = dict(_MARGIN, r=self.legend_px())
-        fig.update_layout(**layout)
-        fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per DRAM byte)", range=[
-            math.log10(x_lo), math.log10(x_hi)])
-        fig.update_yaxes(type="log", title_text="modeled TFLOP/s", range=list(self.y_range()))
-        fig.add_vline(x=cfg.ridge_flop_per_byte, line=dict(color=NEUTRAL["rule"], width=1, dash="dot"))
         ridge = f"ridge {cfg.ridge_flop_per_byte:.0f} FLOP/B"
-        fig.add_annotation(x=math.log10(cfg.ridge_flop_per_byte), xref="x", y=1.0, yref="y domain", yanchor="top",
-                           xanchor="left", text=ridge, showarrow=False,
-                           font=dict(size=LABEL_FONT, color=NEUTRAL["muted"]), name="ridge")
-        fig.layout.annotations = [*fig.layout.annotations, *self.label_annotations(obstacles=[self.ridge_box()])]
-        for i, text in enumerate(notes):
-            fig.add_annotation(note_annotation(text) | dict(y=1.0 + 0.04 * i))
-        return fig
+        annotations = [dict(x=math.log10(cfg.ridge_flop_per_byte), xref="x", y=1.0, yref="y domain", yanchor="top",
+                            xanchor="left", text=ridge, showarrow=False,
+                            font=dict(size=LABEL_FONT, color=NEUTRAL["muted"]), name="ridge"),
+                       *self.label_annotations(obstacles=[self.ridge_box()]),
+                       *(note_annotation(text) | dict(y=1.0 + 0.04 * i) for i, text in enumerate(notes))]
+        layout.update(
+            legend=dict(orientation="v", x=1.0, xanchor="left", y=1.0, font=dict(size=LABEL_FONT)),
+            margin=dict(_MARGIN, r=self.legend_px()),
+            xaxis=dict(type="log", title=dict(text="arithmetic intensity (FLOP per DRAM byte)"),
+                       range=[math.log10(x_lo), math.log10(x_hi)]),
+            yaxis=dict(type="log", title=dict(text="modeled TFLOP/s"), range=list(self.y_range())),
+            shapes=[dict(type="line", x0=cfg.ridge_flop_per_byte, x1=cfg.ridge_flop_per_byte, xref="x", y0=0, y1=1,
+                         yref="y domain", line=dict(color=NEUTRAL["rule"], width=1, dash="dot"), name="ridge")],
+            annotations=annotations)
+        data = [t | {"x": list(t["x"]), "y": list(t["y"])} for t in self.trace_dicts()]
+        return go.Figure(dict(data=data, layout=layout), _validate=False)

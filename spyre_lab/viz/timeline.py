@@ -246,7 +246,8 @@ class DecodeTimeline(View):
         self._step_slots = {}
         n = len(self.runs)
         titles = []
-        for row_title in ("tokens fed per step (real, by request; padding)", "device time per step (modeled ms)",
+        for row_title in ("tokens fed per step (real, by request; padding)",
+                          "device time per step (modeled ms): card computing, waiting for the host",
                           "host time per step by phase (measured wall ms)", None):
             for run in self.runs:
                 if row_title is None:

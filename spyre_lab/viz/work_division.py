@@ -37,7 +37,7 @@ CANDIDATES = 6
 
 
 class WorkDivisionView(View):
-    """A kernel's iteration space colored by core, per-core utilization and the cost-model terms.
+    """A kernel's iteration space colored by core, each core's busy share (idle cores marked) and the cost terms.
 
     ``source``: a compiled ``Program`` (``kernel`` picks a device kernel by name or index; default: the
     one with the most FLOPs) or a model compiled with ``torch.compile(backend="spyre")``.
