@@ -19,7 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.viz.base import View, base_layout, note_annotation, toggle
+from spyre_lab.viz.base import View, base_layout, cached_subplots, note_annotation, toggle
 from spyre_lab.viz.labels import FIT_WIDTH, Box, place_labels
 from spyre_lab.viz.records import KernelRecord, device_config, is_program, kernel_records, program_name
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
@@ -252,12 +252,15 @@ class Roofline(View):
                             font=dict(size=LABEL_FONT, color=NEUTRAL["muted"]), name="ridge"),
                        *self.label_annotations(obstacles=[self.ridge_box()]),
                        *(note_annotation(text) | dict(y=1.0 + 0.04 * i) for i, text in enumerate(notes))]
+        frame, _ = cached_subplots(rows=1, cols=1, template="plotly_white", height=self.figure_height)
+        layout = {**frame, **{k: v for k, v in layout.items() if k != "template"}}   # the template as data
         layout.update(
             legend=dict(orientation="v", x=1.0, xanchor="left", y=1.0, font=dict(size=LABEL_FONT)),
             margin=dict(_MARGIN, r=self.legend_px()),
-            xaxis=dict(type="log", title=dict(text="arithmetic intensity (FLOP per DRAM byte)"),
-                       range=[math.log10(x_lo), math.log10(x_hi)]),
-            yaxis=dict(type="log", title=dict(text="modeled TFLOP/s"), range=list(self.y_range())),
+            xaxis=frame.get("xaxis", {}) | dict(type="log", range=[math.log10(x_lo), math.log10(x_hi)],
+                                                title=dict(text="arithmetic intensity (FLOP per DRAM byte)")),
+            yaxis=frame.get("yaxis", {}) | dict(type="log", title=dict(text="modeled TFLOP/s"),
+                                                range=list(self.y_range())),
             shapes=[dict(type="line", x0=cfg.ridge_flop_per_byte, x1=cfg.ridge_flop_per_byte, xref="x", y0=0, y1=1,
                          yref="y domain", line=dict(color=NEUTRAL["rule"], width=1, dash="dot"), name="ridge")],
             annotations=annotations)

@@ -4,6 +4,7 @@ import itertools
 import json
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 import torch
 
@@ -48,6 +49,7 @@ def test_ceilings_and_markers(program):
         roof = min(cfg.peak_flops, cfg.dram_bandwidth * m.x[0]) / 1e12
         assert m.y[0] <= roof * 1.001                      # nothing beats the card's roof
     assert "analytic timing" in fig.layout.title.text
+    go.Figure(fig.to_plotly_json())                       # built unvalidated; plotly's validators agree
 
 
 def test_controls_move_the_markers(program):
