@@ -255,13 +255,23 @@ class WorkDivisionView(View):
             return
         busy = set(spec.tile_kernel.active_cores)
         cores = [c for c in range(self.cores) if c in busy]
-        shares, units = core_busy_shares(spec.simulate("analytic"), cores)
+        sim = spec.simulate("analytic")
+        shares, units = core_busy_shares(sim, cores)
         data.append(dict(type="bar", x=cores, y=shares,
                          marker=dict(color=[core_color(c, self.cores) for c in cores],
                                      line=dict(color=NEUTRAL["rule"], width=0.5)),
                          name="busy", showlegend=False, xaxis=axes[0], yaxis=axes[1], customdata=units,
                          hovertemplate="core %{x}: %{customdata} busy %{y:.1%} of the tile phase<extra></extra>",
                          meta={"panel": "utilization"}))
+        # the compute units' share (what ``SimResult.core_utilization`` counts, there over the launch too)
+        phase = max(sim.time_us - sim.launch_us, 1e-12)
+        compute = [min(sim.core_utilization.get(c, 0.0) * sim.time_us / phase, 1.0) for c in cores]
+        data.append(dict(type="scatter", x=cores, y=compute, mode="markers", name="PT / SFU computing",
+                         marker=dict(symbol="line-ew", size=12, line=dict(color=NEUTRAL["text"], width=2)),
+                         customdata=[sim.core_utilization.get(c, 0.0) for c in cores], xaxis=axes[0], yaxis=axes[1],
+                         hovertemplate="core %{x}: PT or SFU computing %{y:.1%} of the tile phase (core_utilization "
+                                       "%{customdata:.1%}, over the launch too)<extra></extra>",
+                         meta={"panel": "compute"}))
         idle = [c for c in range(self.cores) if c not in busy]
         data.append(dict(type="bar", x=idle, y=[1.0] * len(idle), name=f"idle core ({len(idle)}: no slice)",
                          marker=dict(color=UNIT_COLORS["idle"], line=dict(color=NEUTRAL["muted"], width=0.5),

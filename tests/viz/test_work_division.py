@@ -53,6 +53,8 @@ def test_utilization_and_cost_terms_are_the_models(view):
     phase = sim.time_us - sim.launch_us
     assert list(util.y) == pytest.approx([max(sim.busy_us.get((c, u), 0.0) for u in ("load", "pt", "sfu", "store",
                                                                                      "ring")) / phase for c in busy])
+    (compute,) = _panel(fig, "compute")                     # PT / SFU computing: core_utilization over the tile phase
+    assert list(compute.y) == pytest.approx([sim.core_utilization[c] * sim.time_us / phase for c in busy])
     bars = _panel(fig, "cost")
     assert [b.marker.color for b in bars] == [UNIT_COLORS[u] for u in ("pt", "load", "ring", "engine")]
     assert bars[0].x[0].startswith("chosen")
