@@ -4,7 +4,8 @@
 scripts/make_tiny_granite.py); anything else must be a path to a folder on disk.
 A broken folder raises :class:`ModelLoadError` naming the file and the key or tensor at fault: a
 config.json that is not JSON or lacks a field, a truncated .safetensors file, a missing tensor, a
-tensor of the wrong shape.
+tensor of the wrong shape, a tensor the dtype policy refuses (`weight_dtype`: integer, bool or complex
+tensors; values beyond the range of the engine's dtype).
 """
 
 from __future__ import annotations
@@ -18,15 +19,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from spyre_lab.engine.errors import ModelLoadError
 from spyre_lab.engine.models.config import ModelConfig
 from spyre_lab.engine.models.granite import MODEL_REGISTRY, GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform, set_current_platform
+from spyre_lab.engine.weight_dtype import WeightDtypeError
 
 EMBEDDED_MODELS = {"tiny-granite": Path(__file__).parent / "models" / "tiny_granite"}
-
-
-class ModelLoadError(ValueError):
-    """A model folder that cannot be loaded; the message names the file and the key or tensor."""
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
@@ -131,6 +130,8 @@ def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteF
     try:
         model.load_weights(weights())
     except (ValueError, RuntimeError) as e:
+        if isinstance(e, WeightDtypeError) and current:
+            raise WeightDtypeError(f"{current[0][0]}: {e}") from e
         if isinstance(e, ModelLoadError) or not current:
             raise
         file, name, tensor = current[0]
