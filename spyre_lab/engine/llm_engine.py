@@ -227,9 +227,9 @@ class LLMEngine:
             if seq.is_finished:
                 self._retire(seq)
             outputs.append(self._output(seq))
-        self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
-                          len(scheduled.preempted))
-        self.stats.record_detail(self.stats.steps[-1].step, schedule_ms, scheduled.seqs, scheduled.preempted,
+        row = self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
+                                len(scheduled.preempted))
+        self.stats.record_detail(row.step, schedule_ms, scheduled.seqs, scheduled.preempted,
                                  result, kv, scheduled.is_prefill)
         return outputs
 
@@ -295,10 +295,10 @@ class LLMEngine:
         return RequestOutput(seq.request_id, prompt, list(seq.prompt_token_ids), [completion], seq.is_finished,
                              self._metrics(seq), error=seq.error, decoded_prompt=decoded)
 
-    def _record_step(self, kind: str, seqs: list[Sequence], result: StepResult, num_preempted: int) -> None:
+    def _record_step(self, kind: str, seqs: list[Sequence], result: StepResult, num_preempted: int) -> StepStats:
         bucket = result.bucket
-        self.stats.steps.append(StepStats(
-            step=len(self.stats.steps),
+        row = StepStats(
+            step=self.stats.next_step,
             kind=kind,
             num_seqs=len(seqs),
             batch_bucket=bucket[1] if bucket and bucket[0] == "decode" else None,
@@ -311,7 +311,9 @@ class LLMEngine:
             dispatch=self.platform.dispatch_mode + ("+on-demand" if result.on_demand else ""),
             num_preempted=num_preempted,
             start_ms=(result.start - self._created) * 1e3,
-        ))
+        )
+        self.stats.steps.append(row)
+        return row
 
     def warmup(self, show_progress: bool = True) -> None:
         """Run every shape bucket once (static-shape platforms); a no-op with dynamic shapes. After a warmup
@@ -324,7 +326,7 @@ class LLMEngine:
         for (kind, size), start, host_ms, device_ms in self.runner.warmup(show_progress):
             warmed = True
             self.stats.steps.append(StepStats(
-                len(self.stats.steps), f"warmup-{kind}", 0, size if kind == "decode" else None,
+                self.stats.next_step, f"warmup-{kind}", 0, size if kind == "decode" else None,
                 size if kind == "prefill" else None, 0, size, host_ms, device_ms,
                 self.block_manager.num_used_blocks, self.platform.dispatch_mode,
                 start_ms=(start - self._created) * 1e3,
