@@ -260,7 +260,7 @@ class ModelRunner:
         with self.platform.device_timer(kind, num_fed, len(seqs)) as device_time:
             logits = self.execute(model_input)
             forwarded = time.perf_counter()
-            token_ids, failures = self.sampler.sample(logits, seqs)
+            token_ids = self.sampler(logits, seqs)
             self.platform.synchronize()
         sampled = time.perf_counter()
         num_real = sum(tokens_per_seq)
@@ -277,7 +277,7 @@ class ModelRunner:
             phases_ms={"prepare inputs": (prepared - start) * 1e3, "forward": (forwarded - prepared) * 1e3,
                        "sample": (sampled - forwarded) * 1e3},
             device_trace=device_time.trace,
-            failures=failures,
+            failures=token_ids.failures,
         )
 
     # ---- warmup ---------------------------------------------------------------------------------

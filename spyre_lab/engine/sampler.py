@@ -7,7 +7,8 @@ share the batch, nor on whether it was preempted and recomputed.
 
 Each row is sampled on its own: a row that cannot be sampled (NaN logits from the model, a
 sampling value changed to something invalid after the request was accepted) fails only that
-request (:meth:`Sampler.sample` reports it by row), never the others of the batch.
+request (the returned :class:`SampledTokens` has None in its row and the reason in ``failures``),
+never the others of the batch.
 """
 
 from __future__ import annotations
@@ -36,24 +37,21 @@ def scale_by_temperature(logits: torch.Tensor, temperature: float) -> torch.Tens
     return (logits - logits.max()) / temperature
 
 
-class SamplingFailure(RuntimeError):
-    """One row of a batch could not be sampled; the message says why (for that request's "error" output)."""
+class SampledTokens(list):
+    """The next token of every row (a list of ints), None in a row that could not be sampled; ``failures`` maps
+    each such row to the reason (for that request's "error" output)."""
+
+    def __init__(self, tokens: list[int | None], failures: dict[int, str]) -> None:
+        super().__init__(tokens)
+        self.failures = failures
 
 
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        """The next token of every row; raise :class:`SamplingFailure` for the first row that cannot be sampled."""
-        tokens, failures = self.sample(logits, seqs)
-        if failures:
-            row = min(failures)
-            raise SamplingFailure(f"request {seqs[row].request_id!r}: {failures[row]}")
-        return [int(t) for t in tokens]
-
-    def sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> tuple[list[int | None], dict[int, str]]:
-        """(next token per row, None where it failed; {row: why} for the rows that failed)."""
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SampledTokens:
+        """The next token of every row; a row that cannot be sampled is None, its reason in ``.failures``."""
         logits = logits.cpu().float()   # copy the model's dtype (half the bytes of fp32 over PCIe), widen on the host
         next_tokens: list[int | None] = logits.argmax(-1).tolist()
         failures: dict[int, str] = {}
@@ -74,7 +72,7 @@ class Sampler:
             except (RuntimeError, ValueError, TypeError, OverflowError, ZeroDivisionError) as error:
                 failures[row] = f"sampling failed with {seq.sampling_params}: {type(error).__name__}: {error}"
                 next_tokens[row] = None
-        return next_tokens, failures
+        return SampledTokens(next_tokens, failures)
 
     def _sample_row(self, logits: torch.Tensor, seq: Sequence) -> int:
         params = seq.sampling_params
