@@ -183,6 +183,7 @@ class StatsTotals:
     host_ms: float = 0  # served steps, measured
     device_ms_modeled: float = 0  # served steps, modeled
     unmodeled_steps: int = 0  # served steps without a modeled time (then the modeled total is n/a)
+    num_tokens: int = 0  # real tokens fed by served steps (with padded_tokens: the whole run's padding share)
     padded_tokens: int = 0
     on_demand_steps: int = 0
     preemptions: int = 0
@@ -198,6 +199,7 @@ class StatsTotals:
             self.unmodeled_steps += 1
         else:
             self.device_ms_modeled += s.device_ms_modeled
+        self.num_tokens += s.num_tokens
         self.padded_tokens += s.padded_tokens
         self.on_demand_steps += "on-demand" in s.dispatch
         self.preemptions += s.num_preempted

@@ -62,6 +62,7 @@ def test_small_windows_keep_the_latest_records_and_totals_stay_exact():
     assert {k: summary[k] for k in EXACT} == {k: reference[k] for k in EXACT}
     assert summary["requests"] == 30 and reference["preemptions"] > 0
     assert summary["host_s"] == sum(r.host_ms for r in rows) / 1e3  # every step's time, dropped ones included
+    assert stats.totals.num_tokens == sum(r.num_tokens for r in rows) == full.stats.totals.num_tokens
     assert stats.table().count("\n") == 7 and len(stats.to_trace().events) == 7
 
     saved = EngineStats.from_json(stats.to_json())                    # a replay reports the run's totals
