@@ -3,12 +3,23 @@
 One `step()` = schedule (prefill or decode) -> run the model once -> append one token to every
 scheduled request -> check stop conditions -> free what finished. Everything a request goes through
 is recorded in `stats` (host times measured, device times modeled by the platform).
+
+A failure inside a step fails only the requests it concerns: a row the sampler cannot sample fails
+that request, a forward pass that raises fails the requests of that batch. Each ends with
+finish_reason "error" and the reason in `RequestOutput.error`, its KV blocks are freed, and the
+engine goes on serving the others.
+
+Threads: `add_request`, `abort_request` and `step` take one lock, so requests may be added and
+aborted from other threads while one thread steps (as a server does). An abort that arrives during a
+step waits for that step to end, then applies.
 """
 
 from __future__ import annotations
 
 import gc
+import logging
 import os
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -20,11 +31,14 @@ from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from spyre_lab.engine.platforms.registry import resolve_platform
+from spyre_lab.engine.prompts import array_token_ids, is_array, is_token_id, refuse_bytes
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.scheduler import Scheduler
 from spyre_lab.engine.sequence import Sequence
 from spyre_lab.engine.stats import EngineStats, RequestStats, StepStats
 from spyre_lab.engine.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
 
 Prompt = str | list[int] | dict
 
@@ -52,7 +66,10 @@ def freeze_startup_heap() -> None:
 class LLMEngine:
     """Step-level engine. `add_request` raises ValueError for a request it cannot serve (bad sampling
     parameters, prompt too long, unknown token ids); nothing else is ever dropped: every accepted
-    request ends with finish_reason "stop", "length" or "abort" in some `step()`'s outputs.
+    request ends with finish_reason "stop", "length", "abort" or (a failure inside a step, the reason in
+    `RequestOutput.error`) "error" in some `step()`'s outputs.
+
+    `add_request`, `abort_request`, `step` and `warmup` are safe to call from several threads (one lock).
 
     `LLMEngine(model, **options)` with the options of :class:`EngineConfig`, or `LLMEngine(config)`.
     `self.config` is that config with every default filled in for the model.
@@ -90,6 +107,7 @@ class LLMEngine:
         self.requests: dict[str, Sequence] = {}
         self._prompts: dict[str, tuple[str | None, str | None]] = {}  # request id -> (text, decoded prompt)
         self._aborted: list[RequestOutput] = []
+        self._lock = threading.RLock()  # one step, add or abort at a time
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
@@ -97,13 +115,14 @@ class LLMEngine:
         text, token_ids = None, []
         try:
             text, token_ids = self._tokenize(prompt)
-            self._check_request(request_id, token_ids, params)
+            with self._lock:
+                self._check_request(request_id, token_ids, params)
+                seq = Sequence(request_id, token_ids, params if params is not None else SamplingParams())
+                self.requests[request_id] = seq
+                self._prompts[request_id] = (text, self.decode_prompt(token_ids))
+                self.scheduler.add(seq)
         except ValueError as error:
             raise RequestError(str(error), text, token_ids, self.decode_prompt(token_ids)) from error
-        seq = Sequence(request_id, token_ids, params if params is not None else SamplingParams())
-        self.requests[request_id] = seq
-        self._prompts[request_id] = (text, self.decode_prompt(token_ids))
-        self.scheduler.add(seq)
 
     def _check_request(self, request_id: str, token_ids: list[int], params: SamplingParams | None) -> None:
         if params is not None and not isinstance(params, SamplingParams):
@@ -142,29 +161,42 @@ class LLMEngine:
             if self.tokenizer is None:
                 raise ValueError(f"{self.model_path} has no tokenizer.json; pass prompts as lists of token ids")
             return prompt, self.tokenizer.encode(prompt)
-        if isinstance(prompt, list | tuple) and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-            return None, list(prompt)
+        if isinstance(prompt, list | tuple) and all(is_token_id(t) for t in prompt):
+            return None, [int(t) for t in prompt]
+        try:
+            refuse_bytes(prompt)
+            if is_array(prompt):
+                return None, array_token_ids(prompt, "a prompt")
+        except TypeError as error:
+            raise ValueError(str(error)) from None
         raise ValueError(f"a prompt must be a str, a list of token ids or a dict, got {type(prompt).__name__}")
 
     def abort_request(self, request_id: str) -> bool:
         """Stop a request now; its final output (finish_reason "abort") comes from the next step()."""
-        seq = self.requests.get(request_id)
-        if seq is None or seq.is_finished:
-            return False
-        self.scheduler.finish(seq, "abort")
-        self._retire(seq)
-        self._aborted.append(self._output(seq))
-        return True
+        with self._lock:
+            seq = self.requests.get(request_id)
+            if seq is None or seq.is_finished:
+                return False
+            self.scheduler.finish(seq, "abort")
+            self._retire(seq)
+            self._aborted.append(self._output(seq))
+            return True
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._aborted)
+        with self._lock:
+            return self.scheduler.has_unfinished() or bool(self._aborted)
 
     def get_num_unfinished_requests(self) -> int:
-        return len(self.scheduler.waiting) + len(self.scheduler.running)
+        with self._lock:
+            return len(self.scheduler.waiting) + len(self.scheduler.running)
 
     # ---- the step ---------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Run one scheduling step; return an output for every request it advanced, finished or aborted."""
+        """Run one scheduling step; return an output for every request it advanced, finished, failed or aborted."""
+        with self._lock:
+            return self._step()
+
+    def _step(self) -> list[RequestOutput]:
         outputs, self._aborted = self._aborted, []
         if not self.scheduler.has_unfinished():
             return outputs
@@ -173,21 +205,48 @@ class LLMEngine:
         schedule_ms = (time.perf_counter() - scheduled_at) * 1e3
         if not scheduled.seqs:  # everything running was preempted; the next step prefills again
             return outputs
-        result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+        try:
+            result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+        except Exception as error:  # the forward pass concerns every request of the batch, and only those
+            logger.exception("a %s step of %d request(s) failed; they finish with finish_reason 'error'",
+                             "prefill" if scheduled.is_prefill else "decode", len(scheduled.seqs))
+            why = f"the model step failed: {type(error).__name__}: {error}"
+            return outputs + [self._fail(seq, why) for seq in scheduled.seqs]
         kv = self.block_manager.snapshot(list(self.scheduler.running))
-        for seq, token_id in zip(scheduled.seqs, result.token_ids):
-            seq.num_computed_tokens = len(seq)
-            self.block_manager.commit(seq)
-            seq.append_token(token_id)
-            self._check_stop(seq, token_id)
+        for row, (seq, token_id) in enumerate(zip(scheduled.seqs, result.token_ids)):
+            failure = result.failures.get(row)
+            if failure is None:
+                try:
+                    self._advance(seq, token_id)
+                except Exception as error:  # one request's bookkeeping must not stop the others
+                    logger.exception("request %r failed after its step", seq.request_id)
+                    failure = f"{type(error).__name__}: {error}"
+            if failure is not None:
+                outputs.append(self._fail(seq, failure))
+                continue
             if seq.is_finished:
                 self._retire(seq)
             outputs.append(self._output(seq))
-        self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
-                          len(scheduled.preempted))
-        self.stats.record_detail(self.stats.steps[-1].step, schedule_ms, scheduled.seqs, scheduled.preempted,
+        row = self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
+                                len(scheduled.preempted))
+        self.stats.record_detail(row.step, schedule_ms, scheduled.seqs, scheduled.preempted,
                                  result, kv, scheduled.is_prefill)
         return outputs
+
+    def _advance(self, seq: Sequence, token_id: int) -> None:
+        """``seq`` computed its tokens and sampled ``token_id``: commit its full blocks, append, check the stops."""
+        seq.num_computed_tokens = len(seq)
+        self.block_manager.commit(seq)
+        seq.append_token(token_id)
+        self._check_stop(seq, token_id)
+
+    def _fail(self, seq: Sequence, why: str) -> RequestOutput:
+        """Finish ``seq`` with finish_reason "error" (``why`` in its output's ``error``) and free its blocks."""
+        if not seq.is_finished:
+            seq.error = why
+            self.scheduler.finish(seq, "error")
+            self._retire(seq)
+        return self._output(seq)
 
     def _check_stop(self, seq: Sequence, token_id: int) -> None:
         params = seq.sampling_params
@@ -234,12 +293,12 @@ class LLMEngine:
         prompts = self._prompts.pop if seq.is_finished else self._prompts.get
         prompt, decoded = prompts(seq.request_id, None) or (None, None)
         return RequestOutput(seq.request_id, prompt, list(seq.prompt_token_ids), [completion], seq.is_finished,
-                             self._metrics(seq), decoded_prompt=decoded)
+                             self._metrics(seq), error=seq.error, decoded_prompt=decoded)
 
-    def _record_step(self, kind: str, seqs: list[Sequence], result: StepResult, num_preempted: int) -> None:
+    def _record_step(self, kind: str, seqs: list[Sequence], result: StepResult, num_preempted: int) -> StepStats:
         bucket = result.bucket
-        self.stats.steps.append(StepStats(
-            step=len(self.stats.steps),
+        row = StepStats(
+            step=self.stats.next_step,
             kind=kind,
             num_seqs=len(seqs),
             batch_bucket=bucket[1] if bucket and bucket[0] == "decode" else None,
@@ -252,16 +311,22 @@ class LLMEngine:
             dispatch=self.platform.dispatch_mode + ("+on-demand" if result.on_demand else ""),
             num_preempted=num_preempted,
             start_ms=(result.start - self._created) * 1e3,
-        ))
+        )
+        self.stats.steps.append(row)
+        return row
 
     def warmup(self, show_progress: bool = True) -> None:
         """Run every shape bucket once (static-shape platforms); a no-op with dynamic shapes. After a warmup
         that compiled something, the startup heap is frozen (:func:`freeze_startup_heap`)."""
+        with self._lock:
+            self._warmup(show_progress)
+
+    def _warmup(self, show_progress: bool) -> None:
         warmed = False
         for (kind, size), start, host_ms, device_ms in self.runner.warmup(show_progress):
             warmed = True
             self.stats.steps.append(StepStats(
-                len(self.stats.steps), f"warmup-{kind}", 0, size if kind == "decode" else None,
+                self.stats.next_step, f"warmup-{kind}", 0, size if kind == "decode" else None,
                 size if kind == "prefill" else None, 0, size, host_ms, device_ms,
                 self.block_manager.num_used_blocks, self.platform.dispatch_mode,
                 start_ms=(start - self._created) * 1e3,

@@ -4,13 +4,15 @@
 scripts/make_tiny_granite.py); anything else must be a path to a folder on disk.
 A broken folder raises :class:`ModelLoadError` naming the file and the key or tensor at fault: a
 config.json that is not JSON or lacks a field, a truncated .safetensors file, a missing tensor, a
-tensor of the wrong shape.
+tensor of the wrong shape, a tensor the dtype policy refuses (`weight_dtype`: integer, bool or complex
+tensors; values beyond the range of the engine's dtype).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,15 +20,13 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
+from spyre_lab.engine.errors import ModelLoadError
 from spyre_lab.engine.models.config import ModelConfig
 from spyre_lab.engine.models.granite import MODEL_REGISTRY, GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform, set_current_platform
+from spyre_lab.engine.weight_dtype import WeightDtypeError
 
 EMBEDDED_MODELS = {"tiny-granite": Path(__file__).parent / "models" / "tiny_granite"}
-
-
-class ModelLoadError(ValueError):
-    """A model folder that cannot be loaded; the message names the file and the key or tensor."""
 
 
 def resolve_model_path(model: str | os.PathLike) -> Path:
@@ -65,6 +65,7 @@ def read_config(folder: Path) -> ModelConfig:
         raise ModelLoadError(f"{path}: {e}") from e
     for key in SIZE_KEYS:
         _check_size(path, key, getattr(config, key))
+    _check_settings(path, config)
     if config.num_attention_heads % config.num_key_value_heads:
         raise ModelLoadError(f"{path}: num_attention_heads ({config.num_attention_heads}) must be a multiple of "
                              f"num_key_value_heads ({config.num_key_value_heads})")
@@ -79,6 +80,43 @@ SIZE_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layer
 def _check_size(path: Path, key: str, value: object) -> None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
         raise ModelLoadError(f"{path}: {key} must be a positive int, got {value!r}")
+
+
+POSITIVE_NUMBER_KEYS = ("rms_norm_eps", "rope_theta", "embedding_multiplier", "residual_multiplier", "logits_scaling")
+"""config.json fields the model multiplies or divides by: each must be a finite number > 0."""
+BOOL_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias")
+
+
+def _check_settings(path: Path, config: ModelConfig) -> None:
+    """The types of the non-size settings, checked at load: a string ``"1e-6"`` would otherwise load and fail in
+    the first forward pass, far from the file that holds it."""
+    def refuse(key: str, value: object, expected: str) -> None:
+        hint = ""
+        if isinstance(value, str):
+            with contextlib.suppress(ValueError):
+                hint = f"; write it as a JSON number ({float(value)!r}), not a string"
+        raise ModelLoadError(f"{path}: {key} must be {expected}, got {type(value).__name__} {value!r}{hint}")
+
+    for key in POSITIVE_NUMBER_KEYS:
+        value = getattr(config, key)
+        if not (_is_number(value) and value > 0):
+            refuse(key, value, "a finite number > 0")
+    if config.attention_multiplier is not None and not (_is_number(config.attention_multiplier)
+                                                        and config.attention_multiplier > 0):
+        refuse("attention_multiplier", config.attention_multiplier, "a finite number > 0 or null")
+    for key in BOOL_KEYS:
+        if not isinstance(getattr(config, key), bool):
+            refuse(key, getattr(config, key), "true or false")
+    for key, ids in (("bos_token_id", () if config.bos_token_id is None else (config.bos_token_id,)),
+                     ("eos_token_id", config.eos_token_ids)):
+        for token_id in ids:
+            if not (isinstance(token_id, int) and not isinstance(token_id, bool)
+                    and 0 <= token_id < config.vocab_size):
+                refuse(key, token_id, f"a token id in [0, {config.vocab_size}) (or a list of them for eos_token_id)")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def iter_safetensors(folder: Path) -> Iterator[tuple[Path, str, torch.Tensor]]:
@@ -131,6 +169,8 @@ def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteF
     try:
         model.load_weights(weights())
     except (ValueError, RuntimeError) as e:
+        if isinstance(e, WeightDtypeError) and current:
+            raise WeightDtypeError(f"{current[0][0]}: {e}") from e
         if isinstance(e, ModelLoadError) or not current:
             raise
         file, name, tensor = current[0]

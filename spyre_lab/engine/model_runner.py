@@ -63,7 +63,7 @@ class ModelInput:
 
 @dataclass
 class StepResult:
-    token_ids: list[int]
+    token_ids: list[int | None]  # None for a row the sampler could not sample (its reason in ``failures``)
     start: float  # time.perf_counter() when the step began
     host_ms: float
     device_ms_modeled: float | None
@@ -74,6 +74,7 @@ class StepResult:
     tokens_per_seq: list[int] = field(default_factory=list)  # real tokens fed per sequence, batch order
     phases_ms: dict[str, float] = field(default_factory=dict)  # measured: prepare inputs, forward, sample
     device_trace: object | None = None  # the step's modeled events, when the platform records them
+    failures: dict[int, str] = field(default_factory=dict)  # batch row -> why its token could not be sampled
 
 
 def _pick_bucket(buckets: tuple[int, ...], size: int) -> int:
@@ -276,6 +277,7 @@ class ModelRunner:
             phases_ms={"prepare inputs": (prepared - start) * 1e3, "forward": (forwarded - prepared) * 1e3,
                        "sample": (sampled - forwarded) * 1e3},
             device_trace=device_time.trace,
+            failures=token_ids.failures,
         )
 
     # ---- warmup ---------------------------------------------------------------------------------

@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+MIN_TEMPERATURE = 1 / 3.4028234663852886e38
+"""The smallest non-zero temperature: below it ``1 / temperature`` overflows float32, the dtype the sampler scales
+logits in (and a float32 temperature of 0 would divide by zero). Use 0 for greedy decoding."""
+
 
 @dataclass
 class SamplingParams:
@@ -43,6 +47,10 @@ class SamplingParams:
         """Raise ValueError naming the bad field and its allowed range."""
         if not (_is_number(self.temperature) and self.temperature >= 0):
             raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature {self.temperature!r} is so small that 1/temperature overflows float32 (the "
+                             "sampler's dtype); use temperature=0 for greedy decoding or at least "
+                             f"{MIN_TEMPERATURE:.3g}")
         if not (_is_number(self.top_p) and 0 < self.top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] (1 = disabled), got {self.top_p!r}")
         if not _is_int(self.top_k) or self.top_k < -1:

@@ -39,6 +39,7 @@ class Sequence:
     block_hashes: list[int] = field(default_factory=list)  # hash chain of the full, computed blocks
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    error: str | None = None  # why a step failed this request (finish_reason "error")
     output_text: str = ""
     num_preemptions: int = 0
     first_token_time: float | None = None

@@ -2,13 +2,20 @@
 
 Host times are measured wall-clock on this machine. Device times are *modeled* by the platform's
 device model; a platform without one (cpu) reports None, shown as "n/a".
+
+Bounded memory: an engine serving for days must not keep every step. ``steps`` and ``requests`` keep
+the most recent ``max_steps`` / ``max_requests`` records (10,000 each by default), ``details`` (a KV
+snapshot per step) the most recent ``max_details`` (1,000), device traces the most recent
+``max_device_traces`` (128); older records are dropped as new ones come. ``summary()`` and ``totals``
+count every record ever made, exactly, whatever the windows. Set a window to ``None`` to keep everything
+(``llm.stats.max_steps = None``), or smaller to save memory; a change applies at the next record.
 """
 
 from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,15 +143,108 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+class RecordWindow(list):
+    """The most recent ``maxlen`` records (``None``: all), as a plain list (index, slice, iterate); every record
+    appended is first shown to ``on_add`` (the running totals), so dropping old ones loses no count."""
+
+    def __init__(self, records: Iterable[Any] = (), maxlen: int | None = None,
+                 on_add: Callable[[Any], None] | None = None) -> None:
+        super().__init__()
+        self.maxlen, self.on_add = maxlen, on_add
+        self.extend(records)
+
+    def append(self, record: Any) -> None:
+        on_add = getattr(self, "on_add", None)
+        if on_add is not None:
+            on_add(record)
+        super().append(record)
+        self.trim()
+
+    def extend(self, records: Iterable[Any]) -> None:
+        for record in records:
+            self.append(record)
+
+    def trim(self) -> None:
+        """Drop the oldest records beyond ``maxlen``."""
+        maxlen = getattr(self, "maxlen", None)
+        if maxlen is not None and len(self) > maxlen:
+            del self[: len(self) - maxlen]
+
+
+@dataclass
+class StatsTotals:
+    """Counts over every record an EngineStats was given, kept exactly however small its windows are."""
+
+    steps: int = 0  # every step recorded (warmup included): the next step's number
+    served_steps: int = 0
+    decode_steps: int = 0
+    requests: int = 0
+    generated_tokens: int = 0
+    host_ms: float = 0  # served steps, measured
+    device_ms_modeled: float = 0  # served steps, modeled
+    unmodeled_steps: int = 0  # served steps without a modeled time (then the modeled total is n/a)
+    num_tokens: int = 0  # real tokens fed by served steps (with padded_tokens: the whole run's padding share)
+    padded_tokens: int = 0
+    on_demand_steps: int = 0
+    preemptions: int = 0
+
+    def add_step(self, s: StepStats) -> None:
+        self.steps += 1
+        if s.kind.startswith("warmup"):
+            return
+        self.served_steps += 1
+        self.decode_steps += s.kind == "decode"
+        self.host_ms += s.host_ms
+        if s.device_ms_modeled is None:
+            self.unmodeled_steps += 1
+        else:
+            self.device_ms_modeled += s.device_ms_modeled
+        self.num_tokens += s.num_tokens
+        self.padded_tokens += s.padded_tokens
+        self.on_demand_steps += "on-demand" in s.dispatch
+        self.preemptions += s.num_preempted
+
+    def add_request(self, r: RequestStats) -> None:
+        self.requests += 1
+        self.generated_tokens += r.output_tokens
+
+
+DEFAULT_MAX_STEPS = DEFAULT_MAX_REQUESTS = 10_000
+DEFAULT_MAX_DETAILS = 1_000
+
+
 @dataclass
 class EngineStats:
+    #: the most recent ``max_steps`` step rows (a list; older rows are dropped, ``totals`` still counts them)
     steps: list[StepStats] = field(default_factory=list)
+    #: the most recent ``max_requests`` finished requests
     requests: list[RequestStats] = field(default_factory=list)
-    #: step number -> StepDetail for served steps (batch, host phases, KV snapshot, modeled device events)
+    #: step number -> StepDetail for the most recent ``max_details`` served steps (batch, host phases, KV
+    #: snapshot, modeled device events)
     details: dict[int, StepDetail] = field(default_factory=dict)
     #: device traces are kept for the most recent this many steps (older ones are dropped to bound memory)
     max_device_traces: int = 128
+    max_steps: int | None = DEFAULT_MAX_STEPS
+    max_requests: int | None = DEFAULT_MAX_REQUESTS
+    max_details: int | None = DEFAULT_MAX_DETAILS
+    #: exact counts over every record, whatever the windows (what ``summary()`` reports)
+    totals: StatsTotals = field(default_factory=StatsTotals, init=False, compare=False)
     _traced: deque[int] = field(default_factory=deque, init=False, repr=False, compare=False)  # steps with a trace
+
+    def __post_init__(self) -> None:
+        self.steps = RecordWindow(self.steps, self.max_steps, self.totals.add_step)
+        self.requests = RecordWindow(self.requests, self.max_requests, self.totals.add_request)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        window = {"max_steps": "steps", "max_requests": "requests"}.get(name)
+        if window is not None and isinstance(getattr(self, window, None), RecordWindow):
+            getattr(self, window).maxlen = value
+
+    @property
+    def next_step(self) -> int:
+        """The number the next recorded step gets (steps are numbered over the engine's whole life)."""
+        return self.totals.steps
 
     def record_detail(self, step: int, schedule_ms: float, seqs: list, preempted: list, result: Any,
                       kv: KVSnapshot | None, is_prefill: bool) -> StepDetail:
@@ -164,6 +264,8 @@ class EngineStats:
             kv=kv, device_trace=trace,
         )
         self.details[step] = detail
+        while self.max_details is not None and len(self.details) > self.max_details:
+            del self.details[next(iter(self.details))]          # the oldest: dicts keep insertion order
         if trace is not None:
             self._traced.append(step)
         while len(self._traced) > self.max_device_traces:
@@ -183,23 +285,21 @@ class EngineStats:
         return format_table(rows[-last:] if last else rows)
 
     def summary(self) -> dict:
-        served = [s for s in self.steps if not s.kind.startswith("warmup")]
-        decode = [s for s in served if s.kind == "decode"]
-        generated = sum(r.output_tokens for r in self.requests)
-        host_s = sum(s.host_ms for s in served) / 1e3
-        modeled = [s.device_ms_modeled for s in served]
+        """Totals over every step and request recorded (not only those the windows still hold)."""
+        t = self.totals
+        host_s = t.host_ms / 1e3
         return {
-            "steps": len(served),
-            "prefill_steps": len(served) - len(decode),
-            "decode_steps": len(decode),
-            "requests": len(self.requests),
-            "generated_tokens": generated,
+            "steps": t.served_steps,
+            "prefill_steps": t.served_steps - t.decode_steps,
+            "decode_steps": t.decode_steps,
+            "requests": t.requests,
+            "generated_tokens": t.generated_tokens,
             "host_s": host_s,
-            "host_tokens_per_s": generated / host_s if host_s else None,
-            "device_ms_modeled": None if any(m is None for m in modeled) else sum(modeled),
-            "padded_tokens": sum(s.padded_tokens for s in served),
-            "on_demand_steps": sum("on-demand" in s.dispatch for s in served),
-            "preemptions": sum(s.num_preempted for s in served),
+            "host_tokens_per_s": t.generated_tokens / host_s if host_s else None,
+            "device_ms_modeled": None if t.unmodeled_steps else t.device_ms_modeled,
+            "padded_tokens": t.padded_tokens,
+            "on_demand_steps": t.on_demand_steps,
+            "preemptions": t.preemptions,
         }
 
     def to_trace(self, device: bool = False) -> Trace:
@@ -240,7 +340,7 @@ class EngineStats:
                 [e.lane, e.name, e.start_us, e.dur_us, e.args] for e in d.device_trace]
             details.append(entry)
         return {"format": "spyre_lab.engine_stats/1", "steps": self.to_rows("steps"),
-                "requests": self.to_rows("requests"), "details": details}
+                "requests": self.to_rows("requests"), "details": details, "totals": asdict(self.totals)}
 
     def save_json(self, path: str | Path) -> Path:
         path = Path(path)
@@ -255,7 +355,12 @@ class EngineStats:
         if doc.get("format") != "spyre_lab.engine_stats/1":
             raise ValueError("not an EngineStats JSON file (written by EngineStats.save_json); "
                              f"its format field is {doc.get('format')!r}")
-        stats = cls([StepStats(**row) for row in doc["steps"]], [RequestStats(**row) for row in doc["requests"]])
+        stats = cls(max_steps=None, max_requests=None, max_details=None)   # keep all the file holds
+        stats.steps.extend(StepStats(**row) for row in doc["steps"])
+        stats.requests.extend(RequestStats(**row) for row in doc["requests"])
+        if doc.get("totals"):                       # the run's exact totals (its windows may have dropped rows)
+            stats.totals = StatsTotals(**doc["totals"])
+            stats.steps.on_add, stats.requests.on_add = stats.totals.add_step, stats.totals.add_request
         for entry in doc["details"]:
             kv = KVSnapshot(**entry.pop("kv")) if entry.get("kv") else None
             raw = entry.pop("device_trace", None)
@@ -269,10 +374,13 @@ class EngineStats:
         return stats
 
     def reset(self) -> None:
+        """Forget every record and total (step numbers start again at 0)."""
         self.steps.clear()
         self.requests.clear()
         self.details.clear()
         self._traced.clear()
+        self.totals = StatsTotals()
+        self.steps.on_add, self.requests.on_add = self.totals.add_step, self.totals.add_request
 
     def __str__(self) -> str:
         summary = "\n".join(f"{k}: {_format(v)}" for k, v in self.summary().items())

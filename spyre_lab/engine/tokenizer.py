@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from spyre_lab.compiler.user_line import warn_at_user_line
+from spyre_lab.engine.errors import ModelLoadError
 
 CHAR_TOKENIZER_TYPE = "spyre_lab.char"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")
@@ -113,10 +114,24 @@ def load_tokenizer(folder: Path, bos_token_id: int | None = None, eos_token_id: 
     path = folder / "tokenizer.json"
     if not path.exists():
         return None
-    document = json.loads(path.read_text())
+    try:
+        document = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path} is not valid JSON ({e}); save the tokenizer again (save_pretrained) or fix the "
+                             "file") from e
+    if not isinstance(document, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object (a tokenizer), got a {type(document).__name__}")
     if document.get("type") == CHAR_TOKENIZER_TYPE:
-        return CharTokenizer.from_dict(document)
+        try:
+            return CharTokenizer.from_dict(document)
+        except KeyError as e:
+            raise ModelLoadError(f"{path}: a {CHAR_TOKENIZER_TYPE} tokenizer needs the key {e.args[0]!r}") from e
+        except (TypeError, ValueError) as e:
+            raise ModelLoadError(f"{path}: {e}") from e
     try:
         return HFTokenizer(path, bos_token_id, eos_token_id)
     except ImportError:
         return None
+    except Exception as e:  # the tokenizers library raises its own exception types for a malformed file
+        raise ModelLoadError(f"{path} cannot be read as a Hugging Face tokenizer ({e}); save the tokenizer again "
+                             "(save_pretrained) or fix the file") from e

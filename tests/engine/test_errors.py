@@ -190,3 +190,72 @@ def test_an_engine_config_can_be_passed_whole_and_overridden():
     assert LLM(config, max_num_seqs=1).config.max_num_seqs == 1
     with pytest.raises(ValueError, match="max_position_embeddings"):
         LLMEngine(config.replace(max_model_len=10_000))
+
+
+# --- settings of the wrong type, bad tokenizer files (named at load, not at the first generate) ----------------
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("rms_norm_eps", "1e-6", r"rms_norm_eps must be a finite number > 0, got str '1e-6'; write it as a JSON number "
+                             r"\(1e-06\)"),
+    ("rms_norm_eps", 0, "rms_norm_eps must be a finite number > 0, got int 0"),
+    ("rope_parameters", {"rope_theta": None, "rope_type": "default"},
+     "rope_theta must be a finite number > 0, got NoneType None"),
+    ("logits_scaling", "2", "logits_scaling must be a finite number > 0"),
+    ("attention_multiplier", [0.1], "attention_multiplier must be a finite number > 0 or null"),
+    ("tie_word_embeddings", "false", "tie_word_embeddings must be true or false, got str 'false'"),
+    ("eos_token_id", 10_000, r"eos_token_id must be a token id in \[0, "),
+    ("bos_token_id", "1", "bos_token_id must be a token id"),
+])
+def test_a_config_setting_of_the_wrong_type_is_named_at_load(model_dir, key, value, message):
+    """On the starting code `"rms_norm_eps": "1e-6"` loaded and failed at the first generate."""
+    config = json.loads((model_dir / "config.json").read_text())
+    config[key] = value
+    (model_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match=rf"config\.json: {message}"):
+        LLM(str(model_dir))
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"type": "spyre_lab.char", "chars": "ab', r"tokenizer\.json is not valid JSON"),
+    ("[1, 2]", r"tokenizer\.json must hold a JSON object"),
+    ('{"type": "spyre_lab.char", "special_tokens": ["<pad>", "<bos>", "<eos>", "<unk>"]}',
+     r"tokenizer\.json: a spyre_lab\.char tokenizer needs the key 'chars'"),
+    ('{"version": "1.0", "model": {"type": "NoSuchModel"}}', r"tokenizer\.json cannot be read as a Hugging Face"),
+])
+def test_a_bad_tokenizer_json_is_named(model_dir, text, message):
+    """On the starting code a broken tokenizer.json raised a bare JSONDecodeError without the file name."""
+    (model_dir / "tokenizer.json").write_text(text)
+    with pytest.raises(ModelLoadError, match=message) as info:
+        LLM(str(model_dir))
+    assert str(model_dir / "tokenizer.json") in str(info.value)
+
+
+# --- prompts that are not text or token ids ----------------------------------------------------------------------
+def test_bytes_as_prompts_are_refused_not_read_as_token_ids(llm):
+    """On the starting code b"abc" was the token ids [97, 98, 99]."""
+    for prompts in (b"abc", bytearray(b"abc")):
+        with pytest.raises(TypeError, match=r"got (bytes|bytearray) b'abc'; decode bytes to text first"):
+            llm.generate(prompts, GREEDY, use_tqdm=False)
+    (out,) = llm.generate([b"abc"], GREEDY, use_tqdm=False)    # one bytes prompt in a list: that request's error
+    assert out.outputs[0].finish_reason == "error" and "decode bytes to text first" in out.error
+
+
+def test_integer_arrays_are_token_ids_one_prompt_per_row(llm):
+    """On the starting code a 1-D array was split into one prompt per element."""
+    np = pytest.importorskip("numpy")
+    ids = [1, 5, 9, 12]
+    (reference,) = llm.generate([ids], GREEDY, use_tqdm=False)
+    for prompt in (np.array(ids), torch.tensor(ids), np.array(ids, dtype=np.int32), [np.int64(t) for t in ids]):
+        outs = llm.generate(prompt, GREEDY, use_tqdm=False)
+        assert [(o.prompt_token_ids, o.outputs[0].token_ids) for o in outs] == [
+            (ids, reference.outputs[0].token_ids)], type(prompt)
+    rows = llm.generate(torch.tensor([ids, ids]), GREEDY, use_tqdm=False)
+    assert [o.outputs[0].token_ids for o in rows] == [reference.outputs[0].token_ids] * 2
+    (from_list,) = llm.generate([torch.tensor(ids)], GREEDY, use_tqdm=False)
+    assert from_list.outputs[0].token_ids == reference.outputs[0].token_ids
+
+
+@pytest.mark.parametrize("prompts", [torch.tensor([1.0, 5.0]), torch.tensor(3), torch.ones(2, 2, 2, dtype=torch.long),
+                                     torch.tensor([True, False])], ids=["float", "0-d", "3-d", "bool"])
+def test_arrays_that_are_not_token_ids_are_refused_clearly(llm, prompts):
+    with pytest.raises(TypeError, match="array of integer token ids"):
+        llm.generate(prompts, GREEDY, use_tqdm=False)

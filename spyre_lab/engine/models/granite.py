@@ -31,6 +31,7 @@ from spyre_lab.engine.layers.linear import (
 from spyre_lab.engine.layers.norm import RMSNorm
 from spyre_lab.engine.layers.rotary import CosSin, RotaryEmbedding
 from spyre_lab.engine.models.config import ModelConfig
+from spyre_lab.engine.weight_dtype import cast_weight
 
 
 class GraniteAttention(nn.Module):
@@ -147,7 +148,7 @@ class GraniteForCausalLM(nn.Module):
                 raise ValueError(f"checkpoint tensor {hf_name!r} has no place in {type(self).__name__}")
             param = params[name]
             layer = self.get_submodule(name.rsplit(".", 1)[0])
-            tensor = tensor.to(param.dtype)
+            tensor = cast_weight(hf_name, tensor, param.dtype)  # the dtype policy: weight_dtype.py
             if shard is not None:
                 layer.weight_loader(param, tensor, shard)
             elif hasattr(layer, "weight_loader"):
