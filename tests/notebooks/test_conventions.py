@@ -175,9 +175,10 @@ def test_tutorial_links_glossary_terms_at_first_use(path):
     for anchor, places in spans.items():
         first = _term_pattern(anchors[anchor]).search(plain)
         assert first is not None, f"{path.name}: the glossary link to #{anchor} is not on the term's own word"
+        context = plain[max(0, first.start() - 40):first.end() + 20]
         assert any(start <= first.start() < end for start, end in places), \
-            f"{path.name}: '{anchors[anchor]}' first appears at ...{plain[max(0, first.start() - 40):first.end() + 20]!r}" \
-            f"... without its glossary link; link the first use"
+            f"{path.name}: '{anchors[anchor]}' first appears in {context!r} " \
+            "without its glossary link; link the first use"
 
 
 @pytest.mark.parametrize("path", TUTORIALS, **_ids)

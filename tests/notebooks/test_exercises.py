@@ -39,8 +39,8 @@ def _source(cell) -> str:
 
 
 def _guess_names(source: str) -> list[str]:
-    return [n.targets[0].id for n in ast.parse(source).body
-            if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name) and n.targets[0].id.startswith("guess_")]
+    assigns = [n for n in ast.parse(source).body if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Name)]
+    return [n.targets[0].id for n in assigns if n.targets[0].id.startswith("guess_")]
 
 
 def _reads(code: str) -> set[str]:
@@ -102,7 +102,7 @@ def _run(path: Path) -> NotebookRun:
                     defined, _ = workshop._top_level_definitions(block)
                     missing = [n for n in defined if n in _reads(check) and n not in stub]
                     if missing:
-                        report.exercise_problems.append(f"{where}: the stub never names {missing}, which the check reads")
+                        report.exercise_problems.append(f"{where}: the stub never names {missing}, read by the check")
                 if kernel.run(stub)[0] != "NotImplementedError":
                     report.exercise_problems.append(f"{where}: the student stub must raise NotImplementedError")
                 if kernel.run(check)[0] is None:
@@ -274,7 +274,7 @@ def test_instructor_copy_keeps_solutions_hints_and_wrong_answers(tmp_path):
     assert "side * 3" in text and "guess_area = 12" in text and "<summary>Hint</summary>" in text
     note = next(c for c in teacher.cells if c.metadata.get("spyre_lab", {}).get("instructor_note"))
     assert "off by one" in note.source and "answer = 5" in note.source
-    assert [t for _, t, _ in _links(teacher)][0] == "../reference/pkg/layout.py"
+    assert next(t for _, t, _ in _links(teacher)) == "../reference/pkg/layout.py"
 
 
 def test_broken_markers_and_links_are_named(tmp_path):
@@ -344,8 +344,8 @@ def test_grade_made_up_submissions(tmp_path):
     del deleted.cells[9]
     submit("deleted_check", deleted)
 
-    grades, csv_path = grade_folder(tmp_path / "subs", [src])
-    rows = list(csv.DictReader(open(csv_path)))
+    _, csv_path = grade_folder(tmp_path / "subs", [src])
+    rows = list(csv.DictReader(csv_path.open()))
     assert list(rows[0]) == ["student", "notebook", "exercise", "result", "message"]
     got = {(r["student"], r["exercise"]): (r["result"], r["message"]) for r in rows}
     assert len(rows) == 12
@@ -372,7 +372,7 @@ def test_cli_workshop_grade(tmp_path, capsys):
     assert main(["workshop", "grade", str(tmp_path / "subs"), "--src", str(root / "tutorials"),
                  "--out", str(out)]) == 0
     assert "2 exercises (2 passed)" in capsys.readouterr().out
-    assert [r["result"] for r in csv.DictReader(open(out))] == ["pass", "pass"]
+    assert [r["result"] for r in csv.DictReader(out.open())] == ["pass", "pass"]
     with pytest.raises(FileNotFoundError, match="one subfolder per student"):
         main(["workshop", "grade", str(tmp_path / "nothing")])
 
