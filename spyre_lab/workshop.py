@@ -359,7 +359,9 @@ def build(out: str | Path, sources: Iterable[str | Path] | None = None, root: st
     for copy_dir, make in ((student_dir, student_copy), (teacher_dir, instructor_copy)):
         if copy_dir is teacher_dir and not instructor:
             continue
-        built = {p: copy_dir[f] / p.name for f in folders for p in notebooks[f]}
+        # everything copied next to the notebooks (the notebooks and their READMEs) is linked where it lands
+        built = {p.resolve(): copy_dir[f] / p.name for f in folders for p in f.iterdir()
+                 if p.is_file() and not p.name.startswith(".")}
         linker = _Linker(out, root, built)
         for folder in folders:
             target = copy_dir[folder]
