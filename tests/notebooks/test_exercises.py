@@ -70,7 +70,7 @@ def _run(path: Path) -> NotebookRun:
     pairs = workshop.check_conventions(nb, path.name)
     check_of = dict(pairs)
     with tempfile.TemporaryDirectory() as tmp:
-        workshop.build(tmp, [path.parent], instructor=False)
+        workshop.build(tmp, [path.parent], root=path.parent.parent, instructor=False)
         student = nbformat.read(Path(tmp) / path.name, as_version=4)
     assert len(student.cells) == len(nb.cells)
     guesses: dict[str, int] = {}
@@ -93,6 +93,13 @@ def _run(path: Path) -> NotebookRun:
                         report.predict_problems.append(
                             f"{path.name} cell {reveal_at}: with the guess empty the reveal must refuse "
                             f"(GuessMissing), got {ename}")
+                    shown = [o for o in kernel.last_outputs
+                             if o.get("output_type") in ("display_data", "execute_result")
+                             or (o.get("output_type") == "stream" and o.get("name") == "stdout")]
+                    if shown:
+                        report.predict_problems.append(
+                            f"{path.name} cell {reveal_at}: shows output before refusing an empty guess (it may give "
+                            "the answer away); call reveal(...) before printing anything")
             if index in check_of:
                 check = _source(nb.cells[check_of[index]])
                 stub = _source(student.cells[index])
@@ -172,7 +179,7 @@ def test_exercises_fail_unsolved_and_wrong_and_pass_solved(path):
 @pytest.mark.parametrize("path", ALL_NOTEBOOKS, **_ids)
 def test_no_predict_cell_holds_its_answer_and_the_student_copy_empties_them(path, tmp_path):
     nb = nbformat.read(path, as_version=4)
-    workshop.build(tmp_path, [path.parent], instructor=False)
+    workshop.build(tmp_path, [path.parent], root=path.parent.parent, instructor=False)
     student = nbformat.read(tmp_path / path.name, as_version=4)
     for index, (mine, theirs) in enumerate(zip(nb.cells, student.cells, strict=True)):
         if not workshop.is_predict_cell(mine):
@@ -375,6 +382,22 @@ def test_cli_workshop_grade(tmp_path, capsys):
     assert [r["result"] for r in csv.DictReader(out.open())] == ["pass", "pass"]
     with pytest.raises(FileNotFoundError, match="one subfolder per student"):
         main(["workshop", "grade", str(tmp_path / "nothing")])
+
+
+def test_the_notebook_run_catches_a_pre_answered_guess_a_leaky_reveal_and_a_passing_wrong_answer(tmp_path):
+    """The two notebook tests above fail on the bugs they exist for (checked on a made-up notebook)."""
+    root = _project(tmp_path)
+    path = root / "tutorials" / "01_one.ipynb"
+    nb = nbformat.read(path, as_version=4)
+    nb.cells[2].source = "# PREDICT\nguess_area = 6  # your guess\n"                       # the answer itself
+    nb.cells[3].source = 'area = 2 * 3\nprint(area)\nreveal("guess_area", guess_area, area, "cm2")\n'  # leaks it
+    nb.cells[5].metadata["spyre_lab"]["wrong_answers"].append({"code": "answer = 3 * 2", "why": "same number"})
+    nbformat.write(nb, path)
+    report = _run(path)
+    assert any("is the answer its reveal computes" in p for p in report.predict_problems), report.predict_problems
+    assert any("shows output before refusing" in p for p in report.predict_problems), report.predict_problems
+    assert any("same number" in p and "got None" in p for p in report.exercise_problems), report.exercise_problems
+    assert any("need 3" in p for p in report.exercise_problems), report.exercise_problems
 
 
 def test_repo_notebooks_follow_the_exercise_conventions():
