@@ -33,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from spyre_lab.demo import run_demo
 
         return run_demo(args.out)
+    if args.command == "workshop" and args.workshop_command == "grade":
+        from spyre_lab.workshop_grade import main as grade_main
+
+        return grade_main(args)
     if args.command == "workshop":
         from spyre_lab.workshop import main as workshop_main
 

@@ -402,14 +402,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    if args.workshop_command == "grade":
-        from spyre_lab.workshop_grade import grade_folder
-
-        rows, csv_path = grade_folder(args.submissions, args.src, args.out, timeout=args.timeout)
-        passed = sum(r.result == "pass" for r in rows)
-        print(f"graded {len(rows)} exercises ({passed} passed) in {len({r.student for r in rows})} submissions; "
-              f"wrote {csv_path}")
-        return 0
+    """``spyre-lab workshop build`` (``grade`` lives in :mod:`spyre_lab.workshop_grade`)."""
     import nbformat
 
     written = build(args.out, args.src)

@@ -12,6 +12,7 @@ student ``-``). One CSV row per exercise: ``student, notebook, exercise, result 
 
 from __future__ import annotations
 
+import argparse
 import csv
 import os
 from collections.abc import Iterable
@@ -176,3 +177,12 @@ def grade_folder(submissions: str | Path, sources: Iterable[str | Path] | None =
         writer.writeheader()
         writer.writerows(g.row() for g in grades)
     return grades, csv_path
+
+
+def main(args: argparse.Namespace) -> int:
+    """``spyre-lab workshop grade SUBMISSIONS``: grade, write the CSV, print a one-line summary."""
+    rows, csv_path = grade_folder(args.submissions, args.src, args.out, timeout=args.timeout)
+    passed = sum(r.result == "pass" for r in rows)
+    print(f"graded {len(rows)} exercises ({passed} passed) in {len({r.student for r in rows})} submissions; "
+          f"wrote {csv_path}")
+    return 0
