@@ -12,7 +12,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run the default model on the modeled device and print a report")
     demo.add_argument("--out", default="out", help="folder for trace.json and the report (default: out)")
-    workshop = sub.add_parser("workshop", help="workshop material: `workshop build OUT` writes student notebooks")
+    workshop = sub.add_parser("workshop", help="workshop material: `workshop build OUT` writes student and instructor "
+                                                  "notebooks, `workshop grade SUBMISSIONS` grades submitted ones")
     from spyre_lab.workshop import add_arguments as _workshop_arguments
 
     _workshop_arguments(workshop)
@@ -32,6 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         from spyre_lab.demo import run_demo
 
         return run_demo(args.out)
+    if args.command == "workshop" and args.workshop_command == "grade":
+        from spyre_lab.workshop_grade import main as grade_main
+
+        return grade_main(args)
     if args.command == "workshop":
         from spyre_lab.workshop import main as workshop_main
 

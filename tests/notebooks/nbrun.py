@@ -26,16 +26,29 @@ class CellRunner:
     def __init__(self, client: NotebookClient) -> None:
         self.client = client
         self._index = 0
+        self.last_evalue = ""   # the exception message of the last failing ``run`` ("" when it passed)
+        self.last_outputs: list = []
 
     def run(self, source: str) -> tuple[str | None, str]:
         cell = nbformat.v4.new_code_cell(source)
         self.client.nb.cells.append(cell)
         index = len(self.client.nb.cells) - 1
+        self.last_evalue = ""
         try:
             self.client.execute_cell(cell, index)
         except CellExecutionError as error:
+            self.last_evalue = error.evalue or ""
+            self.last_outputs = list(cell.outputs)
             return error.ename, str(error)
+        self.last_outputs = list(cell.outputs)
         return None, ""
+
+    def stdout(self, source: str) -> str:
+        """Run ``source`` and return what it printed (raises if it fails)."""
+        ename, text = self.run(source)
+        if ename is not None:
+            raise RuntimeError(text)
+        return "".join(o.get("text", "") for o in self.last_outputs if o.get("output_type") == "stream")
 
 
 @contextmanager

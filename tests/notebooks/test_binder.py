@@ -49,6 +49,28 @@ def test_binder_badge_matches_the_repository_url():
     assert badge in readme, f"README's Binder badge should be exactly:\n{badge}"
 
 
+def test_binder_culls_idle_kernels(tmp_path):
+    """postBuild installs the server config, and Jupyter's own kernel manager reads the culling settings from it."""
+    from jupyter_server.services.kernels.kernelmanager import MappingKernelManager
+    from traitlets.config.loader import PyFileConfigLoader
+
+    post_build = (ROOT / "binder" / "postBuild").read_text().splitlines()
+    config_steps = [line for line in post_build if line.strip() and not line.startswith("#")
+                    and "pip install" not in line]
+    jupyter_bin = Path(sys.executable).parent
+    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "jupyter"),
+           "PATH": f"{jupyter_bin}{os.pathsep}{os.environ['PATH']}"}
+    subprocess.run(["bash", "-c", "\n".join(config_steps)], cwd=ROOT, env=env, check=True)
+    installed = tmp_path / "jupyter" / "jupyter_server_config.py"
+    assert installed.read_text() == (ROOT / "binder" / "jupyter_server_config.py").read_text()
+    config = PyFileConfigLoader(installed.name, path=str(installed.parent)).load_config()
+    manager = MappingKernelManager(config=config)
+    assert 0 < manager.cull_idle_timeout <= 15 * 60, "cull kernels idle for at most 15 minutes"
+    assert manager.cull_connected, "JupyterLab keeps every opened notebook connected: cull connected kernels too"
+    assert not manager.cull_busy and 0 < manager.cull_interval <= manager.cull_idle_timeout
+    assert set(config.MappingKernelManager) == {"cull_idle_timeout", "cull_interval", "cull_connected", "cull_busy"}
+
+
 def _tracked_files() -> list[str]:
     out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
     return [p for p in out.split("\0") if p]
