@@ -259,6 +259,8 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
             results.append(bound[read.buffer])
             continue
         value = bound[read.buffer] if read.is_identity else read.apply(bound[read.buffer])
+        if read.buffer in program.constants and target is None:
+            value = value.clone()                # the loaded program keeps its constants: the caller gets a copy
         if target is not None:
             target.copy_(value)
             value = target
