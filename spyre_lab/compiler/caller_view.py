@@ -138,10 +138,16 @@ class CallerView:
     # --- inputs ---------------------------------------------------------------------------------------
     @staticmethod
     def aliased_update(updated: Sequence[int], tensors: Sequence[torch.Tensor]) -> tuple[int, int] | None:
-        """(updated input, input sharing its memory) if an input the program updates in place overlaps another."""
+        """(updated input, input sharing its memory) if an input the program updates in place overlaps another.
+        One pass over the inputs' memory: only inputs in the same memory as an updated one are compared."""
+        by_memory: dict[tuple[str, int], list[int]] = {}
+        for j, t in enumerate(tensors):
+            key = memory_key(t)
+            if key is not None:
+                by_memory.setdefault(key, []).append(j)
         for m in updated:
-            for j, other in enumerate(tensors):
-                if j != m and overlaps(tensors[m], other):
+            for j in by_memory.get(memory_key(tensors[m]), ()) if tensors[m].numel() else ():
+                if j != m and overlaps(tensors[m], tensors[j]):
                     return m, j
         return None
 

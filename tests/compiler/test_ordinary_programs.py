@@ -8,6 +8,7 @@ float64 inside a graph; and a bad option value named with what it accepts.
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 
@@ -101,3 +102,18 @@ def test_bad_option_types_are_named(option, value):
     from spyre_lab.compiler.backend import options_from
     with pytest.raises(TypeError, match=rf"{option} must be"):
         options_from({option: value})
+
+
+def test_epilogue_reading_a_matmul_operand_gets_a_tile_plan():
+    """``(h @ x.t()) @ x * 0.1 + x``: the fused epilogue reads x, which the matmul also reads as B; the two tiles
+    of x are different LX buffers (one name for both left the kernel without a tile plan, and untimed)."""
+    from spyre_lab.compiler.backend import compile_graph
+    from spyre_lab.compiler.kernel_spec import KernelSpec
+
+    def f(h, x):
+        return (h @ x.t()) @ x * 0.1 + x
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        program = compile_graph(f, [torch.randn(5, 5).half(), torch.randn(5, 5).half()])
+    assert all(isinstance(launch, KernelSpec) for launch in program.launches)
+    assert any(k.rule == "matmul_epilogue" and "add" in [n.op for n in k.nodes] for k in program.kernels)
