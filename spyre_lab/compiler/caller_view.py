@@ -17,7 +17,7 @@ tensors, it knows nothing of devices or shared memory), so the rest of what eage
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -152,13 +152,16 @@ class CallerView:
         return None
 
     # --- outputs --------------------------------------------------------------------------------------
-    def finish(self, values: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def finish(self, values: Sequence[torch.Tensor], inputs: Sequence[torch.Tensor],
+               suspects: Collection[int] = ()) -> list[torch.Tensor]:
         """The program's tensor outputs as eager hands them over: on eager's devices, views of the caller's
-        inputs where eager returns views, sharing memory where eager's outputs share it, fresh otherwise."""
-        taken = {k for k in (memory_key(t) for t in inputs) if k is not None}
+        inputs where eager returns views, sharing memory where eager's outputs share it, fresh otherwise.
+        ``suspects``: the outputs that may come back in an input's or an earlier output's memory (the Program
+        returns a view of an input buffer, or one buffer twice); only those are checked and copied."""
+        taken = {k for k in (memory_key(t) for t in inputs) if k is not None} if suspects else set()
         results: list[torch.Tensor] = []
         bases: dict[int, torch.Tensor] = {}
-        for value, rule in zip(values, self.rules):
+        for index, (value, rule) in enumerate(zip(values, self.rules)):
             if rule.kind == SAME:
                 results.append(results[rule.source])
                 continue
@@ -179,12 +182,13 @@ class CallerView:
                 view.copy_(value)
                 results.append(view)
                 continue
-            key = memory_key(value)
-            if rule.kind == FRESH and key is not None and key in taken:
-                value = value.clone()                 # a constant, an input or another output's memory
+            if index in suspects:
                 key = memory_key(value)
-            if key is not None:
-                taken.add(key)
+                if rule.kind == FRESH and key is not None and key in taken:
+                    value = value.clone()             # an input's or another output's memory: a new tensor
+                    key = memory_key(value)
+                if key is not None:
+                    taken.add(key)
             results.append(value)
         return results
 

@@ -59,6 +59,7 @@ class CompiledGraph:
         self.view = CallerView(gm, [leaf for leaf, kind in zip(self.out_leaves, self._out_kinds) if kind == "tensor"])
         self.eager_graph = fx.GraphModule(gm, copy.deepcopy(gm.graph))   # run op by op when a Program cannot be
         self._warned_aliasing = False
+        self._shared: dict[int, frozenset[int]] = {}
         if all(isinstance(x, torch.Tensor) for x in example_inputs):
             self.program = compile_graph(gm, example_inputs, options, cfg)
         _REGISTRY.append(self)
@@ -105,15 +106,29 @@ class CompiledGraph:
             # the runtime copies host inputs over, binds the Program to DRAM buffers and launches each kernel
             # as a JobPlan (program correction -> H2D of the blob -> Compute); outputs stay on the device
             outputs = run_program(program, tensors, mode=self.options.timing)
+            suspects = self._shared.get(id(program))
+            if suspects is None:                             # worked out once per Program (kept alive by self)
+                suspects = self._shared[id(program)] = _shared_outputs(program)
         else:
             result = execute(program, tensors, mode=self.options.timing)
             self.last_result = _last_result = result
-            outputs = result.outputs
-        produced = iter(self.view.finish(outputs, tensors))
+            outputs, suspects = result.outputs, ()          # the interpreter hands out copies
+        produced = iter(self.view.finish(outputs, tensors, suspects))
         values = iter(self.host_values(*args) if self.host_values is not None else ())
         leaves = [leaf if kind == "const" else next(produced) if kind == "tensor" else next(values)
                   for leaf, kind in zip(self.out_leaves, self._out_kinds)]
         return tree_unflatten(leaves, self.out_spec)
+
+
+def _shared_outputs(program: Program) -> frozenset[int]:
+    """Outputs the runtime may hand back in memory the caller already holds: a view of an input buffer, or a
+    buffer an earlier output returned too (constants are copied by ``run_program``)."""
+    inputs, seen, shared = set(program.inputs), set(), set()
+    for k, read in enumerate(program.outputs):
+        if read.buffer in inputs or read.buffer in seen:
+            shared.add(k)
+        seen.add(read.buffer)
+    return frozenset(shared)
 
 
 def _is_tensor(node: fx.Node) -> bool:
