@@ -8,6 +8,8 @@ outputs (a view of an input changes the input; a returned constant must not chan
 
 from __future__ import annotations
 
+import re
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -104,3 +106,24 @@ def assert_same_state(got: CallState, want: CallState, atol: float = 2e-2, devic
         _close(g, w, f"input {k} after writing to the outputs (aliasing)", atol)
     for i, (g, w) in enumerate(zip(got.second_outputs, want.second_outputs)):
         _close(g, w, f"output {i} of the second call (after writing to the first call's)", atol)
+
+
+ALLOWED_WARNINGS = (
+    r"runs on the host",                         # a compiled op lowered to a host fallback
+    r"has no spyre kernel; it runs as a CPU fallback",
+    r"shares that memory; a spyre Program reads its inputs as separate tensors",
+    r"spyre stores torch\.\w+ tensors as float16",
+    r"Graph break",
+)
+"""The warnings a program may give: host and CPU fallbacks, the eager run of an aliased update, the storage policy."""
+
+
+def observe_checked(fn: Callable, make_inputs: Callable[[], Sequence[torch.Tensor]],
+                    touch: Sequence[int] | None = None) -> CallState:
+    """:func:`observe`, with every warning it gives checked against ``ALLOWED_WARNINGS``."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        state = observe(fn, make_inputs, touch)
+    for w in caught:
+        assert any(re.search(p, str(w.message)) for p in ALLOWED_WARNINGS), f"unexpected warning: {w.message}"
+    return state

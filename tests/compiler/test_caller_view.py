@@ -14,7 +14,7 @@ import pytest
 os.environ.setdefault("SPYRE_LAB_DEVICES", "2")
 
 import torch
-from compiler.caller_state import assert_same_state, observe
+from compiler.caller_state import assert_same_state, observe, observe_checked
 
 import spyre_lab.runtime  # noqa: F401  (the spyre device and backend)
 
@@ -35,9 +35,9 @@ def compare(fn, make_inputs, device: str, touch=None) -> None:
     """Eager and compiled on ``device``'s inputs show the caller the same state."""
     def on_device():
         return [t.to(device) for t in make_inputs()]
-    want = observe(fn, on_device, touch)
+    want = observe_checked(fn, on_device, touch)
     torch._dynamo.reset()
-    got = observe(torch.compile(fn, backend="spyre"), on_device, touch)
+    got = observe_checked(torch.compile(fn, backend="spyre"), on_device, touch)
     assert_same_state(got, want)
 
 
@@ -103,7 +103,7 @@ def test_aliased_inputs_see_the_update(fn, make_inputs, device):
         root = tensors[0] if tensors[0]._base is None else tensors[0]._base
         moved = root.to(device)
         return [moved.as_strided(t.shape, t.stride(), t.storage_offset()) for t in tensors]
-    want = observe(fn, aliased)
+    want = observe_checked(fn, aliased)
     torch._dynamo.reset()
     with pytest.warns(UserWarning, match="shares that memory.*op by op"):
         got = observe(torch.compile(fn, backend="spyre"), aliased)

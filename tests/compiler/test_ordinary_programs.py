@@ -15,7 +15,7 @@ import pytest
 os.environ.setdefault("SPYRE_LAB_DEVICES", "2")
 
 import torch
-from compiler.caller_state import assert_same_state, observe
+from compiler.caller_state import assert_same_state, observe_checked
 
 import spyre_lab.runtime  # noqa: F401  (the spyre device and backend)
 
@@ -82,9 +82,9 @@ def test_program_compiles_and_matches_eager(name, device):
 
     def inputs():
         return [base.clone().to(device)]
-    want = observe(fn, inputs)
+    want = observe_checked(fn, inputs)
     torch._dynamo.reset()
-    got = observe(torch.compile(fn, backend="spyre", fullgraph=name not in ("masked_zero",)), inputs)
+    got = observe_checked(torch.compile(fn, backend="spyre", fullgraph=name not in ("masked_zero",)), inputs)
     assert_same_state(got, want)
 
 

@@ -14,7 +14,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
-from compiler.caller_state import assert_same_state, observe
+from compiler.caller_state import assert_same_state, observe_checked
 from compiler.program_generator import device_for, make_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -164,25 +164,6 @@ def test_random_in_place_program_matches_eager_state(steps, updates, rows, cols,
 # --- generated programs: everything the caller sees, compiled against eager ---------------------------------
 GENERATED = int(os.environ.get("SPYRE_LAB_GENERATED_PROGRAMS", "24"))
 """24 by default (each step and output template at least once, about 30 s); set the variable for a deeper sweep."""
-ALLOWED_WARNINGS = (
-    r"runs on the host",                         # a compiled op lowered to a host fallback
-    r"has no spyre kernel; it runs as a CPU fallback",
-    r"shares that memory; a spyre Program reads its inputs as separate tensors",
-    r"spyre stores torch\.\w+ tensors as float16",
-    r"Graph break",
-)
-
-
-def _observe_checked(fn, make_inputs):
-    """observe() with every warning checked against the kinds a program may give (fallbacks, storage policy)."""
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        state = observe(fn, make_inputs)
-    for w in caught:
-        assert any(re.search(p, str(w.message)) for p in ALLOWED_WARNINGS), f"unexpected warning: {w.message}"
-    return state
-
-
 @pytest.mark.parametrize("index", range(GENERATED))
 def test_generated_program_shows_the_caller_what_eager_shows(index):
     """0-dim constants, zero-size slices, masks and where with scalars, bit ops, updates of (aliased) inputs,
@@ -192,15 +173,15 @@ def test_generated_program_shows_the_caller_what_eager_shows(index):
     fn = case.function()
     eager_error = None
     try:
-        want = _observe_checked(fn, lambda: case.inputs(device))
+        want = observe_checked(fn, lambda: case.inputs(device))
     except Exception as e:                         # spyre eager refuses it: CPU torch is the reference for values
         if device == "cpu":
             raise
         eager_error = e
-        want = _observe_checked(fn, lambda: case.inputs("cpu"))
+        want = observe_checked(fn, lambda: case.inputs("cpu"))
     torch._dynamo.reset()
     try:
-        got = _observe_checked(torch.compile(fn, backend="spyre"), lambda: case.inputs(device))
+        got = observe_checked(torch.compile(fn, backend="spyre"), lambda: case.inputs(device))
     except Exception as e:
         if eager_error is not None and type(e) is type(eager_error) and str(e) == str(eager_error):
             return                                 # compiled refuses it exactly as eager does on the card
