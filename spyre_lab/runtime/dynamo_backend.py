@@ -3,10 +3,13 @@
 ``torch.compile(model, backend="spyre", options={"fusion": []})`` reaches :func:`spyre_backend` through the
 ``torch_dynamo_backends`` entry point. The compiler turns the graph into a Program
 (:func:`~spyre_lab.compiler.backend.compile_graph`, nothing touches data); the :class:`CompiledGraph`
-handed back to Dynamo launches that Program on every call: on spyre tensors through the runtime (bound
-to device memory, JobPlans with program correction, outputs stay on the card), on CPU tensors through the
-compiler's reference interpreter (:func:`~spyre_lab.compiler.executor.execute`). :func:`explain` finds
-the Programs compiled for a model.
+handed back to Dynamo launches that Program on every call: on spyre tensors, or when the graph places values
+on the card itself (``.to("spyre")``, ``device="spyre"``), through the runtime (bound to device memory, JobPlans
+with program correction, outputs stay on the card); otherwise through the compiler's reference interpreter
+(:func:`~spyre_lab.compiler.executor.execute`). What the caller sees besides the numbers -- each output's device,
+outputs that are views of inputs or of each other, fresh tensors for the rest -- follows eager, read from
+Dynamo's example values (:class:`~spyre_lab.compiler.caller_view.CallerView`); a call whose in-place update of
+an input overlaps another input runs the graph op by op. :func:`explain` finds the Programs compiled for a model.
 """
 
 from __future__ import annotations
