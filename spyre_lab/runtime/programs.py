@@ -12,8 +12,9 @@ does with it:
   Compute), a host fallback as D2H -> HostCompute -> H2D,
 * lands the program's in-place updates (``program.mutations``) in the caller's tensors: the JobPlan
   ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.jobplan.WriteBack`),
-* returns the outputs as spyre tensors, each a new tensor of this launch (a constant output is copied: the
-  loaded program keeps its constants, and a caller may write to what it gets back).
+* returns the outputs as spyre tensors: new tensors of this launch, or views of an input the program returns as
+  a view (a constant output is copied: the loaded program keeps its constants, and a caller may write to what it
+  gets back).
 
 :func:`load` makes the runtime's form of a Program once (per timing mode): a :class:`LoadedProgram`
 whose kernels are :class:`CompiledKernel` s. Each device kernel's numerics are the compiler's own
