@@ -165,11 +165,20 @@ def options_from(raw: Mapping[str, Any] | CompileOptions | None) -> CompileOptio
         raise ValueError(f"unknown spyre compile option(s) {sorted(unknown)}; valid: {sorted(fields)}")
     raw = dict(raw)
     if "fusion" in raw:
-        fusion = raw["fusion"]
-        if isinstance(fusion, str):
-            fusion = [fusion]
-        raw["fusion"] = frozenset(FUSION_RULES if fusion is True else () if fusion is False else fusion)
+        raw["fusion"] = _fusion_rules(raw["fusion"])
     return CompileOptions(**raw)
+
+
+def _fusion_rules(fusion: Any) -> frozenset[str]:
+    """``options["fusion"]``: True (every rule), False (none), one rule name, or a collection of rule names."""
+    if fusion is True or fusion is False:
+        return frozenset(FUSION_RULES if fusion else ())
+    if isinstance(fusion, str):
+        fusion = [fusion]
+    if not isinstance(fusion, (list, tuple, set, frozenset)) or not all(isinstance(r, str) for r in fusion):
+        raise TypeError(f"spyre compile option 'fusion' must be True (every rule), False (none), a rule name or a "
+                        f"list of rule names from {list(FUSION_RULES)}; got {fusion!r}")
+    return frozenset(fusion)
 
 
 __all__ = ["compile_graph", "options_from", "to_aten"]

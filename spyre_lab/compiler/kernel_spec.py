@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spyre_lab.compiler.ir import BufferInfo
+from spyre_lab.compiler.layouts import stored_dtype
 from spyre_lab.compiler.scratchpad import LXPlan
 from spyre_lab.compiler.tiling_common import Operand, tile_grid
 from spyre_lab.compiler.work_division import WorkDivision
@@ -172,7 +173,7 @@ class KernelSpec:
         op, buf = self.operands.get(name), self.buffers.get(name)
         if op is None or buf is None or not buf.shape:
             return 0
-        layout = buf.layout if buf.layout is not None else StickLayout.default(buf.shape, buf.dtype)
+        layout = buf.layout if buf.layout is not None else StickLayout.default(buf.shape, stored_dtype(buf.dtype))
         if op.strides:  # read through a view: walk the view's strides, then back to the base buffer's index
             flat = op.offset + sum(min(ranges[a][0], n - 1) * st for a, n, st in zip(op.axes, op.shape, op.strides)
                                    if a is not None and a in ranges)

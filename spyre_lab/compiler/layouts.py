@@ -26,6 +26,12 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.layout import StickLayout
 
 
+def stored_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The element type the card holds a buffer of ``dtype`` in: a float64 value (made and used only by host ops)
+    is stored as fp16, the runtime's storage policy for floating dtypes the card does not compute in."""
+    return torch.float16 if dtype == torch.float64 else dtype
+
+
 @dataclass(frozen=True)
 class Restickify:
     """One layout conflict the pass resolved."""
@@ -45,7 +51,7 @@ def stick_conflict(read: Read, base_shape: tuple[int, ...], dtype: torch.dtype, 
     size, stride = meta.shape[-1], meta.stride()[-1]
     if size == 1 or stride == 0:
         return None
-    eps = cfg.elems_per_stick(dtype)
+    eps = cfg.elems_per_stick(stored_dtype(dtype))
     row = base_shape[-1] if base_shape else 1
     if stride != 1:
         return f"innermost axis has stride {stride} in {read.buffer} (sticked on its last dim)"
@@ -93,7 +99,7 @@ def propagate_layouts(lowered: Lowered, cfg: SpyreConfig) -> list[Restickify]:
         nodes.append(node)
     graph.nodes = _restickify_early(nodes)
     for buf in buffers.values():
-        buf.layout = StickLayout.default(buf.shape, buf.dtype)
+        buf.layout = StickLayout.default(buf.shape, stored_dtype(buf.dtype))
     return events
 
 

@@ -250,6 +250,12 @@ class _Lowerer:
             return self._shape_only(node, target, args, kwargs)
         if isinstance(val, torch.Tensor):
             self._check_static(node.name, val)
+        if packet not in VIEW_OPS and packet not in SPLIT_OPS:
+            empty = self._zero_size(node, target, args, kwargs, val)
+            if empty is not None:
+                return empty
+        if packet not in VIEW_OPS and packet not in SPLIT_OPS and _touches_host_only_dtype(val, leaves):
+            return self._fallback(node, target, packet, args, kwargs, HOST_ONLY_DTYPE_REASON)
         if packet in VIEW_OPS:
             return self._view(target, args, kwargs)
         if packet in SPLIT_OPS:
@@ -258,12 +264,35 @@ class _Lowerer:
             return self._softmax(node, args)
         if packet in MATMUL_OPS:
             return self._matmul(node, packet, args, kwargs)
+        if packet == "cat":
+            args = (self._without_empty_pieces(args[0], val), *args[1:])
         if packet in DEVICE_POINTWISE and isinstance(val, torch.Tensor):
             return self._pointwise(node, target, DEVICE_POINTWISE[packet], args, kwargs)
         if packet in DEVICE_REDUCTIONS:
             return self._reduction(node, target, packet, args, kwargs)
         reason = HOST_ONLY_REASON.get(packet, "no Spyre lowering for this op")
         return self._fallback(node, target, packet, args, kwargs, reason)
+
+    @staticmethod
+    def _zero_size(node: fx.Node, target, args, kwargs, val) -> torch.Tensor | None:
+        """A result with no elements, or one computed from inputs with no elements (``x[:, 4:] + 1``, a model's
+        empty rotary slice), holds nothing that depends on data: it folds to a constant at compile time, as
+        a device kernel over an empty iteration space would do no work."""
+        if isinstance(val, torch.Tensor) and val.numel() == 0:
+            return torch.empty(tuple(val.shape), dtype=val.dtype)
+        reads = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, Read)]
+        if not reads or any(r.meta.numel() for r in reads) or torch.Tag.nondeterministic_seeded in target.tags:
+            return None
+        a, k = tree_map(lambda v: torch.empty(tuple(v.meta.shape), dtype=v.meta.dtype) if isinstance(v, Read)
+                        else v, (args, kwargs))
+        return target(*a, **k)                 # e.g. the sum over an empty dim: zeros
+
+    @staticmethod
+    def _without_empty_pieces(pieces, val) -> list:
+        """cat's pieces without those that hold no elements (they add nothing; a kernel cannot tile them)."""
+        kept = [p for p in pieces if not (isinstance(p, (Read, torch.Tensor)) and _numel(p) == 0
+                                          and _dtype(p) == val.dtype)]
+        return kept or list(pieces[:1])
 
     def _shape_only(self, node: fx.Node, target, args, kwargs) -> Read:
         val = node.meta["val"]
@@ -287,8 +316,21 @@ class _Lowerer:
         if target.overloadpacket is aten.reshape:
             target = aten.view.default
         op = target
-        meta = op(src.meta, *rest)
+        try:
+            meta = op(src.meta, *rest)
+        except RuntimeError:
+            if op not in (aten.view.default, aten._unsafe_view.default):
+                raise
+            # Eager kept a layout the device buffers do not (``x.t().add_(1)`` leaves eager's sum transposed in
+            # memory, so flattening it is a view there): copy to a contiguous buffer, then view that.
+            src = self._contiguous_copy(src)
+            meta = op(src.meta, *rest)
         return Read(src.buffer, (*src.steps, (op, rest)), meta)
+
+    def _contiguous_copy(self, src: Read) -> Read:
+        val = torch.empty(tuple(src.meta.shape), dtype=src.meta.dtype, device="meta")
+        fake = _FakeNode(f"{src.buffer}_contiguous", val)
+        return self._pointwise(fake, aten.clone.default, "copy", (src,), {"memory_format": torch.contiguous_format})
 
     def _split(self, packet: str, args, kwargs) -> list[Read]:
         """split / split_with_sizes / unbind return views, so each piece is a slice (or select) read of the
@@ -316,10 +358,12 @@ class _Lowerer:
             if (floating_operand and isinstance(a, torch.Tensor) and not isinstance(a, Read) and a.dim() == 0
                     and a.dtype.is_floating_point and a.device.type == "cpu"):
                 # A 0-dim float constant next to a floating device operand (``x * 0.177`` reaches a one-op
-                # compile as mul(x, tensor(0.177))): an immediate operand of the kernel, as a Python number
-                # is. Same result dtype (the dimensioned operand's wins) and the same value the CPU uses; a
-                # constant buffer would round it to the card's fp16 first.
-                return a.item()
+                # compile as mul(x, tensor(0.177)); triu, nan_to_num and ``x[mask] = 0.0`` make them too): an
+                # immediate operand of the kernel. It stays a 0-dim host tensor, not a Python number, because
+                # ops such as where, maximum and index_put take a Tensor there; CPU kernels read a 0-dim host
+                # operand at full precision, as they read a Python number, and the dimensioned operand sets the
+                # result dtype either way. A constant buffer would round it to the card's fp16 first.
+                return a
             if isinstance(a, torch.Tensor) and a.dim() == 0 and a.numel() == 1 and not isinstance(a, Read):
                 reads.append(self._constant_buffer(a, f"{hint}_{len(reads)}"))
                 return _Slot(len(reads) - 1)
@@ -491,6 +535,25 @@ class _Lowerer:
             results.append(self._emit(Fallback, name, packet, reads, out.shape, out.dtype, pick, {},
                                       (None,) * out.dim(), reason=reason))
         return results[0] if len(outs) == 1 else tuple(results)
+
+
+HOST_ONLY_DTYPES = (torch.float64,)
+"""Dtypes the card has no format for: a float64 tensor on spyre is held as fp16 (the runtime's storage policy), and
+float64 arithmetic runs on the host."""
+HOST_ONLY_DTYPE_REASON = "the card has no float64 format: float64 arithmetic runs on the host"
+
+
+def _touches_host_only_dtype(val: object, leaves: Sequence[object]) -> bool:
+    values = [*(val if isinstance(val, (tuple, list)) else (val,)), *leaves]
+    return any(_dtype(v) in HOST_ONLY_DTYPES for v in values if isinstance(v, (Read, torch.Tensor)))
+
+
+def _numel(value: Read | torch.Tensor) -> int:
+    return value.meta.numel() if isinstance(value, Read) else value.numel()
+
+
+def _dtype(value: Read | torch.Tensor) -> torch.dtype:
+    return value.meta.dtype if isinstance(value, Read) else value.dtype
 
 
 @dataclass

@@ -44,6 +44,14 @@ class CompileOptions:
     max_bundle_tensors: int = 6
 
     def __post_init__(self) -> None:
+        if isinstance(self.fusion, str) or not isinstance(self.fusion, (set, frozenset, list, tuple)):
+            raise TypeError(f"fusion must be a set of rule names from {list(FUSION_RULES)}, got {self.fusion!r}")
+        for name in ("double_buffer", "k_fast_placement", "uneven_splits", "lx_pin_reductions", "lx_in_place",
+                     "lx_clone_inputs"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if isinstance(self.max_bundle_tensors, bool) or not isinstance(self.max_bundle_tensors, int):
+            raise TypeError(f"max_bundle_tensors must be an int (at least 2), got {self.max_bundle_tensors!r}")
         unknown = set(self.fusion) - set(FUSION_RULES)
         if unknown:
             raise ValueError(f"unknown fusion rule(s) {sorted(unknown)}; rules are {list(FUSION_RULES)}")

@@ -65,6 +65,12 @@ def _epilogue_inputs(mk: MatmulKernel) -> list[str]:
     return seen
 
 
+def _epilogue_slot(mk: MatmulKernel, buffer: str) -> str:
+    """The LX name of an epilogue input's output-shaped tile. An input the matmul also reads as A or B
+    (``(h @ x.t()) @ x + x``) has its A/B tile under its own name already: the epilogue's tile is another one."""
+    return f"{buffer}@out" if buffer in (mk.a, mk.b) else buffer
+
+
 def _epilogue_in_place(mk: MatmulKernel, n: IRNode) -> bool:
     """May epilogue node ``n`` write into its first input's tile? (the accumulator or an earlier epilogue
     result of the same shape, which nothing after ``n`` reads and which is not stored)"""
@@ -88,7 +94,8 @@ def matmul_lx_buffers(mk: MatmulKernel, tm: int, tn: int, tk: int, cfg: SpyreCon
     if k_split:
         bufs.append(LXBuffer("psum_in", tm * tn * ACC_BYTES, 0, 1))
     for b in _epilogue_inputs(mk):
-        bufs += [LXBuffer(f"{b}[{c}]", mk.operands[b].tile_bytes(ext, cfg.stick_bytes), 0, 1) for c in range(copies)]
+        bufs += [LXBuffer(f"{_epilogue_slot(mk, b)}[{c}]", mk.operands[b].tile_bytes(ext, cfg.stick_bytes), 0, 1)
+                 for c in range(copies)]
     for n in mk.epilogue:
         if not _epilogue_in_place(mk, n):
             bufs += [LXBuffer(f"{n.output}[{c}]", mk.operands[n.output].tile_bytes(ext, cfg.stick_bytes), 0, 1)
@@ -222,7 +229,7 @@ def _epilogue_and_store(mk: MatmulKernel, p: CoreProgram, owner: int, last: int,
     produced, owners = {mk.mm_out: last}, {mk.mm_out: owner}
     ext = {"B": 1, "M": rm, "N": rn}
     for b in ext_in:
-        op = p.load(f"{b}[{t % 2}]", mk.operands[b].tile_bytes(ext, sb), deps=[owner],
+        op = p.load(f"{_epilogue_slot(mk, b)}[{t % 2}]", mk.operands[b].tile_bytes(ext, sb), deps=[owner],
                     name=f"load {b} b{bi} m{mi} n{ni}", share=mk.shares.get(b, 1))
         produced[b] = owners[b] = op
     for n in mk.epilogue:

@@ -81,6 +81,8 @@ def split_counts(n: int, limit: int, uneven: bool) -> list[int]:
 def _largest_split(n: int, limit: int, uneven: bool) -> int:
     """Even: the largest divisor <= limit. Uneven: the fewest slices whose chunk is as small as ``limit``
     cores allow (``ceil(n / ceil(n / limit))``), so no core carries more than it must."""
+    if n <= 0:
+        return 1                                  # an empty dim: nothing to split
     if not uneven:
         return _largest_divisor_at_most(n, limit)
     return math.ceil(n / math.ceil(n / max(1, min(limit, n))))

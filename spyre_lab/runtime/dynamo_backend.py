@@ -3,14 +3,18 @@
 ``torch.compile(model, backend="spyre", options={"fusion": []})`` reaches :func:`spyre_backend` through the
 ``torch_dynamo_backends`` entry point. The compiler turns the graph into a Program
 (:func:`~spyre_lab.compiler.backend.compile_graph`, nothing touches data); the :class:`CompiledGraph`
-handed back to Dynamo launches that Program on every call: on spyre tensors through the runtime (bound
-to device memory, JobPlans with program correction, outputs stay on the card), on CPU tensors through the
-compiler's reference interpreter (:func:`~spyre_lab.compiler.executor.execute`). :func:`explain` finds
-the Programs compiled for a model.
+handed back to Dynamo launches that Program on every call: on spyre tensors, or when the graph places values
+on the card itself (``.to("spyre")``, ``device="spyre"``), through the runtime (bound to device memory, JobPlans
+with program correction, outputs stay on the card); otherwise through the compiler's reference interpreter
+(:func:`~spyre_lab.compiler.executor.execute`). What the caller sees besides the numbers -- each output's device,
+outputs that are views of inputs or of each other, fresh tensors for the rest -- follows eager, read from
+Dynamo's example values (:class:`~spyre_lab.compiler.caller_view.CallerView`); a call whose in-place update of
+an input overlaps another input runs the graph op by op. :func:`explain` finds the Programs compiled for a model.
 """
 
 from __future__ import annotations
 
+import copy
 import warnings
 import weakref
 from collections.abc import Sequence
@@ -21,12 +25,14 @@ import torch.fx as fx
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.backend import compile_graph, options_from
+from spyre_lab.compiler.caller_view import CallerView
 from spyre_lab.compiler.executor import ExecutionResult, execute
 from spyre_lab.compiler.explain import Explanation
 from spyre_lab.compiler.explain import explain as explain_programs
 from spyre_lab.compiler.lowering import LoweringError
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.program import Program
+from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.runtime.programs import run_program
 
@@ -52,6 +58,11 @@ class CompiledGraph:
         self._out_kinds = ["const" if not isinstance(leaf, fx.Node) else "tensor" if _is_tensor(leaf) else "host"
                            for leaf in self.out_leaves]
         self.host_values = _host_value_graph(gm, self.out_leaves)   # SymInt outputs: sizes, not device data
+        # devices and aliasing the caller sees, read before compiling (tracing rewrites the graph's device literals)
+        self.view = CallerView(gm, [leaf for leaf, kind in zip(self.out_leaves, self._out_kinds) if kind == "tensor"])
+        self.eager_graph = fx.GraphModule(gm, copy.deepcopy(gm.graph))   # run op by op when a Program cannot be
+        self._warned_aliasing = False
+        self._shared: dict[int, frozenset[int]] = {}
         if all(isinstance(x, torch.Tensor) for x in example_inputs):
             self.program = compile_graph(gm, example_inputs, options, cfg)
         _REGISTRY.append(self)
@@ -68,6 +79,22 @@ class CompiledGraph:
         self.programs[program.cache_key] = program
         return program
 
+    def _aliased_update(self, program: Program, tensors: list[torch.Tensor]) -> bool:
+        """Does the program update an input in place that shares memory with another input? A Program traced on
+        separate inputs would then read the other input's old values (``f(d, d[1])`` after ``a.mul_(2)``)."""
+        updated = sorted({program.inputs.index(name) for name, _ in program.mutations})
+        clash = self.view.aliased_update(updated, tensors)
+        if clash is None:
+            return False
+        if not self._warned_aliasing:
+            self._warned_aliasing = True
+            warn_at_user_line(
+                f"spyre: the compiled function updates its tensor argument {clash[0]} in place while argument "
+                f"{clash[1]} shares that memory; a spyre Program reads its inputs as separate tensors, so calls "
+                "like this one run op by op (eager), where every read sees the update. Pass separate tensors "
+                "(.clone() one of them) to run the compiled Program")
+        return True
+
     def all_programs(self) -> list[Program]:
         return ([self.program] if self.program is not None else []) + list(self.programs.values())
 
@@ -75,19 +102,36 @@ class CompiledGraph:
         global _last_result
         program = self.program_for(args)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
-        if any(t.device.type == "spyre" for t in tensors):
-            # on the card: the runtime binds the Program to DRAM buffers and launches each kernel as a
-            # JobPlan (program correction -> H2D of the blob -> Compute); outputs stay on the device
+        if program.mutations and self._aliased_update(program, tensors):
+            return self.eager_graph(*args)
+        if self.view.on_card or any(t.device.type == "spyre" for t in tensors):
+            # on the card (spyre inputs, or a graph that places values there: .to("spyre"), device="spyre"):
+            # the runtime copies host inputs over, binds the Program to DRAM buffers and launches each kernel
+            # as a JobPlan (program correction -> H2D of the blob -> Compute); outputs stay on the device
             outputs = run_program(program, tensors, mode=self.options.timing)
+            suspects = self._shared.get(id(program))
+            if suspects is None:                             # worked out once per Program (kept alive by self)
+                suspects = self._shared[id(program)] = _shared_outputs(program)
         else:
             result = execute(program, tensors, mode=self.options.timing)
             self.last_result = _last_result = result
-            outputs = result.outputs
-        produced = iter(outputs)
+            outputs, suspects = result.outputs, ()          # the interpreter hands out copies
+        produced = iter(self.view.finish(outputs, tensors, suspects))
         values = iter(self.host_values(*args) if self.host_values is not None else ())
         leaves = [leaf if kind == "const" else next(produced) if kind == "tensor" else next(values)
                   for leaf, kind in zip(self.out_leaves, self._out_kinds)]
         return tree_unflatten(leaves, self.out_spec)
+
+
+def _shared_outputs(program: Program) -> frozenset[int]:
+    """Outputs the runtime may hand back in memory the caller already holds: a view of an input buffer, or a
+    buffer an earlier output returned too (constants are copied by ``run_program``)."""
+    inputs, seen, shared = set(program.inputs), set(), set()
+    for k, read in enumerate(program.outputs):
+        if read.buffer in inputs or read.buffer in seen:
+            shared.add(k)
+        seen.add(read.buffer)
+    return frozenset(shared)
 
 
 def _is_tensor(node: fx.Node) -> bool:

@@ -12,7 +12,9 @@ does with it:
   Compute), a host fallback as D2H -> HostCompute -> H2D,
 * lands the program's in-place updates (``program.mutations``) in the caller's tensors: the JobPlan
   ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.jobplan.WriteBack`),
-* returns the outputs as spyre tensors.
+* returns the outputs as spyre tensors: new tensors of this launch, or views of an input the program returns as
+  a view (a constant output is copied: the loaded program keeps its constants, and a caller may write to what it
+  gets back).
 
 :func:`load` makes the runtime's form of a Program once (per timing mode): a :class:`LoadedProgram`
 whose kernels are :class:`CompiledKernel` s. Each device kernel's numerics are the compiler's own
@@ -259,6 +261,8 @@ def run_program(program: Program, inputs: Sequence[torch.Tensor], *, outputs: Se
             results.append(bound[read.buffer])
             continue
         value = bound[read.buffer] if read.is_identity else read.apply(bound[read.buffer])
+        if read.buffer in program.constants and target is None:
+            value = value.clone()                # the loaded program keeps its constants: the caller gets a copy
         if target is not None:
             target.copy_(value)
             value = target

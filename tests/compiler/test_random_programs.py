@@ -1,12 +1,21 @@
-"""Random chains of supported ops at random shapes (most not multiples of a 64-element stick): compiled == eager."""
+"""Random programs: compiled == eager.
+
+Random chains of supported ops at random shapes (most not multiples of a 64-element stick); random in-place
+updates of inputs and buffers; and generated programs (:mod:`program_generator`) compared on everything the caller
+sees (:mod:`caller_state`), not only the values.
+"""
 
 from __future__ import annotations
 
+import os
 import re
 import warnings
 
+import pytest
 import torch
 import torch.nn.functional as F
+from compiler.caller_state import assert_same_state, observe_checked
+from compiler.program_generator import device_for, make_case
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -150,3 +159,34 @@ def test_random_in_place_program_matches_eager_state(steps, updates, rows, cols,
         scale = max(1.0, want.abs().max().item())
         torch.testing.assert_close(got.cpu().float(), want, atol=3e-2 * scale, rtol=3e-2,
                                    msg=lambda m, w=what: f"{w}: {m}")
+
+
+# --- generated programs: everything the caller sees, compiled against eager ---------------------------------
+GENERATED = int(os.environ.get("SPYRE_LAB_GENERATED_PROGRAMS", "24"))
+"""24 by default (each step and output template at least once, about 30 s); set the variable for a deeper sweep."""
+@pytest.mark.parametrize("index", range(GENERATED))
+def test_generated_program_shows_the_caller_what_eager_shows(index):
+    """0-dim constants, zero-size slices, masks and where with scalars, bit ops, updates of (aliased) inputs,
+    views of them, returned constants the caller writes to, .to()/.cpu()/factories with a device: compiled on
+    ``device``'s inputs, the caller sees eager's values, devices, dtypes, identities, input updates and aliasing."""
+    case, device = make_case(index), device_for(index)
+    fn = case.function()
+    eager_error = None
+    try:
+        want = observe_checked(fn, lambda: case.inputs(device))
+    except Exception as e:                         # spyre eager refuses it: CPU torch is the reference for values
+        if device == "cpu":
+            raise
+        eager_error = e
+        want = observe_checked(fn, lambda: case.inputs("cpu"))
+    torch._dynamo.reset()
+    try:
+        got = observe_checked(torch.compile(fn, backend="spyre"), lambda: case.inputs(device))
+    except Exception as e:
+        if eager_error is not None and type(e) is type(eager_error) and str(e) == str(eager_error):
+            return                                 # compiled refuses it exactly as eager does on the card
+        raise AssertionError(f"program {index} on {device} (y aliases x: {case.aliased}):\n{case.source}") from e
+    try:
+        assert_same_state(got, want, devices=eager_error is None)
+    except AssertionError as e:
+        raise AssertionError(f"program {index} on {device} (y aliases x: {case.aliased}):\n{case.source}") from e
