@@ -24,21 +24,23 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+PIN_BROWSER = False   # --pin-browser: the browser shares the loaded core too (a slow learner laptop)
 sys.path.insert(0, str(ROOT / "tests" / "browser"))
 
 import labdriver  # noqa: E402
 
 
 def _shutdown_kernels(url: str) -> None:
-    with urllib.request.urlopen(f"{url}/api/kernels", timeout=10) as response:
-        kernels = json.loads(response.read())
-    for kernel in kernels:
-        request = urllib.request.Request(f"{url}/api/kernels/{kernel['id']}", method="DELETE")
-        urllib.request.urlopen(request, timeout=30).close()
+    """Every kernel and session stopped, so the next pass starts a fresh kernel."""
+    for what in ("sessions", "kernels"):
+        with urllib.request.urlopen(f"{url}/api/{what}", timeout=30) as response:
+            for item in json.loads(response.read()):
+                request = urllib.request.Request(f"{url}/api/{what}/{item['id']}", method="DELETE")
+                urllib.request.urlopen(request, timeout=60).close()
 
 
 def one_pass(playwright, url: str, name: str, core: int | None) -> dict:
-    browser = labdriver.launch(playwright, core)
+    browser = labdriver.launch(playwright, core if PIN_BROWSER else None)
     page = browser.new_page(viewport={"width": 1400, "height": 1800})
     page.set_default_timeout(300_000)
     failures = []
@@ -64,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=5)
     parser.add_argument("--core", type=int, default=0, help="the core the kernel, the browser and the hog share")
     parser.add_argument("--no-load", action="store_true", help="no CPU hog and no pinning")
+    parser.add_argument("--pin-browser", action="store_true", help="pin the browser to the loaded core as well")
     parser.add_argument("--json", type=Path, help="also write every pass's details here")
     parser.add_argument("--source", type=Path, default=ROOT, help="the checkout whose spyre_lab the kernels import")
     args = parser.parse_args(argv)
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     paths = [Path(p).resolve() for p in args.paths] or sorted((ROOT / "tutorials").glob("*.ipynb")) + \
         sorted((ROOT / "notebooks").glob("*.ipynb"))
     core = None if args.no_load else args.core
+    global PIN_BROWSER
+    PIN_BROWSER = args.pin_browser
     from playwright.sync_api import sync_playwright
 
     results: dict[str, list[dict]] = {}
@@ -80,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         root, home = Path(tmp) / "root", Path(tmp) / "home"
         root.mkdir()
         names = labdriver.copy_notebooks(paths, root)
-        with labdriver.jupyterlab(root, home, core, args.source.resolve()) as url, labdriver.cpu_hog(core), sync_playwright() as p:
+        lab = labdriver.jupyterlab(root, home, core, args.source.resolve())
+        with lab as url, labdriver.cpu_hog(core), sync_playwright() as p:
             for name in names:
                 results[name] = []
                 for n in range(args.passes):

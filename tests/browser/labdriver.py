@@ -114,7 +114,8 @@ def jupyterlab(root: Path, home: Path, core: int | None = None, source: Path | N
     log = log_path.open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ServerApp.token=",
-         "--ServerApp.password=", "--ServerApp.ip=127.0.0.1", "--allow-root", f"--ServerApp.root_dir={root}"],
+         "--ServerApp.password=", "--ServerApp.disable_check_xsrf=True", "--ServerApp.ip=127.0.0.1", "--allow-root",
+         f"--ServerApp.root_dir={root}"],
         env=env, stdout=log, stderr=subprocess.STDOUT, preexec_fn=_pinned(core))
     url = f"http://127.0.0.1:{port}"
     try:
@@ -152,7 +153,7 @@ def copy_notebooks(paths: list[Path], root: Path) -> list[str]:
 
 
 def launch(playwright, core: int | None = None):
-    """Headless Chromium (pinned to ``core`` when given: the browser shares the loaded core too)."""
+    """Headless Chromium (pinned to ``core`` when given, to share the loaded core too)."""
     args = list(FLAGS)
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args)
     if core is not None:
