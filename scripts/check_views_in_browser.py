@@ -73,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     reason = labdriver.missing()
     if reason:
         raise SystemExit(reason)
-    paths = [Path(p).resolve() for p in args.paths] or sorted((ROOT / "tutorials").glob("*.ipynb")) + \
-        sorted((ROOT / "notebooks").glob("*.ipynb"))
+    given = [Path(p).resolve() for p in args.paths] or [ROOT / "tutorials", ROOT / "notebooks"]
+    paths = [n for p in given for n in (sorted(p.glob("*.ipynb")) if p.is_dir() else [p])]
     core = None if args.no_load else args.core
     global PIN_BROWSER
     PIN_BROWSER = args.pin_browser

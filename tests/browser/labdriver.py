@@ -34,22 +34,60 @@ VIEWS_JS = """() => {
   return all.filter(b => !all.some(o => o !== b && o.contains(b)));
 }"""
 
-# what a plot holds as the browser draws it: per trace the type, name and data arrays; the title, notes and shapes
+# what a plot holds as the browser draws it: per trace its type, name and, per data array, [length, sum of its
+# numbers, nulls, total length of its strings, its first three strings]; the title, notes and shapes. The browser
+# test's notebook prints the same summary of the kernel's figure (tests/browser/all_views.ipynb, last cell).
 DIGEST_JS = """(gd) => {
   if (!gd || !gd.data) return null;
-  const plain = v => (v == null ? null : (ArrayBuffer.isView(v) ? Array.from(v)
-                      : (Array.isArray(v) ? v.map(plain) : v)));
-  const keys = ['x', 'y', 'z', 'base', 'text'];
+  const summary = values => {
+    const flat = [], todo = [values];
+    while (todo.length) { const v = todo.shift();
+      if (Array.isArray(v) || ArrayBuffer.isView(v)) todo.unshift(...Array.from(v)); else flat.push(v); }
+    const strings = flat.filter(v => typeof v === 'string');
+    return [flat.length, flat.filter(v => typeof v === 'number').reduce((a, b) => a + b, 0),
+            flat.filter(v => v === null || v === undefined).length, strings.reduce((a, s) => a + s.length, 0),
+            strings.slice(0, 3)];
+  };
+  const isArray = v => Array.isArray(v) || ArrayBuffer.isView(v);
   return {
     data: gd.data.map(t => { const o = {type: t.type || 'scatter', name: t.name == null ? null : t.name};
-                             for (const k of keys) if (t[k] !== undefined) o[k] = plain(t[k]);
-                             if (t.marker && t.marker.color !== undefined) o.color = plain(t.marker.color);
+                             for (const k of ['x', 'y', 'z', 'base', 'text']) if (isArray(t[k])) o[k] = summary(t[k]);
+                             if (t.marker && isArray(t.marker.color)) o.color = summary(t.marker.color);
                              return o; }),
-    title: gd.layout.title ? (gd.layout.title.text == null ? gd.layout.title : gd.layout.title.text) : null,
-    annotations: (gd.layout.annotations || []).map(a => a.text),
-    shapes: (gd.layout.shapes || []).map(s => [s.x0, s.x1, s.y0, s.y1]),
+    title: gd.layout.title == null ? null : (typeof gd.layout.title === 'string' ? gd.layout.title
+                                             : (gd.layout.title.text == null ? null : gd.layout.title.text)),
+    annotations: (gd.layout.annotations || []).map(a => a.text == null ? null : a.text),
+    shapes: (gd.layout.shapes || []).map(s => [s.x0, s.x1, s.y0, s.y1].map(v => v === undefined ? null : v)),
   };
 }"""
+
+
+def same_figure(kernel: dict[str, Any], browser: dict[str, Any] | None) -> list[str]:
+    """Where the browser's drawing differs from the kernel's figure (both as summarised above); empty if none."""
+    import math
+
+    if browser is None:
+        return ["no plot drawn"]
+    diffs = []
+
+    def close(a: Any, b: Any) -> bool:
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+            return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9)
+        if isinstance(a, list) and isinstance(b, list):
+            return len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
+        if isinstance(a, dict) and isinstance(b, dict):
+            return a.keys() == b.keys() and all(close(a[k], b[k]) for k in a)
+        return a == b
+
+    if len(kernel["data"]) != len(browser["data"]):
+        diffs.append(f"{len(kernel['data'])} traces in the kernel, {len(browser['data'])} drawn")
+    for n, (k, b) in enumerate(zip(kernel["data"], browser["data"])):
+        if not close(k, b):
+            diffs.append(f"trace {n} ({k.get('name')}): kernel {k} / browser {b}"[:600])
+    for key in ("title", "annotations", "shapes"):
+        if not close(kernel[key], browser[key]):
+            diffs.append(f"{key}: kernel {kernel[key]} / browser {browser[key]}"[:600])
+    return diffs
 
 
 def missing() -> str | None:
