@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -70,6 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write every pass's details here")
     parser.add_argument("--source", type=Path, default=ROOT, help="the checkout whose spyre_lab the kernels import")
     args = parser.parse_args(argv)
+    # a timeout's SIGTERM still stops the hog, the server and the browser this script started
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     reason = labdriver.missing()
     if reason:
         raise SystemExit(reason)

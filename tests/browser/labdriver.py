@@ -227,31 +227,63 @@ def kernel_idle(page, timeout_ms: int = 300_000) -> None:
         " return e && e.getAttribute('data-status') === 'idle'; }", timeout=timeout_ms)
 
 
-def open_notebook(page, url: str, name: str) -> None:
+def open_notebook(page, url: str, name: str, timeout_s: float = 300) -> None:
+    """Open a notebook and wait for its kernel to be idle, accepting a kernel dialog whenever it shows."""
     page.goto(f"{url}/lab/tree/{name}")
-    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=180_000)
-    # a fresh server may ask which kernel to use; the idle indicator does not show that it is waiting
-    with contextlib.suppress(Exception):
-        page.wait_for_selector(".jp-Dialog .jp-mod-accept", timeout=8_000)
-        page.click(".jp-Dialog .jp-mod-accept")
-    kernel_idle(page, 180_000)
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=timeout_s * 1000)
+    start = time.monotonic()
+    while True:
+        accept_dialog(page)
+        with contextlib.suppress(Exception):
+            kernel_idle(page, 5_000)
+            if not accept_dialog(page):
+                return
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"the kernel of {name} was not idle after {timeout_s:.0f} s")
 
 
 def prompts(page) -> list[str]:
     return page.eval_on_selector_all(".jp-CodeCell .jp-InputPrompt", "els => els.map(e => e.textContent.trim())")
 
 
+def accept_dialog(page) -> bool:
+    """Accept a dialog JupyterLab put up (a fresh server may ask which kernel to use, late on a loaded machine)."""
+    button = page.query_selector(".jp-Dialog .jp-mod-accept")
+    if button is None:
+        return False
+    with contextlib.suppress(Exception):
+        button.click(timeout=10_000)
+    return True
+
+
+DONE_JS = """() => {
+  if (document.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")) return 'error';
+  const ps = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')).map(e => e.textContent.trim());
+  const idle = (document.querySelector('.jp-Notebook-ExecutionIndicator') || {getAttribute: () => ''})
+               .getAttribute('data-status') === 'idle';
+  return ps.length && ps.every(p => /^\\[\\d+\\]:?$/.test(p)) && idle ? 'done' : '';
+}"""
+
+
 def run_all(page, timeout_s: float = 900) -> float:
-    """Run > Run All Cells, then wait until every cell has run and the kernel is idle; return the wall time."""
+    """Run > Run All Cells, then wait until every cell has run and the kernel is idle (or a cell failed: Run All
+    stops there); return the wall time."""
     start = time.monotonic()
+    accept_dialog(page)
     page.get_by_role("menuitem", name="Run", exact=True).click()
     page.get_by_text("Run All Cells", exact=True).click()
-    page.wait_for_function(
-        "() => { const ps = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt'))"
-        ".map(e => e.textContent.trim());"
-        " return ps.length && ps.every(p => /^\\[\\d+\\]:?$/.test(p)); }", timeout=timeout_s * 1000)
-    kernel_idle(page, int(timeout_s * 1000))
-    return time.monotonic() - start
+    while True:
+        state = ""
+        with contextlib.suppress(Exception):   # a poll: returns as soon as the notebook is done, or after 5 s
+            state = page.wait_for_function(DONE_JS, timeout=5_000).json_value()
+        if state == "error":
+            error = page.query_selector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
+            raise AssertionError(f"a cell failed during Run All:\n{error.inner_text()[-3000:]}")
+        if state == "done":
+            return time.monotonic() - start
+        accept_dialog(page)
+        if time.monotonic() - start > timeout_s:
+            raise TimeoutError(f"Run All did not finish in {timeout_s:.0f} s; prompts: {prompts(page)}")
 
 
 def view_count(page) -> int:
