@@ -222,9 +222,13 @@ def _ancestors(pid: int) -> list[int]:
 
 
 def kernel_idle(page, timeout_ms: int = 300_000) -> None:
+    """The notebook's kernel is connected (not "No Kernel", which also reads idle) and idle."""
     page.wait_for_function(
         "() => { const e = document.querySelector('.jp-Notebook-ExecutionIndicator');"
-        " return e && e.getAttribute('data-status') === 'idle'; }", timeout=timeout_ms)
+        " const name = document.querySelector('.jp-KernelName');"
+        " const cell = document.querySelector('.jp-Notebook .jp-Cell');"
+        " return e && e.getAttribute('data-status') === 'idle' && name && !/No Kernel/i.test(name.textContent)"
+        " && cell && cell.offsetParent !== null; }", timeout=timeout_ms)
 
 
 def open_notebook(page, url: str, name: str, timeout_s: float = 300) -> None:
@@ -260,7 +264,7 @@ DONE_JS = """() => {
   if (document.querySelector(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")) return 'error';
   const ps = Array.from(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')).map(e => e.textContent.trim());
   const idle = (document.querySelector('.jp-Notebook-ExecutionIndicator') || {getAttribute: () => ''})
-               .getAttribute('data-status') === 'idle';
+               .getAttribute('data-status') === 'idle' && !document.querySelector('.jp-Dialog');
   return ps.length && ps.every(p => /^\\[\\d+\\]:?$/.test(p)) && idle ? 'done' : '';
 }"""
 
