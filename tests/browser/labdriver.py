@@ -345,10 +345,12 @@ CONTROLS_JS = f"""i => {{
   row.querySelectorAll('.widget-play').forEach((e, k) => out.push(['play', 'play', k]));
   const label = (e, d) => (e.querySelector('.widget-label') || {{}}).innerText || d;
   row.querySelectorAll('.widget-slider, .widget-hslider').forEach((e, k) => {{
-      if (e.querySelector('.noUi-handle')) out.push(['slider', label(e, 'slider'), k]); }});
+      if (e.querySelector('.noUi-handle') && !e.querySelector('[disabled]'))
+        out.push(['slider', label(e, 'slider'), k]); }});
   row.querySelectorAll('.widget-dropdown').forEach((e, k) => {{ const s = e.querySelector('select');
-      if (s && s.options.length > 1) out.push(['dropdown', label(e, 'dropdown'), k]); }});
-  row.querySelectorAll('.widget-toggle-buttons').forEach((e, k) => out.push(['toggles', label(e, 'toggle'), k]));
+      if (s && !s.disabled && s.options.length > 1) out.push(['dropdown', label(e, 'dropdown'), k]); }});
+  row.querySelectorAll('.widget-toggle-buttons').forEach((e, k) => {{
+      if (e.querySelector('button:not(.mod-active):not([disabled])')) out.push(['toggles', label(e, 'toggle'), k]); }});
   row.querySelectorAll(':scope > .widget-toggle-button').forEach((e, k) => out.push(['toggle', e.innerText.trim(), k]));
   row.querySelectorAll('.widget-checkbox').forEach((e, k) => out.push(['checkbox', e.innerText.trim(), k]));
   return out;
@@ -371,7 +373,7 @@ def _act(page, index: int, kind: str, k: int) -> None:
         select.select_option(index=(current + 1) % count)
     elif kind == "toggles":
         group = box.query_selector_all(".widget-toggle-buttons")[k]
-        group.query_selector("button:not(.mod-active)").click()
+        group.query_selector("button:not(.mod-active):not([disabled])").click()
     elif kind == "toggle":
         box.query_selector_all(":scope > .widget-toggle-button")[k].click()
     elif kind == "checkbox":
