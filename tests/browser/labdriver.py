@@ -328,8 +328,9 @@ class ViewReport:
 
     @property
     def frozen(self) -> bool:
-        """The caption followed a control and the plot did not."""
-        return any(m.caption_changed and not m.figure_changed for m in self.moves)
+        """The caption followed the controls and the plot never did (a control may leave a plot as it was, e.g. an
+        LX size a small model never fills; a frozen plot follows none)."""
+        return any(m.caption_changed for m in self.moves) and not self.moved
 
     @property
     def moved(self) -> bool:
