@@ -1,8 +1,9 @@
 """Measure what a learner meets: Run All in JupyterLab on a loaded core, then every control of every view moved.
 
 For each notebook, ``--passes`` times (default 5): a fresh kernel, Run > Run All Cells with a CPU hog pinned to the
-kernel's core (the browser shares it too), then each control of each view moved once. A view is *frozen* in a pass
-when a control changed its caption and its plot stayed as it was; *moved* when a control changed its plot. Prints a
+kernel's core (``--pin-browser``: the browser shares it too), then each control of each view moved once. A view is
+*moved* in a pass when a control changed its plot; *frozen* when its caption followed the controls and its plot
+followed none of them (the symptom of a plot that stopped receiving the kernel's updates). Prints a
 table per notebook: views, views moved / frozen over all passes, the Run-All wall time (median, max), and how many
 times the browser logged anywidget's set-up timeout. For measurement, not CI (the browser test is
 ``tests/browser/test_jupyterlab.py``).
