@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test nbval notebooks measure-notebooks lab lint bench clean
+.PHONY: demo test nbval notebooks measure-notebooks check-views lab lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,12 +32,17 @@ nbval: $(STAMP)
 	$(NB_ENV) $(BIN)/python -m pytest -q --nbval --nbval-current-env --nbval-cell-timeout=300 \
 		--nbval-sanitize-with tutorials/nbval_sanitize.cfg -p no:cacheprovider $(NB_DIRS)
 
-# Re-execute every notebook in place, ready to commit; then measure each one on one core.
+# Re-execute every notebook in place, ready to commit (saved widget state and a static picture of each view,
+# drawn in Debian's chromium); then measure each one on one core.
 notebooks: $(STAMP)
 	$(NB_ENV) $(BIN)/python scripts/run_notebooks.py $(NB_DIRS)
 
 measure-notebooks: $(STAMP)
 	$(BIN)/python scripts/measure_notebooks.py $(NB_DIRS)
+
+# Five Run-All passes of every notebook in JupyterLab under load, every control moved: views moved / frozen.
+check-views: $(STAMP)
+	$(BIN)/python scripts/check_views_in_browser.py $(NB_DIRS)
 
 bench: $(STAMP)
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

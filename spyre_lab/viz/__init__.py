@@ -1,12 +1,13 @@
 """Views of the modeled machine: ipywidgets + plotly over plain data objects (Trace, Program, EngineStats).
 
 This package is the only place plotly and ipywidgets are imported. Every view has a static ``.figure``
-(a plotly Figure, for HTML export) and a ``.widget`` (controls above a FigureWidget) shown by Jupyter;
-``View.from_json(path)`` opens a saved trace or program. ``docs/views.md`` lists the views, what each is
+(a plotly Figure, for HTML export) and a ``.widget`` (controls above the figure, drawn by plotly's JupyterLab
+renderer inside an ``ipywidgets.Output``: core widgets only, so nothing can keep the plot behind its controls) shown
+by Jupyter; ``View.from_json(path)`` opens a saved trace or program. ``docs/views.md`` lists the views, what each is
 built from, and where each aggregates big inputs.
 """
 
-from spyre_lab.viz.base import View, aggregation_note, sync_figure
+from spyre_lab.viz.base import LiveFigure, View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
 from spyre_lab.viz.fusion import FusionView
 from spyre_lab.viz.kv_cache import KVCacheView
@@ -22,6 +23,7 @@ __all__ = [
     "FusionView",
     "KVCacheView",
     "LayoutView",
+    "LiveFigure",
     "Roofline",
     "View",
     "WhatIf",

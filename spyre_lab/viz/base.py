@@ -4,8 +4,9 @@ A view holds a little state (the values of its controls) and one method, :meth:`
 the current state as a plotly ``Figure``. Everything else follows from that:
 
 * ``view.figure`` is the static figure of the current state (HTML export, ``fig.show()``, reports);
-* ``view.widget`` is one row of ipywidgets controls above a caption and a ``go.FigureWidget``; a control
-  change sets the state and redraws (views may override :meth:`View.on_change` for cheaper partial updates);
+* ``view.widget`` is one row of ipywidgets controls above a caption and the figure (:class:`LiveFigure`, drawn
+  by plotly's JupyterLab renderer inside an ``ipywidgets.Output``); a control change sets the state and redraws
+  (views may override :meth:`View.on_change` for cheaper partial updates);
 * displaying the view in Jupyter shows the widget;
 * ``View.from_json(path)`` builds the view from a saved trace (``Trace.to_chrome_trace``) or program
   (``Program.save_json``) file, so a learner can look at a run they did not make.
@@ -16,6 +17,7 @@ silently. Colors come from :mod:`spyre_lab.viz.style` only.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import json
@@ -124,7 +126,7 @@ class View:
     figure_height: int = 420
 
     def __init__(self) -> None:
-        self._fig_widget: go.FigureWidget | None = None
+        self._fig_widget: LiveFigure | None = None
         self._caption_widget: W.HTML | None = None
         self._box: W.VBox | None = None
         self._controls: dict[str, W.Widget] = {}
@@ -155,8 +157,9 @@ class View:
         return self._controls
 
     @property
-    def fig_widget(self) -> go.FigureWidget:
-        """The live FigureWidget inside :attr:`widget`."""
+    def fig_widget(self) -> LiveFigure:
+        """The figure the live :attr:`widget` shows (a plotly Figure; its ``data`` and ``layout`` are what the browser
+        draws)."""
         self.widget  # noqa: B018
         assert self._fig_widget is not None
         return self._fig_widget
@@ -166,13 +169,14 @@ class View:
         """Controls in one row, a one-line caption, then the figure."""
         if self._box is None:
             controls = self.make_controls()
-            self._fig_widget = LoadedFigureWidget(widget_safe(self.build()))
+            self._fig_widget = LiveFigure(widget_safe(self.build()))
             self._caption_widget = W.HTML(self._caption_html())
             rows: list[W.Widget] = []
             if controls:
                 rows.append(W.HBox(controls, layout=W.Layout(flex_flow="row wrap", align_items="center")))
-            rows += [self._caption_widget, self._fig_widget]
+            rows += [self._caption_widget, self._fig_widget.output]
             self._box = W.VBox(rows)
+            self._box.add_class(VIEW_CLASS)
         return self._box
 
     def bind(self, name: str, control: W.Widget, attr: str | None = None,
@@ -201,7 +205,9 @@ class View:
         return f"<span style='font-size:13px;color:#333'>{html.escape(self.caption)}</span>"
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
-        return self.widget._repr_mimebundle_(**kwargs)
+        bundle = self.widget._repr_mimebundle_(**kwargs)
+        bundle["text/plain"] = repr(self)   # short and stable (a VBox repr would print every child's state)
+        return bundle
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}: {self.caption}"
@@ -212,32 +218,90 @@ class View:
         return cls(load_json_source(source), **kwargs)  # type: ignore[call-arg]
 
 
-class LoadedFigureWidget(go.FigureWidget):
-    """A FigureWidget whose comm opens with its figure already in the state the browser receives first.
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+VIEW_CLASS = "spyre-lab-view"
+FIGURE_CLASS = "spyre-lab-figure"
 
-    plotly's FigureWidget opens its comm inside the widget constructor, while its data and layout traits are still
-    empty, and sends the figure in a second message; its own ``_repr_mimebundle_`` sends it again at display, but a
-    FigureWidget inside a VBox is never displayed by itself. When the browser is slow to set up the new model
-    (loading the widget module under load), that second message can come before the model listens, and the plot
-    draws empty for good. Opening the comm once the figure is set makes the first message complete.
+
+class LiveFigure(go.Figure):
+    """The figure a view's widget shows, and the one route by which the browser gets it.
+
+    A view draws into an ``ipywidgets.Output`` (:attr:`output`) holding one ``application/vnd.plotly.v1+json``
+    output, which JupyterLab draws with plotly's mime renderer. Every change to this figure (a property set, a
+    trace added, the end of a :meth:`batch_update`) replaces that output with the whole new figure, so what the
+    browser draws is always this figure, and ``view.fig_widget.data`` / ``.layout`` read what it shows.
+
+    Why not plotly's ``go.FigureWidget``: in plotly 7 it is an anywidget, and each one ships plotly.js (5 MB) as its
+    own ES module, which the browser imports per model. anywidget's front end gives that set-up a fixed 2 s
+    (``AbortSignal.timeout(2000)`` in its ``Runtime``); when a loaded machine misses it, the model's ``ready``
+    promise rejects and every later message from the kernel is dropped (``_handle_comm_msg`` awaits ``ready``), so
+    the plot keeps its first drawing while the caption, an ordinary widget, follows the controls. An ``Output`` is a
+    core ipywidgets model: no module to load, no deadline, its messages applied in order however slow the browser.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)       # Widget.__init__ calls open(), which waits (see below)
-        self._figure_set = True
-        self.open()
+    def __init__(self, figure: go.Figure) -> None:
+        self._output: W.Output | None = None
+        self._held = 0
+        super().__init__(figure)
+        height = self.layout.height or 420
+        self._output = W.Output(layout=W.Layout(min_height=f"{int(height)}px"))   # no jump while it redraws
+        self._output.add_class(FIGURE_CLASS)
+        self._send()
 
-    def open(self) -> None:
-        if getattr(self, "_figure_set", False):
-            super().open()
+    @property
+    def output(self) -> W.Output:
+        """The widget the browser draws this figure in (a child of the view's widget)."""
+        assert self._output is not None
+        return self._output
+
+    def mimebundle(self) -> dict[str, Any]:
+        """The output the browser shows: the figure as plotly JSON (what ``fig.show()`` stores in a notebook)."""
+        import plotly.io as pio
+
+        title = self.layout.title.text or "figure"
+        return {PLOTLY_MIME: json.loads(pio.to_json(self, validate=False)), "text/plain": f"<figure: {title}>"}
+
+    @contextlib.contextmanager
+    def batch_update(self):  # type: ignore[override]
+        """Apply every change inside the block, then send the figure once."""
+        self._held += 1
+        try:
+            with super().batch_update():
+                yield
+        finally:
+            self._held -= 1
+            self._send()
+
+    @property
+    def data(self):  # type: ignore[override]
+        return go.Figure.data.fget(self)
+
+    @data.setter
+    def data(self, value: Any) -> None:
+        # plotly's setter reports deleted traces before it has finished reordering: send once, when it is done
+        self._held += 1
+        try:
+            go.Figure.data.fset(self, value)
+        finally:
+            self._held -= 1
+            self._send()
+
+    def _send(self, *_: Any, **__: Any) -> None:
+        if self._output is None or self._held:
+            return
+        self._output.outputs = ({"output_type": "display_data", "data": self.mimebundle(), "metadata": {}},)
+
+    # plotly calls these on every change of a figure (no-ops for a plain Figure, messages for a FigureWidget)
+    _send_addTraces_msg = _send_moveTraces_msg = _send_deleteTraces_msg = _send
+    _send_restyle_msg = _send_relayout_msg = _send_update_msg = _send_animate_msg = _send
 
 
 def widget_safe(fig: go.Figure) -> go.Figure:
-    """``fig`` with its arrays as plain lists, NaN as null: what a FigureWidget can send to the browser.
+    """``fig`` with its arrays as plain lists, NaN as null: the figure as the live widget holds and sends it.
 
-    Static figures keep numpy arrays (plotly writes them as compact base64). A FigureWidget sends arrays over
-    the kernel's comm instead, where a NaN (a line gap, a padding cell) is not valid JSON and float32 / int16
-    buffers are not decoded, and the plot stays empty; lists with null draw the same gaps.
+    Static figures keep numpy arrays (plotly writes them as compact base64). The live figure holds lists, so that
+    what a view's ``fig_widget`` reads (tuples, ``None`` for a gap) is what JSON carries to the browser: a NaN
+    (a line gap, a padding cell) is not valid JSON, and null draws the same gap.
     """
     doc = {"data": [_plain(trace) for trace in fig._data], "layout": fig._layout}   # raw dicts: numpy intact
     return go.Figure(doc, _validate=False)
@@ -259,9 +323,9 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def sync_figure(target: go.FigureWidget, fig: go.Figure) -> None:
-    """Make a live FigureWidget show ``fig`` in one message: traces updated in place where the types line up (a
-    longer or shorter list drops or appends only the difference), replaced only when the types differ."""
+def sync_figure(target: go.Figure, fig: go.Figure) -> None:
+    """Make a live figure (:class:`LiveFigure`) show ``fig``, sent once: traces updated in place where the types
+    line up (a longer or shorter list drops or appends only the difference), replaced only when the types differ."""
     with target.batch_update():
         common = min(len(target.data), len(fig.data))
         if all(a.type == b.type for a, b in zip(target.data[:common], fig.data[:common])):

@@ -4,10 +4,11 @@ import json
 
 import ipywidgets as W
 import plotly.graph_objects as go
+import plotly.io as pio
 import pytest
 
 from spyre_lab.device.trace import Trace
-from spyre_lab.viz.base import View, aggregation_note, load_json_source
+from spyre_lab.viz.base import PLOTLY_MIME, View, aggregation_note, load_json_source
 
 
 class _Line(View):
@@ -73,19 +74,65 @@ def test_widget_gets_plain_lists_with_null_gaps():
     assert np.isnan(np.asarray(view.figure.data[0].x, dtype=float)[2])        # the static figure keeps numpy
 
 
-def test_the_widget_opens_with_its_figure_in_the_first_message(monkeypatch):
-    """The browser builds the plot from the comm's first state: it must hold the traces (a later update can arrive
-    before a slow front end listens, and the plot stays empty)."""
-    import comm
+def _shown(view: View) -> dict:
+    """The figure the browser was last sent: the one output of the view's Output widget, as it goes over the wire."""
+    (output,) = view.fig_widget.output.get_state()["outputs"]
+    assert output["output_type"] == "display_data"
+    json.dumps(output, allow_nan=False)   # valid JSON (a NaN would not be)
+    return output["data"][PLOTLY_MIME]
 
+
+def _as_sent(fig: go.Figure) -> dict:
+    return json.loads(pio.to_json(fig, validate=False))
+
+
+class _Partial(_Line):
+    """A view that updates its live figure in place, as DataflowView and DecodeTimeline do."""
+
+    def on_change(self, name):
+        with self.fig_widget.batch_update():
+            self.fig_widget.data[0].y = (0, self.slope)
+            self.fig_widget.layout.title.text = f"slope {self.slope}"
+
+
+@pytest.mark.parametrize("cls", [_Line, _Partial])
+def test_every_change_sends_the_whole_figure_the_kernel_holds(cls):
+    """Each control change replaces the browser's figure with the kernel's, whole: nothing the browser must have
+    applied before (a dropped or late message) can leave the plot behind its controls."""
+    view = cls()
+    assert _shown(view) == _as_sent(view.fig_widget)
+    for slope in (3, 5, 2):
+        view.controls["slope"].value = slope
+        sent = _shown(view)
+        assert sent == _as_sent(view.fig_widget)
+        assert sent["data"][0]["y"] == [0, slope] and sent["layout"]["title"]["text"] == f"slope {slope}"
+    # changes made from code outside a batch reach the browser too
+    view.fig_widget.layout.title.text = "by hand"
+    assert _shown(view)["layout"]["title"]["text"] == "by hand"
+    view.fig_widget.add_scatter(x=[0, 1], y=[1, 0])
+    view.fig_widget.data = view.fig_widget.data[1:]
+    assert [t["y"] for t in _shown(view)["data"]] == [[1, 0]]
+
+
+def test_the_widget_is_made_of_core_widgets_only():
+    """No model in a view's widget needs a front-end module loaded per model (plotly 7's FigureWidget is an anywidget
+    whose 5 MB module must load within anywidget's fixed 2 s, or the plot stops following the kernel)."""
     from spyre_lab.viz import LayoutView
 
-    opened = []
-    create = comm.create_comm
-    monkeypatch.setattr(comm, "create_comm", lambda **kw: opened.append(kw) or create(**kw))
     view = LayoutView((8, 100))
-    view.widget  # noqa: B018
-    (first,) = [o["data"]["state"] for o in opened if "_widget_data" in o["data"]["state"]]
-    assert len(first["_widget_data"]) == len(view.figure.data) > 0
-    assert first["_widget_layout"]["title"]["text"] == view.figure.layout.title.text
-    assert view.fig_widget.comm is not None and view.fig_widget.data[0].type == "heatmap"
+    seen, todo = [], [view.widget]
+    while todo:
+        widget = todo.pop()
+        seen.append(widget)
+        for name in widget.keys:
+            value = getattr(widget, name)
+            for item in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(item, W.Widget) and item not in seen:
+                    todo.append(item)
+    modules = {w._model_module for w in seen}
+    assert modules <= {"@jupyter-widgets/base", "@jupyter-widgets/controls", "@jupyter-widgets/output"}, modules
+    assert not any(hasattr(w, "_esm") for w in seen)
+    assert sum(isinstance(w, W.Output) for w in seen) == 1
+    bundle = view._repr_mimebundle_()
+    assert bundle["text/plain"] == repr(view) and "\n" not in bundle["text/plain"][:200]
+    assert _shown(view)["data"][0]["type"] == "heatmap"

@@ -87,15 +87,15 @@ def test_the_widget_sends_gaps_as_null_never_nan(shape):
     static = view.figure
     assert np.isnan(np.asarray(_panel(static, "padding").z, dtype=float)).any()     # the gaps are there to send
     fw = view.fig_widget
-    _strict(fw.get_state())                                                       # the first display
+    _strict(fw.output.get_state())                                                # the first display
     _strict([t.to_plotly_json() for t in fw.data])
     sent = []
-    fw._send = lambda msg, buffers=None: sent.append(msg)                         # every later message
+    fw.output._send = lambda msg, buffers=None: sent.append(msg)                  # every later message
     orders = view.controls["dim_order"].options
     view.controls["dtype"].value = "float32"
     view.controls["element"].value = 5
     view.controls["dim_order"].value = orders[-1]
-    assert any("_py2js_update" in m["state"] or "_py2js_restyle" in m["state"] for m in sent)
+    assert any("outputs" in m["state"] for m in sent)
     for m in sent:
         _strict(m)
     pad = np.asarray(_panel(fw, "padding").z, dtype=object)
