@@ -163,9 +163,10 @@ def main() -> None:
     args = cli.parse_args()
     wanted = chosen(args.sections, SECTIONS)
     torch.set_num_threads(1)
+    import ipywidgets
     import plotly.graph_objects as go
 
-    go.FigureWidget()  # the first FigureWidget of a process imports the widget machinery (seconds); not a view's cost
+    ipywidgets.Output(), go.Figure()  # the first widget and figure of a process import their machinery; not a view's
     print(f"{'view':>16} {'build s':>8} {'widget s':>9} {'fig KB':>7} {'first chg s':>12} {'median chg s':>13}  "
           f"goal < {GOAL_S} s; per control: first/median s")
     for name in wanted:
