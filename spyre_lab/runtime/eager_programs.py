@@ -13,6 +13,7 @@ Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~sp
 from __future__ import annotations
 
 import functools
+import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -214,7 +215,12 @@ _NESTING = (list, tuple, dict)
 
 def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> tuple[tuple, int | None]:
     """What fixes an op's one-op program (op, call shape, every operand's card, shape, strides, offset and
-    dtype, every constant's value, timing-only mode), and the card of its first spyre operand."""
+    dtype, every constant's value, timing-only mode), and the card of its first spyre operand.
+
+    A constant is keyed by what it *is*, not by what ``==`` says: ``0.0 == -0.0`` and ``nan != nan``, so floats
+    that are zero or NaN are keyed by their bits (see :func:`constant_key`). A CPU scalar tensor is keyed by its
+    dtype and value (the program holds its own copy, see :func:`_held_constants`). Any other non-spyre tensor
+    (a meta tensor, a CPU tensor with dimensions) raises TypeError: its call is never cached."""
     parts: list[Any] = [op, call_shape, is_timing_only()]   # unchecked programs never serve numerics
     index = None
     for x in leaves:
@@ -225,14 +231,46 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
                 if index is None:
                     index = card
                 parts.append((card, x.shape, x.stride(), x.storage_offset(), x.dtype))
+            elif device.type == "cpu" and x.dim() == 0:   # a CPU scalar operand: its value is a constant
+                parts.append((torch.Tensor, x.dtype, constant_key(x.item())))
             else:
-                scalar = device.type == "cpu" and x.numel() == 1   # a CPU scalar operand: its value is a constant
-                parts.append((device.type, x.dtype, x.item() if scalar else id(x)))
-        elif isinstance(x, (list, tuple)):
-            parts.append(tuple(x))
+                raise TypeError(f"a {device} operand of shape {tuple(x.shape)} is not a cacheable constant")
         else:
-            parts.append((type(x), x))
+            kind = type(x)
+            if (kind is float and (x == 0.0 or x != x)) or kind in _KEYED_BY_PARTS:
+                parts.append(constant_key(x))
+            else:
+                parts.append((kind, x))
     return tuple(parts), index      # hashed (an unhashable constant raises TypeError) by the cache lookup
+
+
+_FLOAT_BITS = struct.Struct("<d").pack
+_KEYED_BY_PARTS = frozenset({complex, list, tuple})
+
+
+def constant_key(value: Any) -> Any:
+    """A cache key for a constant that is equal exactly when the constants are the same value: ``0.0`` and
+    ``-0.0`` (equal under ``==``, yet ``1 / x`` tells them apart) get different keys, and every NaN with the
+    same bits gets one key (``nan != nan`` would make each call a cache miss that evicts a useful program)."""
+    kind = type(value)
+    if kind is float:
+        return (float, value) if value == value and value != 0.0 else (float, _FLOAT_BITS(value))
+    if kind is complex:
+        return (complex, constant_key(value.real), constant_key(value.imag))
+    if kind is list or kind is tuple:
+        return (kind, tuple(constant_key(v) for v in value))
+    return (kind, value)
+
+
+def _held_constants(leaves: list[Any], written: list[int]) -> list[Any]:
+    """The call's leaves as a program keeps them: a CPU tensor operand (a 0-dim scalar) is copied, because the
+    program is found again by that scalar's *value* (:func:`_signature`) and must not see the caller change it
+    afterwards (``t.fill_(3.0)`` after ``torch.maximum(x, t)``). Spyre operands are bound anew at every launch."""
+    held = list(leaves)
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor) and x.device.type != "spyre" and i not in written:
+            held[i] = x.detach().clone()
+    return held
 
 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
@@ -247,7 +285,10 @@ def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inde
 
 
 def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.device.type == "spyre":
+    """Spyre operands and CPU scalar tensors as meta tensors, for the shape-and-dtype run of an op: some meta
+    kernels want every tensor on one device (``masked_fill`` with a CPU 0-dim ``value``), which a CPU scalar
+    beside a spyre tensor is not, though the CPU and CUDA accept it."""
+    if isinstance(x, torch.Tensor) and (x.device.type == "spyre" or (x.dim() == 0 and x.device.type == "cpu")):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     return x
 
@@ -289,14 +330,15 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     out_metas = [o for o in out_leaves if isinstance(o, torch.Tensor)]
     time_us, detail = op_roofline_us(packet_name(op), in_metas, out_metas, cfg)
     slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
-    compute = _make_compute(op, leaves, spec, input_leaves, written, markers, out_spec)
+    held = _held_constants(leaves, written)
+    compute = _make_compute(op, held, spec, input_leaves, written, markers, out_spec)
     kernel = FunctionKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
     out_args = set(written_leaves(op, leaves, spec, only_out=True))
     compiled = None
     if set(written) != out_args:
         detail["not_compiled"] = "writes an input in place"
     else:  # functional or out=
-        compiled = compile_one_op(op, leaves, spec, [i for i in input_leaves if i not in out_args], out_metas)
+        compiled = compile_one_op(op, held, spec, [i for i in input_leaves if i not in out_args], out_metas)
         if compiled is None:
             detail["not_compiled"] = not_compiled().get(name, "")
     return EagerProgram(name, [kernel], input_leaves, written, (markers, out_spec), new_outputs, resize,
