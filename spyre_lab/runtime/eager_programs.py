@@ -30,7 +30,7 @@ from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_
 from spyre_lab.runtime.fallback import run_on_host
 from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
-from spyre_lab.runtime.op_schema import packet_name, to_cpu_kwargs, written_leaves
+from spyre_lab.runtime.op_schema import packet_name, rewrap_numbers, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
 from spyre_lab.runtime.streams import TIMELINE, current_stream
 from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre, resize
@@ -296,7 +296,8 @@ def _to_meta(x: Any) -> Any:
 def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg: SpyreConfig) -> EagerProgram:
     meta_leaves = [_to_meta(x) for x in leaves]
     meta_args, meta_kwargs = tree_unflatten(meta_leaves, spec)
-    meta_kwargs = to_cpu_kwargs(meta_kwargs)
+    meta_args, meta_kwargs = rewrap_numbers(op, meta_args, to_cpu_kwargs(meta_kwargs))
+    meta_args, meta_kwargs = tuple(_to_meta(a) for a in meta_args), {k: _to_meta(v) for k, v in meta_kwargs.items()}
     if "device" in meta_kwargs:
         meta_kwargs["device"] = torch.device("meta")
     try:
@@ -358,8 +359,8 @@ def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input
         for leaf, slot in slot_of_leaf.items():
             value = operands[slot]
             host[leaf] = value.clone() if leaf in written else value
-        args, kwargs = tree_unflatten(host, spec)
-        result = op(*args, **to_cpu_kwargs(kwargs))
+        args, kwargs = rewrap_numbers(op, *tree_unflatten(host, spec))   # ``int_tensor & 5`` arrives as
+        result = op(*args, **to_cpu_kwargs(kwargs))                       # bitwise_and.Tensor(t, 5)
         for leaf in written:
             operands.write(slot_of_leaf[leaf], host[leaf])
         for (kind, j), value in zip(markers, tree_flatten(result)[0]):
