@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from spyre_lab.device.layout import contiguous_strides
 from spyre_lab.runtime.devices import device_index, get_device
 from spyre_lab.runtime.eager_programs import launch_eager
 from spyre_lab.runtime.jobplan import dma_us
@@ -128,6 +129,8 @@ def _set_storage(t: torch.Tensor, source: Any, storage_offset: int = 0, size: An
         refuse_reinterpretation(t.dtype, buffer)
     if size is None:
         size, stride = (source.nbytes() // t.element_size(),), (1,)
+    elif stride is None:                      # the schema's default (stride=[]): contiguous, as ATen reads it
+        stride = contiguous_strides(tuple(size))
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, source, storage_offset, size, stride)
 
 

@@ -206,3 +206,10 @@ def test_byte_access_works_where_the_elements_are_bytes():
     x = torch.arange(4, dtype=torch.uint8).to("spyre")
     x.untyped_storage().fill_(7)
     assert torch.equal(x.cpu(), torch.full((4,), 7, dtype=torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float16, torch.bool])
+def test_deepcopy_of_a_zero_dim_tensor_works(dtype):
+    x = torch.tensor(3, dtype=dtype).to("spyre")
+    twin = copy.deepcopy(x)
+    assert twin.shape == () and twin.dtype == dtype and torch.equal(twin.cpu(), x.cpu())
