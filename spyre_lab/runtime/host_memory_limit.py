@@ -15,7 +15,7 @@ import re
 
 import torch
 
-from spyre_lab.device.memory import format_bytes
+from spyre_lab.device.memory import DeviceOutOfMemoryError, format_bytes
 from spyre_lab.runtime.tensor import SpyreUsageError
 
 _HOST_ALLOCATOR_FAILED = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
@@ -29,6 +29,8 @@ def host_out_of_memory(op: torch._ops.OpOverload, args: tuple, kwargs: dict,
                        error: BaseException) -> SpyreHostOutOfMemoryError | None:
     """The error to raise instead of ``error`` (a failed host allocation inside a spyre op), or None if
     ``error`` is something else."""
+    if isinstance(error, DeviceOutOfMemoryError):    # the modeled card is full: its own error says so already
+        return None
     if isinstance(error, MemoryError):
         requested = None
     else:
