@@ -296,12 +296,11 @@ def _to_meta(x: Any) -> Any:
 def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg: SpyreConfig) -> EagerProgram:
     meta_leaves = [_to_meta(x) for x in leaves]
     meta_args, meta_kwargs = tree_unflatten(meta_leaves, spec)
-    meta_args, meta_kwargs = rewrap_numbers(op, meta_args, to_cpu_kwargs(meta_kwargs))
-    meta_args, meta_kwargs = tuple(_to_meta(a) for a in meta_args), {k: _to_meta(v) for k, v in meta_kwargs.items()}
+    meta_kwargs = to_cpu_kwargs(meta_kwargs)
     if "device" in meta_kwargs:
         meta_kwargs["device"] = torch.device("meta")
     try:
-        out = op(*meta_args, **meta_kwargs)
+        out = _call_taking_numbers(op, meta_args, meta_kwargs, to_meta=True)
     except (NotImplementedError, RuntimeError) as exc:
         if "data-dependent" in str(exc) or "meta" in str(exc).lower():
             raise _NeedsHost from exc
@@ -346,6 +345,22 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
                         compiled=compiled)
 
 
+def _call_taking_numbers(op: torch._ops.OpOverload, args: tuple, kwargs: dict, to_meta: bool = False) -> Any:
+    """``op(*args, **kwargs)``; if the op refuses a Python number where its schema wants a Tensor (``int_tensor & 5``
+    arrives as ``bitwise_and.Tensor(t, 5)``, the number unwrapped by boxing), again with the numbers as 0-dim
+    tensors. Only then: a 0-dim tensor does not promote as the wrapped number did beside another 0-dim operand."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as exc:
+        if "Expected a value of type 'Tensor'" not in str(exc) and "Expected a value of type 'Optional[Tensor]'" \
+                not in str(exc):
+            raise
+    args, kwargs = rewrap_numbers(op, args, kwargs)
+    if to_meta:
+        args, kwargs = tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}
+    return op(*args, **kwargs)
+
+
 def _dense(t: torch.Tensor) -> bool:
     return t.is_contiguous() or is_non_overlapping_and_dense_or_false(t)
 
@@ -359,8 +374,8 @@ def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input
         for leaf, slot in slot_of_leaf.items():
             value = operands[slot]
             host[leaf] = value.clone() if leaf in written else value
-        args, kwargs = rewrap_numbers(op, *tree_unflatten(host, spec))   # ``int_tensor & 5`` arrives as
-        result = op(*args, **to_cpu_kwargs(kwargs))                       # bitwise_and.Tensor(t, 5)
+        args, kwargs = tree_unflatten(host, spec)
+        result = _call_taking_numbers(op, args, to_cpu_kwargs(kwargs))
         for leaf in written:
             operands.write(slot_of_leaf[leaf], host[leaf])
         for (kind, j), value in zip(markers, tree_flatten(result)[0]):
