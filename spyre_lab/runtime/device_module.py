@@ -107,6 +107,13 @@ def set_device(device: DeviceArg) -> None:
     devices.set_device(_device_index(device))
 
 
+def _set_device_index(device: DeviceArg) -> None:
+    """What ``torch.accelerator.set_device_index`` does on spyre: a negative index is a no-op, as torch documents."""
+    if isinstance(device, int) and device < 0:
+        return
+    set_device(device)
+
+
 class device:  # lower case, like torch.cuda.device
     """``with torch.spyre.device(1):`` makes ``spyre:1`` the current card inside the block."""
 

@@ -8,6 +8,7 @@ at first use. Everything in the runtime that needs "which card, and what is on i
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -127,8 +128,16 @@ def on_reset(hook: Callable[[], None]) -> None:
 
 
 _DEVICES: list[SpyreDevice] = []
-_CURRENT_INDEX = 0
 _CONFIG: SpyreConfig = SPYRE
+
+
+class _Current(threading.local):
+    """The current card, per thread as CUDA's current device is (a worker thread starts on spyre:0)."""
+
+    index = 0
+
+
+_CURRENT = _Current()
 
 
 def _count_from_env() -> int:
@@ -155,7 +164,7 @@ def device_count() -> int:
 def get_device(index: int | None = None) -> SpyreDevice:
     """The :class:`SpyreDevice` for ``index`` (default: current device)."""
     devices = _DEVICES or _devices()
-    index = _CURRENT_INDEX if index is None else index
+    index = _CURRENT.index if index is None else index
     if not 0 <= index < len(devices):
         raise RuntimeError(
             f"spyre:{index} does not exist: {len(devices)} modeled device(s) (spyre:0..spyre:{len(devices) - 1}). "
@@ -176,7 +185,7 @@ def configure(config: SpyreConfig | None = None) -> None:
 def device_index(device: DeviceLike = None) -> int:
     """Normalise None / int / "spyre:1" / torch.device to the index of an existing card."""
     if device is None:
-        return _CURRENT_INDEX
+        return _CURRENT.index
     if type(device) is int and 0 <= device < len(_DEVICES):   # the launch path's question: an existing card
         return device
     if isinstance(device, int):
@@ -185,18 +194,25 @@ def device_index(device: DeviceLike = None) -> int:
         dev = torch.device(device)
         if dev.type != "spyre":
             raise ValueError(f"expected a spyre device, got {dev}")
-        index = _CURRENT_INDEX if dev.index is None else dev.index
+        index = _CURRENT.index if dev.index is None else dev.index
     get_device(index)
     return index
 
 
 def current_device() -> int:
-    return _CURRENT_INDEX
+    """The current card of this thread: what an index-less ``"spyre"`` means."""
+    return _CURRENT.index
 
 
 def set_device(device: int | str | torch.device) -> None:
-    global _CURRENT_INDEX
-    _CURRENT_INDEX = device_index(device)
+    """Make ``device`` this thread's current card, for every way torch can be told ``"spyre"`` without an index
+    (factories, ``.to("spyre")``, ``torch.tensor(..., device="spyre")``: see :mod:`~spyre_lab.runtime.current_card`)."""
+    index = device_index(device)
+    if index != _CURRENT.index:
+        from spyre_lab.runtime.current_card import follow
+
+        follow(index)
+        _CURRENT.index = index
 
 
 _INDEX_OF: dict[torch.device, int | None] = {}
@@ -213,6 +229,6 @@ def spyre_index(device: torch.device) -> int | None:
             _INDEX_OF[device] = None
             return None
         if device.index is None:
-            return _CURRENT_INDEX
+            return _CURRENT.index
         index = _INDEX_OF[device] = device.index
         return index

@@ -13,6 +13,7 @@ Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~sp
 from __future__ import annotations
 
 import functools
+import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_
 from spyre_lab.runtime.fallback import run_on_host
 from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
-from spyre_lab.runtime.op_schema import packet_name, to_cpu_kwargs, written_leaves
+from spyre_lab.runtime.op_schema import packet_name, rewrap_numbers, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
 from spyre_lab.runtime.streams import TIMELINE, current_stream
 from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre, resize
@@ -214,7 +215,12 @@ _NESTING = (list, tuple, dict)
 
 def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) -> tuple[tuple, int | None]:
     """What fixes an op's one-op program (op, call shape, every operand's card, shape, strides, offset and
-    dtype, every constant's value, timing-only mode), and the card of its first spyre operand."""
+    dtype, every constant's value, timing-only mode), and the card of its first spyre operand.
+
+    A constant is keyed by what it *is*, not by what ``==`` says: ``0.0 == -0.0`` and ``nan != nan``, so floats
+    that are zero or NaN are keyed by their bits (see :func:`constant_key`). A CPU scalar tensor is keyed by its
+    dtype and value (the program holds its own copy, see :func:`_held_constants`). Any other non-spyre tensor
+    (a meta tensor, a CPU tensor with dimensions) raises TypeError: its call is never cached."""
     parts: list[Any] = [op, call_shape, is_timing_only()]   # unchecked programs never serve numerics
     index = None
     for x in leaves:
@@ -225,14 +231,46 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
                 if index is None:
                     index = card
                 parts.append((card, x.shape, x.stride(), x.storage_offset(), x.dtype))
+            elif device.type == "cpu" and x.dim() == 0:   # a CPU scalar operand: its value is a constant
+                parts.append((torch.Tensor, x.dtype, constant_key(x.item())))
             else:
-                scalar = device.type == "cpu" and x.numel() == 1   # a CPU scalar operand: its value is a constant
-                parts.append((device.type, x.dtype, x.item() if scalar else id(x)))
-        elif isinstance(x, (list, tuple)):
-            parts.append(tuple(x))
+                raise TypeError(f"a {device} operand of shape {tuple(x.shape)} is not a cacheable constant")
         else:
-            parts.append((type(x), x))
+            kind = type(x)
+            if (kind is float and (x == 0.0 or x != x)) or kind in _KEYED_BY_PARTS:
+                parts.append(constant_key(x))
+            else:
+                parts.append((kind, x))
     return tuple(parts), index      # hashed (an unhashable constant raises TypeError) by the cache lookup
+
+
+_FLOAT_BITS = struct.Struct("<d").pack
+_KEYED_BY_PARTS = frozenset({complex, list, tuple})
+
+
+def constant_key(value: Any) -> Any:
+    """A cache key for a constant that is equal exactly when the constants are the same value: ``0.0`` and
+    ``-0.0`` (equal under ``==``, yet ``1 / x`` tells them apart) get different keys, and every NaN with the
+    same bits gets one key (``nan != nan`` would make each call a cache miss that evicts a useful program)."""
+    kind = type(value)
+    if kind is float:
+        return (float, value) if value == value and value != 0.0 else (float, _FLOAT_BITS(value))
+    if kind is complex:
+        return (complex, constant_key(value.real), constant_key(value.imag))
+    if kind is list or kind is tuple:
+        return (kind, tuple(constant_key(v) for v in value))
+    return (kind, value)
+
+
+def _held_constants(leaves: list[Any], written: list[int]) -> list[Any]:
+    """The call's leaves as a program keeps them: a CPU tensor operand (a 0-dim scalar) is copied, because the
+    program is found again by that scalar's *value* (:func:`_signature`) and must not see the caller change it
+    afterwards (``t.fill_(3.0)`` after ``torch.maximum(x, t)``). Spyre operands are bound anew at every launch."""
+    held = list(leaves)
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor) and x.device.type != "spyre" and i not in written:
+            held[i] = x.detach().clone()
+    return held
 
 
 def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, index: int,
@@ -247,7 +285,10 @@ def _eager_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inde
 
 
 def _to_meta(x: Any) -> Any:
-    if isinstance(x, torch.Tensor) and x.device.type == "spyre":
+    """Spyre operands and CPU scalar tensors as meta tensors, for the shape-and-dtype run of an op: some meta
+    kernels want every tensor on one device (``masked_fill`` with a CPU 0-dim ``value``), which a CPU scalar
+    beside a spyre tensor is not, though the CPU and CUDA accept it."""
+    if isinstance(x, torch.Tensor) and (x.device.type == "spyre" or (x.dim() == 0 and x.device.type == "cpu")):
         return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device="meta")
     return x
 
@@ -259,7 +300,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     if "device" in meta_kwargs:
         meta_kwargs["device"] = torch.device("meta")
     try:
-        out = op(*meta_args, **meta_kwargs)
+        out = _call_taking_numbers(op, meta_args, meta_kwargs, to_meta=True)
     except (NotImplementedError, RuntimeError) as exc:
         if "data-dependent" in str(exc) or "meta" in str(exc).lower():
             raise _NeedsHost from exc
@@ -289,18 +330,35 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     out_metas = [o for o in out_leaves if isinstance(o, torch.Tensor)]
     time_us, detail = op_roofline_us(packet_name(op), in_metas, out_metas, cfg)
     slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
-    compute = _make_compute(op, leaves, spec, input_leaves, written, markers, out_spec)
+    held = _held_constants(leaves, written)
+    compute = _make_compute(op, held, spec, input_leaves, written, markers, out_spec)
     kernel = FunctionKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
     out_args = set(written_leaves(op, leaves, spec, only_out=True))
     compiled = None
     if set(written) != out_args:
         detail["not_compiled"] = "writes an input in place"
     else:  # functional or out=
-        compiled = compile_one_op(op, leaves, spec, [i for i in input_leaves if i not in out_args], out_metas)
+        compiled = compile_one_op(op, held, spec, [i for i in input_leaves if i not in out_args], out_metas)
         if compiled is None:
             detail["not_compiled"] = not_compiled().get(name, "")
     return EagerProgram(name, [kernel], input_leaves, written, (markers, out_spec), new_outputs, resize,
                         compiled=compiled)
+
+
+def _call_taking_numbers(op: torch._ops.OpOverload, args: tuple, kwargs: dict, to_meta: bool = False) -> Any:
+    """``op(*args, **kwargs)``; if the op refuses a Python number where its schema wants a Tensor (``int_tensor & 5``
+    arrives as ``bitwise_and.Tensor(t, 5)``, the number unwrapped by boxing), again with the numbers as 0-dim
+    tensors. Only then: a 0-dim tensor does not promote as the wrapped number did beside another 0-dim operand."""
+    try:
+        return op(*args, **kwargs)
+    except RuntimeError as exc:
+        if "Expected a value of type 'Tensor'" not in str(exc) and "Expected a value of type 'Optional[Tensor]'" \
+                not in str(exc):
+            raise
+    args, kwargs = rewrap_numbers(op, args, kwargs)
+    if to_meta:
+        args, kwargs = tuple(_to_meta(a) for a in args), {k: _to_meta(v) for k, v in kwargs.items()}
+    return op(*args, **kwargs)
 
 
 def _dense(t: torch.Tensor) -> bool:
@@ -317,7 +375,7 @@ def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input
             value = operands[slot]
             host[leaf] = value.clone() if leaf in written else value
         args, kwargs = tree_unflatten(host, spec)
-        result = op(*args, **to_cpu_kwargs(kwargs))
+        result = _call_taking_numbers(op, args, to_cpu_kwargs(kwargs))
         for leaf in written:
             operands.write(slot_of_leaf[leaf], host[leaf])
         for (kind, j), value in zip(markers, tree_flatten(result)[0]):

@@ -41,8 +41,11 @@ ACCELERATOR_ROUTES = {
     "get_memory_info": "mem_get_info",
     "empty_cache": "empty_cache",
     "synchronize": "synchronize",
+    "current_device_index": "current_device",
+    "set_device_index": "_set_device_index",
 }
-"""``torch.accelerator.<name>`` -> ``torch.spyre.<name>``."""
+"""``torch.accelerator.<name>`` -> ``torch.spyre.<name>``. The current card is asked of ``torch.spyre`` too: torch's
+C++ answer comes from the Python device guard, which in torch 2.13 always says index 0 and ignores a set."""
 
 
 def _spyre_is_current() -> bool:
@@ -61,8 +64,31 @@ def _routed(original: Callable[..., Any], target: str) -> Callable[..., Any]:
     return accelerator_function
 
 
+class _DeviceIndex(torch.accelerator.device_index):
+    """``with torch.accelerator.device_index(i):`` switches ``torch.spyre``'s current card while spyre is the
+    accelerator (torch's own exchanges the index through the device guard, which cannot hold one)."""
+
+    def __enter__(self) -> None:
+        self.spyre = self.idx is not None and _spyre_is_current()
+        if not self.spyre:
+            return super().__enter__()
+        self.prev_idx = torch.spyre.current_device()
+        torch.spyre.set_device(self.idx)
+        return None
+
+    def __exit__(self, *exc_info: object) -> None:
+        if not getattr(self, "spyre", False):
+            return super().__exit__(*exc_info)
+        torch.spyre.set_device(self.prev_idx)
+        return None
+
+
+_DeviceIndex.__module__, _DeviceIndex.__qualname__ = "torch.accelerator", "device_index"
+
+
 def route_accelerator() -> None:
-    """Point the ``torch.accelerator`` functions listed in :data:`ACCELERATOR_ROUTES` at ``torch.spyre``."""
+    """Point the ``torch.accelerator`` functions listed in :data:`ACCELERATOR_ROUTES` at ``torch.spyre``, and its
+    ``device_index`` context at the current card of ``torch.spyre``."""
     import torch.accelerator.memory as accelerator_memory
 
     for name, target in ACCELERATOR_ROUTES.items():
@@ -71,6 +97,8 @@ def route_accelerator() -> None:
             if original is None or hasattr(original, "__spyre_routed__"):
                 continue
             setattr(namespace, name, _routed(original, target))
+    if not issubclass(torch.accelerator.device_index, _DeviceIndex):
+        torch.accelerator.device_index = _DeviceIndex  # type: ignore[misc]
 
 
 class _GeneratorType(type(torch._C.Generator)):  # type: ignore[misc]

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from spyre_lab.runtime.eager_programs import DEVICE_OPS, launch_eager
+from spyre_lab.runtime.host_memory_limit import host_out_of_memory
 from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
 from spyre_lab.runtime.tensor import SpyreUsageError
@@ -53,6 +54,12 @@ def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     except SpyreUsageError as e:
         _naming(e, op)
         raise
+    except (RuntimeError, MemoryError) as e:     # the host simulating the card ran out of RAM: say so, naming it
+        replacement = host_out_of_memory(op, args, kwargs, e)
+        if replacement is None:
+            raise
+        replacement.spyre_op = f"aten::{op.overloadpacket.__name__}"
+        raise replacement from e
 
 
 _ROADS: dict[torch._ops.OpOverload, Any] = {}

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from spyre_lab.device.layout import contiguous_strides
 from spyre_lab.runtime.devices import device_index, get_device
 from spyre_lab.runtime.eager_programs import launch_eager
 from spyre_lab.runtime.jobplan import dma_us
@@ -21,6 +22,7 @@ from spyre_lab.runtime.tensor import (
     device_nbytes,
     empty_spyre,
     host_view,
+    refuse_reinterpretation,
     resize,
     write_into,
 )
@@ -117,10 +119,18 @@ def _resize_(t: torch.Tensor, size: Any, memory_format: Any = None) -> torch.Ten
 
 def _set_storage(t: torch.Tensor, source: Any, storage_offset: int = 0, size: Any = None,
                  stride: Any = None) -> torch.Tensor:
-    if getattr(source, "spyre_buffer", None) is None:
-        raise SpyreUsageError("set_() on a spyre tensor needs a spyre storage (one made by the spyre runtime)")
+    buffer = getattr(source, "spyre_buffer", None)
+    if buffer is None:
+        raise SpyreUsageError(
+            "set_() on a spyre tensor needs a storage the spyre runtime made for a tensor (t.untyped_storage()); a "
+            "slice of one (storage[a:b]) or a storage made elsewhere has no device buffer. Slice the tensor instead"
+        )
+    if t.dtype != buffer.host_dtype:          # how torch reaches a storage's bytes: refused here, where it starts
+        refuse_reinterpretation(t.dtype, buffer)
     if size is None:
         size, stride = (source.nbytes() // t.element_size(),), (1,)
+    elif stride is None:                      # the schema's default (stride=[]): contiguous, as ATen reads it
+        stride = contiguous_strides(tuple(size))
     return aten.set_.source_Storage_storage_offset.redispatch(_CPU, t, source, storage_offset, size, stride)
 
 

@@ -6,7 +6,8 @@ module / storage methods (``x.spyre()``, ``x.is_spyre``, ``module.spyre()``), in
 the PrivateUse1 dispatch key (:func:`spyre_lab.runtime.ops.dispatch`), through which every ATen op
 on a spyre tensor passes. It also installs what keeps ordinary PyTorch habits working next to the
 device: fp16 autocast kernels (``autocast``), pinned host memory (``host_memory``) and the
-``torch.accelerator`` / ``torch.Generator`` / ``torch.load`` routes (``generic_api``).
+``torch.accelerator`` / ``torch.Generator`` / ``torch.load`` routes (``generic_api``), and the storage methods
+that would otherwise need a C++ allocator (``storages``: ``clone``, hence ``copy.deepcopy``).
 
 It runs on ``import torch`` through the ``torch.backends`` entry point (:func:`spyre_lab.runtime._autoload`).
 """
@@ -19,7 +20,7 @@ from typing import Any
 
 import torch
 
-from spyre_lab.runtime import autocast, generic_api, host_memory
+from spyre_lab.runtime import autocast, generic_api, host_memory, storages
 
 BACKEND = "spyre"
 _LIBRARIES: list[torch.library.Library] = []
@@ -77,7 +78,7 @@ def register() -> None:
     autocast.register(direct)
     host_memory.register(direct)
     _LIBRARIES.extend((lib, direct))
-    _route_deepcopy_through_clone()
+    storages.install()
     generic_api.install()
 
 
@@ -108,30 +109,6 @@ def _dispatch_unwrapped(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) ->
 # the driver is never traced: a graph break must not compile the runtime (lazy import)
 _dispatch = torch._disable_dynamo(_dispatch_unwrapped)
 _dispatch.__doc__ = "The registered kernel: loads the eager-op machinery on the first spyre op, not on import torch."
-
-
-def _route_deepcopy_through_clone() -> None:
-    """``copy.deepcopy`` of a plain device tensor copies its *storage*, which makes torch allocate one
-    with the PrivateUse1 C++ allocator -- which a Python backend cannot register in torch 2.13, so
-    the interpreter would crash. Spyre tensors deep-copy through ``clone()`` instead (a device op);
-    every other tensor keeps torch's own behaviour."""
-    original = torch.Tensor.__deepcopy__
-    if getattr(original, "_spyre_routed", False):
-        return
-
-    def __deepcopy__(self: torch.Tensor, memo: dict) -> torch.Tensor:
-        if type(self) is not torch.Tensor or self.device.type != BACKEND:
-            return original(self, memo)
-        if id(self) in memo:
-            return memo[id(self)]
-        with torch.no_grad():
-            copied = self.clone()
-        copied.requires_grad_(self.requires_grad)
-        memo[id(self)] = copied
-        return copied
-
-    __deepcopy__._spyre_routed = True  # type: ignore[attr-defined]
-    torch.Tensor.__deepcopy__ = __deepcopy__  # type: ignore[method-assign]
 
 
 def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:

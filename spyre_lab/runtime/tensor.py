@@ -474,25 +474,45 @@ def buffer_of(t: torch.Tensor) -> DeviceBuffer:
     if t.device.type != "spyre":
         raise SpyreUsageError(f"expected a spyre tensor, got one on {t.device}")
     raise SpyreUsageError(
-        "this spyre tensor has no device buffer (its storage was not made by the spyre runtime, e.g. by "
-        "pickle or torch.load); create spyre tensors with .to('spyre') or factories with device='spyre', and "
-        "save/pickle CPU copies (t.cpu()) instead of spyre tensors"
+        "this spyre tensor has no device buffer: its storage was not made by the spyre runtime (a slice of a "
+        "storage, or one torch built around a storage's memory); create spyre tensors with .to('spyre') or "
+        "factories with device='spyre', and save or pickle CPU copies (t.cpu()) instead of spyre tensors"
     )
 
 
 def _typed_buffer(t: torch.Tensor) -> DeviceBuffer:
     buffer = buffer_of(t)
-    if t.dtype == torch.uint8 != buffer.host_dtype:
-        raise SpyreUsageError(
-            "raw byte access to a spyre storage (torch.save, pickle, storage.cpu()) is not supported: the card holds "
-            "the data stickified in its device dtype. Save or pickle CPU copies: t.cpu(), model.cpu().state_dict()"
-        )
     if t.dtype != buffer.host_dtype:
-        raise SpyreUsageError(
-            f"this {t.dtype} tensor views a storage written as {buffer.host_dtype}: it reinterprets the bits, but "
-            "spyre keeps data stickified in its device dtype. Reinterpret on the CPU: t.cpu().view(dtype)"
-        )
+        refuse_reinterpretation(t.dtype, buffer)
     return buffer
+
+
+def refuse_reinterpretation(dtype: torch.dtype, buffer: DeviceBuffer) -> None:
+    """Raise the error for reading or writing ``buffer`` as ``dtype`` when it holds ``buffer.host_dtype``.
+
+    torch reaches a storage's bytes through a uint8 tensor over it (every ``UntypedStorage`` method: ``fill_``,
+    ``tolist``, ``cpu``, item access; ``torch.save``); the card has no such bytes: it keeps each tensor
+    stickified in its device dtype, so the request is refused where it starts, naming the tensor-level way."""
+    if dtype == torch.uint8:
+        raise SpyreUsageError(
+            f"raw byte access to a spyre storage (untyped_storage().fill_/tolist/cpu/[i], torch.save, pickle) is "
+            f"not supported: the card holds this {buffer.host_dtype} storage stickified in its device dtype, not as "
+            "bytes. Work on the tensor instead (t.zero_(), t.fill_(v), t.tolist()), and save or pickle CPU copies: "
+            "t.cpu(), model.cpu().state_dict()"
+        )
+    raise SpyreUsageError(
+        f"this {dtype} tensor views a storage written as {buffer.host_dtype}: it reinterprets the bits, but "
+        "spyre keeps data stickified in its device dtype. Reinterpret on the CPU: t.cpu().view(dtype)"
+    )
+
+
+def tensor_over(storage: torch.UntypedStorage, size: Sequence[int], stride: Sequence[int],
+                offset: int = 0) -> torch.Tensor:
+    """A spyre tensor on an existing spyre ``storage`` (no new DRAM), in the dtype the storage was written in."""
+    buffer: DeviceBuffer = storage.spyre_buffer           # type: ignore[attr-defined]
+    tensor = _ALIAS(_META, _seed_tensor(buffer.device.index, buffer.host_dtype))
+    _SET_STORAGE(_CPU, tensor, storage, offset, tuple(size), tuple(stride))
+    return tensor
 
 
 def host_view(t: torch.Tensor) -> torch.Tensor:
