@@ -20,6 +20,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from spyre_lab.device.config import SPYRE, GiB, KiB, MiB, SpyreConfig
 from spyre_lab.device.isa import LXOverflowError
 
@@ -46,8 +48,11 @@ class Allocation:
         return self.address + self.size
 
 
-class DeviceOutOfMemoryError(RuntimeError, MemoryError):
-    """The card's DRAM has no free block large enough for a request."""
+class DeviceOutOfMemoryError(torch.OutOfMemoryError, MemoryError):
+    """The card's DRAM has no free block large enough for a request.
+
+    A ``torch.OutOfMemoryError`` (a RuntimeError), so ``except torch.OutOfMemoryError`` catches a full card as it
+    catches a full CUDA device."""
 
     def __init__(self, device: str, requested: int, free: int, largest_free_block: int, capacity: int,
                  tag: str = "") -> None:

@@ -129,6 +129,7 @@ def test_out_of_memory_names_requested_and_free_bytes():
         torch.empty(200 * 2**30, dtype=torch.uint8, device="spyre")
     message = str(info.value)
     assert "200.00 GiB" in message and "free" in message
+    assert isinstance(info.value, torch.OutOfMemoryError)   # caught as a full CUDA device is
 
 
 def test_tensor_used_after_a_device_reset_says_what_happened():
