@@ -32,8 +32,8 @@ DENSE_NODES = 30
 LABEL_FIT_WIDTH = 700
 """Figure width (px; the stored static pictures are 700 px wide, a live plot in JupyterLab about that or wider) the
 after-fusion labels are fitted to: a label that would run into the next kernel's node is shortened (``resti…``) or
-left out, and a rule label that would touch its neighbour moves to a second row or is left out. Hover names every node and kernel in full; a wider figure only
-gains room."""
+left out, and a rule label that would touch its neighbour moves to a second row or is left out. Hover names every
+node and kernel in full; a wider figure only gains room."""
 LABEL_FONT = 9
 CHAR_PX = 0.6
 """Width estimate of one label character, as a fraction of the font size (Helvetica / Arial average)."""
