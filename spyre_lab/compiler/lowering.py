@@ -19,8 +19,10 @@ once), matmuls accumulate explicitly in fp32. Ops the device does not run become
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -285,7 +287,11 @@ class _Lowerer:
             return None
         a, k = tree_map(lambda v: torch.empty(tuple(v.meta.shape), dtype=v.meta.dtype) if isinstance(v, Read)
                         else v, (args, kwargs))
-        return target(*a, **k)                 # e.g. the sum over an empty dim: zeros
+        # The fold runs one decomposed op on placeholders at compile time: its notices (var()'s "degrees of
+        # freedom is <= 0" for a std over nothing) name that op, not the user's call, so they are not passed on.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return target(*a, **k)             # e.g. the sum over an empty dim: zeros
 
     @staticmethod
     def _without_empty_pieces(pieces, val) -> list:
@@ -351,8 +357,13 @@ class _Lowerer:
     def _tensor_reads(self, args, kwargs, hint: str) -> tuple[list[Read], tuple, dict]:
         """Replace every tensor argument with a slot; constants become constant buffers."""
         reads: list[Read] = []
-        floating_operand = any(isinstance(a, Read) and a.meta.dtype.is_floating_point
-                               for a in tree_flatten((args, kwargs))[0])
+        floating_reads = [a.meta for a in tree_flatten((args, kwargs))[0]
+                          if isinstance(a, Read) and a.meta.dtype.is_floating_point]
+        floating_operand = bool(floating_reads)
+        # With no dimensioned floating operand, a 0-dim float32 constant would promote a 0-dim fp16 result to
+        # float32 (eager's scalar never does): then the constant takes the operands' dtype.
+        immediate_dtype = (None if any(m.dim() for m in floating_reads) or not floating_reads
+                           else functools.reduce(torch.promote_types, (m.dtype for m in floating_reads)))
 
         def slot(a: object) -> object:
             if (floating_operand and isinstance(a, torch.Tensor) and not isinstance(a, Read) and a.dim() == 0
@@ -362,8 +373,9 @@ class _Lowerer:
                 # immediate operand of the kernel. It stays a 0-dim host tensor, not a Python number, because
                 # ops such as where, maximum and index_put take a Tensor there; CPU kernels read a 0-dim host
                 # operand at full precision, as they read a Python number, and the dimensioned operand sets the
-                # result dtype either way. A constant buffer would round it to the card's fp16 first.
-                return a
+                # result dtype (see immediate_dtype where there is none). A constant buffer would round it to the
+                # card's fp16 first.
+                return a if immediate_dtype is None else a.to(immediate_dtype)
             if isinstance(a, torch.Tensor) and a.dim() == 0 and a.numel() == 1 and not isinstance(a, Read):
                 reads.append(self._constant_buffer(a, f"{hint}_{len(reads)}"))
                 return _Slot(len(reads) - 1)

@@ -46,10 +46,13 @@ EXPECTED_WARNING = re.compile(r"aten::(\w+) has no spyre kernel( \(called from [
                               r"spyre stores torch\.\w+ "
                               r"tensors as float16|spyre: no compiled one-op program for aten::\w+|spyre: the compiled "
                               r"program for aten::\w+ disagrees|An output with one "
-                              r"or more elements was resized since it had shape \[\]")
+                              r"or more elements was resized since it had shape \[\]|"
+                              r"^var\(\): degrees of freedom is <= 0")
 """What spyre may print beyond the CPU's own warnings: a CPU fallback notice, the fp16-storage notice, a
-one-op compile gap, and torch's notice from the CPU ``mse_loss.out`` / ``smooth_l1_loss.out`` kernels,
-which the fallback runs because torch routes a PrivateUse1 loss through its out= form."""
+one-op compile gap, torch's notice from the CPU ``mse_loss.out`` / ``smooth_l1_loss.out`` kernels,
+which the fallback runs because torch routes a PrivateUse1 loss through its out= form, and torch's "degrees of
+freedom" notice for a std over an empty tensor, which the compiled one-op program (std decomposed into var) gives
+once under var()'s name where the CPU says std()."""
 
 FP16_OPS = [op for op in op_db if torch.float16 in op.supported_dtypes("cpu")]
 
