@@ -4,7 +4,7 @@ Plotly's ``textposition`` puts every marker's label in the same spot relative to
 (or a close) point stack their labels into one unreadable blot, and five kernels look like two. Here a label is an
 annotation offset in pixels from its point, chosen greedily from a ring of candidate offsets around the marker
 (nearest first) so that its box overlaps no other label, no marker and stays inside the plot. The pixel model is
-the figure's own: its axis ranges, margins and a width (``FIT_WIDTH``, what JupyterLab draws a FigureWidget at);
+the figure's own: its axis ranges, margins and a width (``FIT_WIDTH``, the width of the stored pictures);
 a wider figure only spreads the points further apart.
 """
 
