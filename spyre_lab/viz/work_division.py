@@ -151,7 +151,7 @@ class WorkDivisionView(View):
         layout, axes = cached_subplots(rows=2, cols=2, row_heights=[0.58, 0.42], vertical_spacing=0.14,
                                        horizontal_spacing=0.08, specs=[[{"colspan": 2}, None], [{}, {}]],
                                        subplot_titles=["iteration space, colored by the core that computes it",
-                                                       "per core: busiest unit's share of the tile phase (modeled)",
+                                                       "busiest unit's share per core (modeled)",
                                                        _corner_title(spec, self)],
                                        template="plotly_white", height=self.figure_height,
                                        margin=dict(l=60, r=20, t=80, b=90))
@@ -398,7 +398,7 @@ def _corner_title(spec: Any, view: WorkDivisionView) -> str:
         return "attention: query-key scores per core (heads x rows)"
     if _is_matmul(spec, view):
         return "cost model terms (modeled µs)"
-    return "busiest core: modeled busy time per unit (µs)"
+    return "busiest core: busy µs per unit (modeled)"
 
 
 def _is_matmul(spec: Any, view: WorkDivisionView) -> bool:
