@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet --upgrade pip
 	# CPU build of torch, pinned: a loose `torch` pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
-	$(BIN)/pip install --quiet -e ".[dev,viz]"
+	$(BIN)/pip install --quiet -e ".[dev,viz,serve,sweep]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -19,7 +19,7 @@ import torch
 from sections import chosen, parser
 
 from spyre_lab.compiler.codegen import KernelSpec, generate_kernel
-from spyre_lab.compiler.ir import BufferInfo, FusedKernel, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import BufferInfo, IRNode, MatMul, NodeGroup, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.kernels import softmax_kernel
@@ -38,11 +38,11 @@ def _bufs(*rows) -> dict[str, BufferInfo]:
     return {name: BufferInfo(name, shape, F16, role) for name, shape, role in rows}
 
 
-def _single(node: IRNode) -> FusedKernel:
-    return FusedKernel(node.name, [node], "single", list(dict.fromkeys(node.inputs)), [node.output])
+def _single(node: IRNode) -> NodeGroup:
+    return NodeGroup(node.name, [node], "single", list(dict.fromkeys(node.inputs)), [node.output])
 
 
-def _compile(kernel: FusedKernel, bufs, cfg: SpyreConfig, opts: CompileOptions) -> tuple[KernelSpec, float]:
+def _compile(kernel: NodeGroup, bufs, cfg: SpyreConfig, opts: CompileOptions) -> tuple[KernelSpec, float]:
     t = time.perf_counter()
     spec = generate_kernel(kernel, bufs, cfg, opts)
     return spec, time.perf_counter() - t
@@ -60,10 +60,10 @@ def _mean_util(specs: list[KernelSpec], mode: str = "analytic") -> float:
 
 # --- matmul: naive vs planned work division ------------------------------------------------------------
 
-def matmul_kernel(m: int, n: int, k: int) -> tuple[FusedKernel, dict[str, BufferInfo]]:
+def matmul_kernel(m: int, n: int, k: int) -> tuple[NodeGroup, dict[str, BufferInfo]]:
     bufs = _bufs(("a", (m, k), "input"), ("w", (k, n), "constant"), ("c", (m, n), "output"))
     node = MatMul("mm", "matmul", ("a", "w"), "c", {"B": 1, "M": m, "N": n, "K": k}, _noop, ("K",), "N", 1, m, n, k)
-    return FusedKernel("mm", [node], "single", ["a", "w"], ["c"]), bufs
+    return NodeGroup("mm", [node], "single", ["a", "w"], ["c"]), bufs
 
 
 def bench_matmul() -> None:
@@ -147,11 +147,11 @@ def bench_softmax() -> None:
     for cores in (1, 4, 32):
         cfg = SPYRE.replace(cores=cores)
         opts = CompileOptions()
-        fused, _ = _compile(FusedKernel("softmax", nodes, "softmax", ["x"], ["div"], ["amax", "sub", "exp", "sum"]),
+        fused, _ = _compile(NodeGroup("softmax", nodes, "softmax", ["x"], ["div"], ["amax", "sub", "exp", "sum"]),
                             bufs, cfg, opts)
         five = [_compile(_single(nd), bufs, cfg, opts)[0] for nd in nodes]
         three = [_compile(_single(amax), bufs, cfg, opts)[0],
-                 _compile(FusedKernel("exp_sum", [sub, exp, total], "reduction_fusion", ["x", "amax"],
+                 _compile(NodeGroup("exp_sum", [sub, exp, total], "reduction_fusion", ["x", "amax"],
                                       ["exp", "sum"], ["sub"]), bufs, cfg, opts)[0],
                  _compile(_single(div), bufs, cfg, opts)[0]]
         tf = fused.simulate().time_us
@@ -198,7 +198,7 @@ def bench_mlp() -> None:
     print("   scheduler weighs fused, fused without down (down separate) and the kernels its other rules form")
     for m in (1, 16, 128, 1024):
         nodes, bufs = mlp_nodes(m, HIDDEN, INTERMEDIATE)
-        fused, tc = _compile(FusedKernel("mlp", nodes, "mlp", ["x", "wg", "wu", "wd"], ["y"], ["g", "u", "s", "p"]),
+        fused, tc = _compile(NodeGroup("mlp", nodes, "mlp", ["x", "wg", "wu", "wd"], ["y"], ["g", "u", "s", "p"]),
                              bufs, SPYRE, CompileOptions())
         separate = [_compile(_single(nd), bufs, SPYRE, CompileOptions())[0] for nd in nodes]
         tf = fused.simulate().time_us

@@ -15,7 +15,7 @@ import time
 from sections import chosen, parser
 
 from spyre_lab.device.config import SPYRE
-from spyre_lab.device.isa import CoreProgram, Kernel
+from spyre_lab.device.isa import CoreOps, TileProgram
 from spyre_lab.device.kernels import elementwise_kernel, matmul_kernel, softmax_kernel, sum_kernel
 from spyre_lab.device.sim import simulate
 
@@ -40,9 +40,9 @@ def python_speed_ns() -> float:
     return best_of(3, loop)[0] * 1e3
 
 
-def distinct_copy(kernel: Kernel) -> Kernel:
+def distinct_copy(kernel: TileProgram) -> TileProgram:
     """The same kernel with every core's ops as separate objects (no program sharing to exploit)."""
-    return Kernel(kernel.name + "_distinct", [CoreProgram([dataclasses.replace(op) for op in p.ops])
+    return TileProgram(kernel.name + "_distinct", [CoreOps([dataclasses.replace(op) for op in p.ops])
                                               for p in kernel.programs])
 
 

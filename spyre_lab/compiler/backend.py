@@ -6,7 +6,7 @@ Stages, named after their Inductor / torch-spyre counterparts:
    decomposition table (what AOTAutograd's inference path does, without building a joint graph),
    functionalized so in-place ops become pure ones. No real data is touched at compile time.
 2. ``lowering.lower``: ATen -> LoopIR (GraphLowering).
-3. ``layouts.propagate_layouts``: stick layouts and restickify (propagate_spyre_tensor_layouts,
+3. ``layout_propagation.propagate_layouts``: stick layouts and restickify (propagate_spyre_tensor_layouts,
    insert_restickify).
 4. ``fusion.schedule``: fused kernels (Scheduler / spyre_fuse_nodes).
 5. ``codegen.generate_kernel`` per device kernel: work division, LX plan, tile programs (KernelSpec).
@@ -34,11 +34,11 @@ from spyre_lab.compiler import cache
 from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.device_literals import trace_on_host
 from spyre_lab.compiler.fusion import schedule
-from spyre_lab.compiler.ir import FusedKernel
-from spyre_lab.compiler.layouts import propagate_layouts
+from spyre_lab.compiler.ir import NodeGroup
+from spyre_lab.compiler.layout_propagation import propagate_layouts
 from spyre_lab.compiler.lowering import LoweringError, decomposition_table, lower
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedKernel, plan_intermediates
+from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedSpec, plan_intermediates
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.isa import LXOverflowError
 
@@ -91,7 +91,7 @@ def _traced(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any]) -> fx.
     return gm
 
 
-def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: CompileOptions) -> Launch:
+def _plan(kernel: NodeGroup, buffers: Mapping, cfg: SpyreConfig, options: CompileOptions) -> Launch:
     slots = list(dict.fromkeys([*kernel.inputs, *kernel.outputs]))
     if kernel.is_fallback:
         return HostFallback(kernel.name, kernel, slots)
@@ -100,7 +100,7 @@ def _plan(kernel: FusedKernel, buffers: Mapping, cfg: SpyreConfig, options: Comp
     except (LXOverflowError, ValueError, NotImplementedError) as e:
         # the numbers do not depend on the tile plan, so the program still runs; it just has no modeled time
         warnings.warn(f"spyre: kernel {kernel.name} has no tile plan and will not be timed: {e}", stacklevel=3)
-        return UnplannedKernel(kernel.name, kernel, slots, f"{type(e).__name__}: {e}")
+        return UnplannedSpec(kernel.name, kernel, slots, f"{type(e).__name__}: {e}")
 
 
 def _check_inputs(example_inputs: Sequence[Any]) -> None:

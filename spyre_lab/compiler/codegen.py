@@ -20,7 +20,7 @@ from dataclasses import replace
 
 import torch
 
-from spyre_lab.compiler.ir import BufferInfo, FusedKernel, InputView, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import BufferInfo, InputView, IRNode, MatMul, NodeGroup, Pointwise, Reduction
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
@@ -45,9 +45,9 @@ from spyre_lab.compiler.tiling_common import (
     share_group,
     view_operand,
 )
-from spyre_lab.compiler.tiling_matmul import MatmulKernel, choose_matmul_tiles, emit_matmul, matmul_lx_buffers
-from spyre_lab.compiler.tiling_mlp import MlpKernel, choose_mlp_tiles, emit_mlp, mlp_lx_buffers
-from spyre_lab.compiler.tiling_rows import RowKernel, emit_rows, row_lx_buffers, row_tile_shape
+from spyre_lab.compiler.tiling_matmul import MatmulTiling, choose_matmul_tiles, emit_matmul, matmul_lx_buffers
+from spyre_lab.compiler.tiling_mlp import MlpTiling, choose_mlp_tiles, emit_mlp, mlp_lx_buffers
+from spyre_lab.compiler.tiling_rows import RowTiling, emit_rows, row_lx_buffers, row_tile_shape
 from spyre_lab.compiler.work_division import (
     WorkDivision,
     divide_iteration_space,
@@ -57,7 +57,7 @@ from spyre_lab.compiler.work_division import (
     slice_ranges,
 )
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, Kernel, LXOverflowError, OpKind
+from spyre_lab.device.isa import CoreOps, LXOverflowError, OpKind, TileProgram
 
 __all__ = ["KNOWN_RULES", "KernelSpec", "estimate_us", "generate_kernel"]
 
@@ -67,7 +67,7 @@ KNOWN_RULES = ("single", "pointwise_chain", "reduction_fusion", "matmul_epilogue
 
 # --- generate_kernel ----------------------------------------------------------------------------------
 
-def generate_kernel(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def generate_kernel(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                     options: CompileOptions) -> KernelSpec:
     """Plan and emit one fused kernel: division, tile sizes that fit LX, LX plan, per-core programs."""
     if kernel.is_fallback:
@@ -122,15 +122,15 @@ def _partners(division: WorkDivision, core: int) -> PartnerInfo | None:
 
 
 def _per_core(slices: Sequence[Mapping[str, tuple[int, int]]], division: WorkDivision | None, cfg: SpyreConfig,
-              emit: Callable[[dict[str, int], PartnerInfo | None], CoreProgram],
-              reuse_partners: bool = True) -> list[CoreProgram]:
+              emit: Callable[[dict[str, int], PartnerInfo | None], CoreOps],
+              reuse_partners: bool = True) -> list[CoreOps]:
     """Every core's program. Cores with the same slice extents and no partners run the very same ops
     (one shared program), which keeps codegen and the analytic simulator linear in distinct work. Partners
     of a split reduction with the same extents and rank differ only in whom their ring ops talk to: they
     get the first such core's ops with those peers swapped."""
-    programs = [CoreProgram() for _ in range(cfg.cores)]
-    shared: dict[tuple, CoreProgram] = {}
-    templates: dict[tuple, tuple[CoreProgram, PartnerInfo]] = {}
+    programs = [CoreOps() for _ in range(cfg.cores)]
+    shared: dict[tuple, CoreOps] = {}
+    templates: dict[tuple, tuple[CoreOps, PartnerInfo]] = {}
     for c, ranges in enumerate(slices):
         if not ranges:
             continue
@@ -151,7 +151,7 @@ def _per_core(slices: Sequence[Mapping[str, tuple[int, int]]], division: WorkDiv
     return programs
 
 
-def _repartnered(template: CoreProgram, source: PartnerInfo, target: PartnerInfo, cores: int) -> CoreProgram:
+def _repartnered(template: CoreOps, source: PartnerInfo, target: PartnerInfo, cores: int) -> CoreOps:
     """``template`` (emitted for partner ``source``) as the program of ``target``, a partner of the same rank
     in another group: the same op objects, except ring transfers go to ``target``'s partners."""
     peer = dict(zip(source[1], target[1]))
@@ -162,10 +162,10 @@ def _repartnered(template: CoreProgram, source: PartnerInfo, target: PartnerInfo
         elif op.kind is OpKind.RING_RECV:
             op = replace(op, peer=peer[op.peer])
         ops.append(op)
-    return CoreProgram(ops)
+    return CoreOps(ops)
 
 
-def _slots(kernel: FusedKernel) -> list[str]:
+def _slots(kernel: NodeGroup) -> list[str]:
     seen: list[str] = []
     for b in [*kernel.inputs, *kernel.outputs]:
         if b not in seen:
@@ -173,7 +173,7 @@ def _slots(kernel: FusedKernel) -> list[str]:
     return seen
 
 
-def _spec(kernel: FusedKernel, division: WorkDivision, bufs: list[LXBuffer], programs: list[CoreProgram],
+def _spec(kernel: NodeGroup, division: WorkDivision, bufs: list[LXBuffer], programs: list[CoreOps],
           slices: list[dict[str, tuple[int, int]]], cfg: SpyreConfig, options: CompileOptions,
           buffers: Mapping[str, BufferInfo], dims: Mapping[str, int], tiles: Mapping[str, int],
           operands: dict[str, Operand], weights: Sequence[str] = ()) -> KernelSpec:
@@ -182,14 +182,14 @@ def _spec(kernel: FusedKernel, division: WorkDivision, bufs: list[LXBuffer], pro
     slots = _slots(kernel)
     return KernelSpec(
         name=kernel.name, rule=kernel.rule, ops=[n.op for n in kernel.nodes], division=division, lx_plan=plan,
-        tile_kernel=Kernel.from_programs(kernel.name, programs, cfg.cores), address_slots=slots, slices=slices,
+        tile_kernel=TileProgram.from_programs(kernel.name, programs, cfg.cores), address_slots=slots, slices=slices,
         cfg=cfg, dims=dict(dims), tiles=dict(tiles), operands=operands,
         buffers={b: buffers[b] for b in slots}, units={n.op: "pt" if isinstance(n, MatMul) else "sfp"
                                                        for n in kernel.nodes},
         roles=_roles(kernel, buffers, weights))
 
 
-def _roles(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], weights: Sequence[str]) -> dict[str, str]:
+def _roles(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], weights: Sequence[str]) -> dict[str, str]:
     """SuperDSC role of every address slot: OUTPUT, KERNEL (weights and constants) or INPUT."""
     roles = {}
     for b in _slots(kernel):
@@ -237,7 +237,7 @@ def _input_operand(node: IRNode, views: Sequence[InputView | None], i: int, rn: 
     return Operand(b, tuple(buffers[b].shape), axes, item)
 
 
-def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def _row_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     anchor = kernel.anchor
     dims = dict(anchor.dims)
@@ -268,7 +268,7 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
     eps = cfg.elems_per_stick(dtype)
     slices = slice_ranges(division, dims, (inner,), eps, cfg.cores)
     copy_only = kernel.rule == "restickify" or all(n.op in ("copy", "clone", "restickify") for n in kernel.nodes)
-    k = RowKernel(kernel.name, [] if copy_only else list(kernel.nodes), dims, col, operands,
+    k = RowTiling(kernel.name, [] if copy_only else list(kernel.nodes), dims, col, operands,
                   list(kernel.inputs), list(kernel.outputs), copy_only, frozenset(reds),
                   division.split_reduction_dim is not None,
                   shares={b: share_group(operands[b].dims, division.splits) for b in kernel.inputs},
@@ -285,7 +285,7 @@ def _row_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
 
 # --- fused attention ---------------------------------------------------------------------------------
 
-def _attention_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def _attention_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                     options: CompileOptions) -> KernelSpec:
     """Heads and query rows over the cores, the tallest query tile that fits LX, K/V tiles streamed through it."""
     node = kernel.nodes[0]
@@ -313,7 +313,7 @@ def _attention_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg:
                                               max(s["M"][1] - s["M"][0] for s in slices if s),
                                               sum(1 for s in slices if s))
     division = WorkDivision(dict(splits), tuple(range(math.prod(splits.values()))), "attention", f"{why}; {tile_why}")
-    programs = [emit_attention(shape, s["B"], s["M"], tq, tk, cfg, options.double_buffer) if s else CoreProgram()
+    programs = [emit_attention(shape, s["B"], s["M"], tq, tk, cfg, options.double_buffer) if s else CoreOps()
                 for s in slices]
     operands: dict[str, Operand] = {}
     for i, r in enumerate(node_reads(node)):           # Q [B,M,K], K^T [B,K,N], V [B,N,E] (named as its matmul did)
@@ -353,7 +353,7 @@ def _viewed(node: IRNode, views: Sequence[InputView | None], i: int, buffers: Ma
     return view_operand(node.inputs[i], view, sizes, _itemsize(buffers[node.inputs[i]]))
 
 
-def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def _matmul_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                  options: CompileOptions) -> KernelSpec:
     mm = next(n for n in kernel.nodes if isinstance(n, MatMul))
     epilogue = [n for n in kernel.nodes if n is not mm]
@@ -380,7 +380,7 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
     splits = division.splits
     shares = {x: share_group(operands[x].dims, splits) for x in (a, b)}
     shares.update({x: share_group(operands[x].dims, splits, exclude=("K",)) for n in epilogue for x in n.inputs})
-    mk = MatmulKernel(kernel.name, a, b, mm.output, _itemsize(buffers[a]), _itemsize(buffers[b]), epilogue,
+    mk = MatmulTiling(kernel.name, a, b, mm.output, _itemsize(buffers[a]), _itemsize(buffers[b]), epilogue,
                       operands, list(kernel.outputs), shares, division.cores_used, splits["K"])
     busy = [c for c, s in enumerate(slices) if s]
     ext = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()}
@@ -396,7 +396,7 @@ def _matmul_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Sp
 
 # --- fused MLP ----------------------------------------------------------------------------------------
 
-def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def _mlp_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     """A fused MLP: check its shape, lay out its operands, divide it, pick tiles that fit LX, emit per core."""
     gate, up, down, pointwise = _mlp_parts(kernel)
@@ -430,7 +430,7 @@ def _mlp_spec(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: Spyre
                  weights)
 
 
-def _mlp_parts(kernel: FusedKernel) -> tuple[MatMul, MatMul, MatMul | None, list[Pointwise]]:
+def _mlp_parts(kernel: NodeGroup) -> tuple[MatMul, MatMul, MatMul | None, list[Pointwise]]:
     """Gate, up, optional down matmul and the pointwise nodes of an mlp kernel, or an error naming what is off."""
     matmuls = [n for n in kernel.nodes if isinstance(n, MatMul)]
     pointwise = [n for n in kernel.nodes if isinstance(n, Pointwise)]
@@ -447,7 +447,7 @@ def _mlp_parts(kernel: FusedKernel) -> tuple[MatMul, MatMul, MatMul | None, list
 
 
 def _mlp_kernel(name: str, gate: MatMul, up: MatMul, down: MatMul | None, pointwise: list[Pointwise],
-                buffers: Mapping[str, BufferInfo]) -> MlpKernel:
+                buffers: Mapping[str, BufferInfo]) -> MlpTiling:
     """The MLP's operands in its dims: x[M,K], gate and up weights [K,N], the product [M,N], down [N,O]."""
     x, h = gate.inputs[0], pointwise[-1].output
     sizes = {"B": 1, "M": gate.m, "N": gate.n, "K": gate.k}
@@ -462,12 +462,12 @@ def _mlp_kernel(name: str, gate: MatMul, up: MatMul, down: MatMul | None, pointw
     operands[x] = _out_operand(x, buffers, sizes, ("M", "K"))
     for w in (gate.inputs[1], up.inputs[1]):
         operands[w] = _out_operand(w, buffers, sizes, ("K", "N"))
-    return MlpKernel(name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
+    return MlpTiling(name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
                      up.output, pointwise, h, out, _itemsize(buffers[x]), _itemsize(buffers[gate.inputs[1]]),
                      operands, gate.k, down.n if down is not None else 0)
 
 
-def _mlp_tile_chooser(mk: MlpKernel, cfg: SpyreConfig, options: CompileOptions,
+def _mlp_tile_chooser(mk: MlpTiling, cfg: SpyreConfig, options: CompileOptions,
                       name: str) -> Callable[[int, int, bool], tuple[int, int, int, int]]:
     """``tiles_for(rows, i_cols, reduce)``: the MLP tiles that fit LX for one core's slice, memoized
     (work division asks for many candidate splits, several of which share a slice shape)."""
@@ -486,7 +486,7 @@ def _mlp_tile_chooser(mk: MlpKernel, cfg: SpyreConfig, options: CompileOptions,
 
 # --- cost comparison ------------------------------------------------------------------------------
 
-def estimate_us(kernel: FusedKernel, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def estimate_us(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                 options: CompileOptions) -> float:
     """Modeled time (analytic simulator, launch included) of ``kernel`` as ``generate_kernel`` would plan it.
 

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spyre_lab.compiler.ir import Fallback, FusedKernel
+from spyre_lab.compiler.ir import Fallback, NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.per_core import CoreTile, per_core_slices, run_kernel, run_node
-from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
+from spyre_lab.compiler.program import HostFallback, Program, UnplannedSpec
 from spyre_lab.device.trace import Trace
 
 KERNEL_LANE = "stream0"
@@ -113,7 +113,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
         core_tiles = run_kernel(kernel, program, env, slices, tiles=tile_by_tile)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
-        if isinstance(launch, UnplannedKernel):
+        if isinstance(launch, UnplannedSpec):
             times[launch.name] = None
             continue
         sim = launch.simulate(mode)
@@ -128,7 +128,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
     return ExecutionResult(outputs, trace, times, tiles)
 
 
-def _host_fallback(program: Program, kernel: FusedKernel, env: dict[str, torch.Tensor], trace: Trace,
+def _host_fallback(program: Program, kernel: NodeGroup, env: dict[str, torch.Tensor], trace: Trace,
                    clock: float) -> float:
     bytes_in = sum(program.buffers[b].nbytes for b in kernel.inputs if program.buffers[b].role != "constant")
     bytes_out = sum(program.buffers[b].nbytes for b in kernel.outputs)
@@ -148,6 +148,6 @@ def _host_fallback(program: Program, kernel: FusedKernel, env: dict[str, torch.T
     return clock + h2d
 
 
-def _fallback_reason(kernel: FusedKernel) -> str:
+def _fallback_reason(kernel: NodeGroup) -> str:
     node = kernel.nodes[0]
     return node.reason if isinstance(node, Fallback) else ""

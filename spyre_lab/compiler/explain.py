@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from spyre_lab.compiler.ir import Fallback
 from spyre_lab.compiler.kernel_spec import KernelSpec
-from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedKernel
+from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedSpec
 
 
 class Explanation(str):
@@ -68,7 +68,7 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
             lines.append(f"  [{i:2d}] HOST   {ops}  ({node.reason if isinstance(node, Fallback) else ''})")
             continue
         timing = ""
-        if not isinstance(launch, UnplannedKernel):
+        if not isinstance(launch, UnplannedSpec):
             sim = launch.simulate(mode)
             total += sim.time_us
             by_rule.setdefault(kernel.rule, []).append(sim.time_us)
@@ -81,7 +81,7 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
         for extra in (_division_line(launch), _lx_line(launch)):
             if extra:
                 lines.append("  " + extra)
-        if isinstance(launch, UnplannedKernel):
+        if isinstance(launch, UnplannedSpec):
             lines.append(f"        (no tile plan: {launch.error})")
     lines.append(f"  intermediates pool: {program.pool_bytes:,} B for {len(program.dram_plan)} DRAM intermediates")
     if total:

@@ -1,4 +1,4 @@
-"""The scheduler: LoopIR nodes -> ``FusedKernel``s (Inductor's ``Scheduler`` + torch-spyre's ``spyre_fuse_nodes``).
+"""The scheduler: LoopIR nodes -> ``NodeGroup``s (Inductor's ``Scheduler`` + torch-spyre's ``spyre_fuse_nodes``).
 
 A fused kernel is one SuperDSC bundle: its inputs and outputs travel through DRAM, everything it
 produces and consumes itself stays in the cores' LX scratchpads. Rules (names from
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from spyre_lab.compiler.access import Lowered, Read, compose
-from spyre_lab.compiler.ir import Fallback, FusedKernel, Graph, InputView, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import Fallback, Graph, InputView, IRNode, MatMul, NodeGroup, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.tiling_attention import Attention, online_attention
 from spyre_lab.device.config import SPYRE, SpyreConfig
@@ -180,7 +180,7 @@ class _Scheduler:
                 return math.inf
             if key not in self.estimated:
                 ins, outs, lx = self.dram_tensors(nodes)
-                kernel = FusedKernel(f"{rule}_{nodes[0].output}", list(nodes), rule, ins, outs, lx)
+                kernel = NodeGroup(f"{rule}_{nodes[0].output}", list(nodes), rule, ins, outs, lx)
                 try:
                     self.estimated[key] = generate_kernel(kernel, self.graph.buffers, self.cfg, self.options)
                 except (LXOverflowError, ValueError, NotImplementedError) as e:
@@ -302,7 +302,7 @@ class _Scheduler:
             middle = [([sub], "single"), ([exp], "single"), ([red], "single")]
         return [([amax], "single"), *middle, ([div], "single")]
 
-    def run(self) -> tuple[list[FusedKernel], dict[str, KernelSpec]]:
+    def run(self) -> tuple[list[NodeGroup], dict[str, KernelSpec]]:
         """The kernels in launch order, and the specs cost estimates already planned for some of them."""
         patterns, claimed = self.match_patterns()
         groups = self.bundle(patterns, claimed)
@@ -367,7 +367,7 @@ class _Scheduler:
             add([node], "restickify" if node.op == "restickify" else "single", True)
         return groups
 
-    def kernels(self, groups: list[_Group]) -> tuple[list[FusedKernel], dict[str, KernelSpec]]:
+    def kernels(self, groups: list[_Group]) -> tuple[list[NodeGroup], dict[str, KernelSpec]]:
         """Name each group's kernel, say how each node reads its inputs, and keep the MLP specs already planned."""
         kernels = []
         planned: dict[str, KernelSpec] = {}
@@ -379,7 +379,7 @@ class _Scheduler:
             name = f"k{i}_{rule}_{'_'.join(dict.fromkeys(n.op for n in nodes))}"[:64]
             decision = next((self.decisions[n.name] for n in nodes if n.name in self.decisions), "")
             views = {n.name: self.input_views(n) for n in nodes}
-            kernels.append(FusedKernel(name, list(nodes), rule, ins, outs, lx, decision, input_views=views))
+            kernels.append(NodeGroup(name, list(nodes), rule, ins, outs, lx, decision, input_views=views))
             spec = self.estimated.get(tuple(n.name for n in nodes))
             if spec is not None and rule == "mlp" and spec.rule == rule:
                 spec.name = spec.tile_kernel.name = name
@@ -555,7 +555,7 @@ def _combine(current: str, joined: str) -> str:
 class Schedule:
     """The scheduler's answer: the kernels in launch order, and the ones a cost estimate already planned."""
 
-    kernels: list[FusedKernel]
+    kernels: list[NodeGroup]
     planned: dict[str, KernelSpec]
     """Kernel name -> the KernelSpec its cost estimate planned (a fused MLP), for codegen to reuse."""
 

@@ -3,7 +3,7 @@
 Lowering turns each ATen op into one node over a *named iteration space* (like Inductor's
 ``Pointwise``/``Reduction`` IR nodes, plus ``MatMul`` because Spyre runs matmuls on a different
 unit than everything else, and ``Fallback`` for what the device cannot run). Nodes read and
-write named buffers. The scheduler (``fusion.py``) then groups nodes into ``FusedKernel``s;
+write named buffers. The scheduler (``fusion.py``) then groups nodes into ``NodeGroup``s;
 everything after that (layouts, work division, scratchpad planning, codegen) works on those.
 
 Each node carries ``compute``: the exact CPU torch computation of the node, so the executor's
@@ -128,7 +128,7 @@ class Fallback(IRNode):
 
 
 @dataclass
-class FusedKernel:
+class NodeGroup:
     """One device kernel (a SuperDSC bundle): nodes fused by a named rule.
 
     ``inputs``/``outputs`` travel through DRAM; ``lx_resident`` intermediates never leave LX.

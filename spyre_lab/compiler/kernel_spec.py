@@ -12,12 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spyre_lab.compiler.ir import BufferInfo
-from spyre_lab.compiler.layouts import stored_dtype
+from spyre_lab.compiler.layout_propagation import stored_dtype
 from spyre_lab.compiler.scratchpad import LXPlan
 from spyre_lab.compiler.tiling_common import Operand, tile_grid
 from spyre_lab.compiler.work_division import WorkDivision
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import Kernel, OpKind
+from spyre_lab.device.isa import OpKind, TileProgram
 from spyre_lab.device.layout import StickLayout
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class KernelSpec:
     ops: list[str]
     division: WorkDivision
     lx_plan: LXPlan
-    tile_kernel: Kernel
+    tile_kernel: TileProgram
     address_slots: list[str]
     slices: list[dict[str, tuple[int, int]]]
     cfg: SpyreConfig = field(repr=False)

@@ -25,7 +25,7 @@ import torch
 
 from spyre_lab.compiler.access import Access
 from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
-from spyre_lab.compiler.ir import FusedKernel, IRNode, MatMul, Reduction
+from spyre_lab.compiler.ir import IRNode, MatMul, NodeGroup, Reduction
 from spyre_lab.compiler.program import Program
 from spyre_lab.compiler.same_tensor import SameTensorCache
 
@@ -44,13 +44,13 @@ def run_node(node: IRNode, env: dict[str, torch.Tensor]) -> torch.Tensor:
     return node.compute(*[env[b] for b in node.inputs])
 
 
-def _split_dims(kernel: FusedKernel, slices: list[dict[str, tuple[int, int]]]) -> set[str]:
+def _split_dims(kernel: NodeGroup, slices: list[dict[str, tuple[int, int]]]) -> set[str]:
     """The anchor dims some core does not cover whole."""
     anchor = kernel.anchor
     return {d for s in slices for d, (a, b) in s.items() if (a, b) != (0, anchor.dims.get(d, -1))}
 
 
-def _sliceable(kernel: FusedKernel, access: dict[str, Access], slices: list[dict[str, tuple[int, int]]]) -> bool:
+def _sliceable(kernel: NodeGroup, access: dict[str, Access], slices: list[dict[str, tuple[int, int]]]) -> bool:
     """Can every node of the kernel be computed per core from the anchor's slices?"""
     anchor = kernel.anchor
     split = _split_dims(kernel, slices)
@@ -76,7 +76,7 @@ PARTIAL_COMBINE = {"matmul": torch.add, "sum": torch.add, "mean": torch.add, "am
 """How partners' partial results meet when a reduced dim is split across cores (the ring reduction)."""
 
 
-def _lone_split_reduction(kernel: FusedKernel) -> bool:
+def _lone_split_reduction(kernel: NodeGroup) -> bool:
     node = kernel.nodes[0]
     return len(kernel.nodes) == 1 and isinstance(node, Reduction) and node.op in PARTIAL_COMBINE
 
@@ -158,7 +158,7 @@ class _SlicedPlan:
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
     kept: list[SameTensorCache] = field(default_factory=list)   # per anchor read: its last source's operands
 
-    def anchor_operands(self, kernel: FusedKernel, access: Access, env: dict[str, torch.Tensor]
+    def anchor_operands(self, kernel: NodeGroup, access: Access, env: dict[str, torch.Tensor]
                         ) -> list[Sequence[torch.Tensor]]:
         """Per anchor read, every core's operand: what ``_core_values`` would narrow (and ``_partial`` convert),
         made with one fp32 conversion per group of cores that can share it (see ``core_operands``).
@@ -195,7 +195,7 @@ class _SlicedPlan:
 _SLICED: dict[int, tuple[weakref.ref, list, _SlicedPlan]] = {}
 
 
-def _sliced_plan(kernel: FusedKernel, program: Program, slices: list[dict[str, tuple[int, int]]]) -> _SlicedPlan:
+def _sliced_plan(kernel: NodeGroup, program: Program, slices: list[dict[str, tuple[int, int]]]) -> _SlicedPlan:
     cached = _SLICED.get(id(kernel))
     if cached is None or cached[0]() is not kernel or cached[1] is not slices:
         if cached is None:
@@ -204,7 +204,7 @@ def _sliced_plan(kernel: FusedKernel, program: Program, slices: list[dict[str, t
     return cached[2]
 
 
-def _make_plan(kernel: FusedKernel, program: Program, slices: list[dict[str, tuple[int, int]]]) -> _SlicedPlan:
+def _make_plan(kernel: NodeGroup, program: Program, slices: list[dict[str, tuple[int, int]]]) -> _SlicedPlan:
     anchor = kernel.anchor
     split = _split_dims(kernel, slices)
     partial_dims = [d for d in anchor.dims if d in split and d in anchor.reduction_dims]
@@ -229,7 +229,7 @@ def _make_plan(kernel: FusedKernel, program: Program, slices: list[dict[str, tup
     return plan
 
 
-def _rows(kernel: FusedKernel, program: Program, plan: _SlicedPlan) -> _Rows | None:
+def _rows(kernel: NodeGroup, program: Program, plan: _SlicedPlan) -> _Rows | None:
     """The blocks as rows (see :class:`_Rows`), if the kernel is a lone split reduction whose blocks tile one
     output axis (or there is one block), every block with the same number (>1) of partners."""
     anchor = kernel.anchor
@@ -258,7 +258,7 @@ def _rows(kernel: FusedKernel, program: Program, plan: _SlicedPlan) -> _Rows | N
 
 # --- running it ----------------------------------------------------------------------------------
 
-def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+def _run_sliced(kernel: NodeGroup, program: Program, env: dict[str, torch.Tensor],
                 slices: list[dict[str, tuple[int, int]]], keep: bool) -> list[CoreTile]:
     access = program.access
     anchor = kernel.anchor
@@ -276,7 +276,7 @@ def _run_sliced(kernel: FusedKernel, program: Program, env: dict[str, torch.Tens
     return tiles if keep else []
 
 
-def _reduce_across_cores(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+def _reduce_across_cores(kernel: NodeGroup, program: Program, env: dict[str, torch.Tensor],
                          plan: _SlicedPlan, keep: bool) -> tuple[list[CoreTile], set[str]]:
     """Every core's fp32 partial, then the ring reduction: partners' partials combined in slice order, rounded
     once by the block's leader, which runs the epilogue on its block. Returns the tiles (none if not ``keep``
@@ -354,7 +354,7 @@ def _gather(shape: tuple[int, ...], dtype: torch.dtype, parts: list[tuple[Ranges
     return full
 
 
-def per_core_slices(kernel: FusedKernel, program: Program,
+def per_core_slices(kernel: NodeGroup, program: Program,
                     slices: Sequence[dict[str, tuple[int, int]]] | None) -> list[dict[str, tuple[int, int]]] | None:
     """The slices :func:`run_kernel` computes core by core (None: the kernel is computed whole). A runtime that
     launches the kernel many times decides once and passes ``checked=True``."""
@@ -363,7 +363,7 @@ def per_core_slices(kernel: FusedKernel, program: Program,
     return None
 
 
-def run_kernel(kernel: FusedKernel, program: Program, env: dict[str, torch.Tensor],
+def run_kernel(kernel: NodeGroup, program: Program, env: dict[str, torch.Tensor],
                slices: Sequence[dict[str, tuple[int, int]]] | None = None, *, checked: bool = False,
                tiles: bool = True) -> list[CoreTile]:
     """Compute one kernel's outputs into ``env`` (buffer name -> tensor). With the kernel's per-core

@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from spyre_lab.compiler.access import Access, Read
-from spyre_lab.compiler.ir import BufferInfo, Fallback, FusedKernel
+from spyre_lab.compiler.ir import BufferInfo, Fallback, NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.device.config import SpyreConfig
 
 if TYPE_CHECKING:
-    from spyre_lab.compiler.layouts import Restickify
+    from spyre_lab.compiler.layout_propagation import Restickify
 
 
 @dataclass
@@ -31,7 +31,7 @@ class HostFallback:
     """A launch that runs on the host CPU: inputs copied over PCIe, the torch op, results copied back."""
 
     name: str
-    kernel: FusedKernel
+    kernel: NodeGroup
     address_slots: list[str]
     rule: str = "fallback"
     host: bool = True
@@ -47,11 +47,11 @@ class HostFallback:
 
 
 @dataclass
-class UnplannedKernel:
+class UnplannedSpec:
     """A device kernel whose numerics are known but which has no tile plan (codegen unavailable)."""
 
     name: str
-    kernel: FusedKernel
+    kernel: NodeGroup
     address_slots: list[str]
     error: str = ""
     host: bool = False
@@ -68,7 +68,7 @@ class UnplannedKernel:
         return f"{self.name}: rule={self.rule} ops={self.ops} (no tile plan: {self.error})"
 
 
-Launch = KernelSpec | HostFallback | UnplannedKernel
+Launch = KernelSpec | HostFallback | UnplannedSpec
 """One entry of a Program's launch order: a planned device kernel, a host fallback, or a device kernel
 without a tile plan (numbers known, time not)."""
 
@@ -84,7 +84,7 @@ class DramSlot:
     last: int
 
 
-def plan_intermediates(kernels: list[FusedKernel], buffers: dict[str, BufferInfo], keep: set[str],
+def plan_intermediates(kernels: list[NodeGroup], buffers: dict[str, BufferInfo], keep: set[str],
                        alignment: int = 128) -> tuple[dict[str, DramSlot], int]:
     """First-fit offsets by live range for kernel outputs that other kernels read (not graph outputs)."""
     first: dict[str, int] = {}
@@ -122,7 +122,7 @@ class Program:
     """One compiled graph: what the runtime launches, in order, and how its buffers are laid out."""
 
     name: str
-    kernels: list[FusedKernel]
+    kernels: list[NodeGroup]
     launches: list[Launch]                    # same order as kernels
     inputs: list[str]
     outputs: list[Read]
@@ -147,7 +147,7 @@ class Program:
         return len(self.launches)
 
     @property
-    def device_launches(self) -> list[KernelSpec | UnplannedKernel]:
+    def device_launches(self) -> list[KernelSpec | UnplannedSpec]:
         return [launch for launch in self.launches if not isinstance(launch, HostFallback)]
 
     def address_slots(self) -> list[list[str]]:

@@ -27,7 +27,7 @@ from spyre_lab.compiler.ir import IRNode
 from spyre_lab.compiler.scratchpad import LXBuffer
 from spyre_lab.compiler.tiling_common import ACC_BYTES, pad_to_sticks
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, LXOverflowError
+from spyre_lab.device.isa import CoreOps, LXOverflowError
 
 ScoreFn = Callable[[torch.Tensor, Sequence[torch.Tensor]], torch.Tensor]
 """Score ops on one tile: (fp32 score tile, the extra inputs' tiles) -> the softmax input tile."""
@@ -218,9 +218,9 @@ def divide_attention(a: AttentionShape, cores: int) -> tuple[dict[str, int], str
 
 
 def emit_attention(a: AttentionShape, b_range: tuple[int, int], m_range: tuple[int, int], tq: int, tk: int,
-                   cfg: SpyreConfig, double_buffer: bool) -> CoreProgram:
+                   cfg: SpyreConfig, double_buffer: bool) -> CoreOps:
     """One core's program: for each of its heads and query tiles, stream the key/value tiles through LX."""
-    p = CoreProgram()
+    p = CoreOps()
     kv_steps: list[int] = []
     gap = 2 if double_buffer else 1
     eps = cfg.stick_bytes // a.item

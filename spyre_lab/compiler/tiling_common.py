@@ -3,7 +3,7 @@ reduction chain, and which cores load the same bytes at once (DRAM broadcast gro
 
 The emitters (:mod:`~spyre_lab.compiler.tiling_rows`, :mod:`~spyre_lab.compiler.tiling_matmul`,
 :mod:`~spyre_lab.compiler.tiling_mlp`) turn one core's slice into a
-:class:`~spyre_lab.device.isa.CoreProgram` and list the LX buffers one steady-state tile period needs,
+:class:`~spyre_lab.device.isa.CoreOps` and list the LX buffers one steady-state tile period needs,
 so the scratchpad planner can place them and tile sizes can shrink until they fit. Their conventions:
 
 * **Double buffering** is written into the dependencies: the loads of tile ``t`` wait for tile
@@ -15,7 +15,7 @@ so the scratchpad planner can place them and tile sizes can shrink until they fi
 * **Bytes** are whole sticks: each operand tile is padded along its tensor's last dim (its stick dim)
   to a multiple of ``elems_per_stick``. A keepdim reduction's output (``[..., 1]``) therefore moves one
   stick per value: the sparse "1 value per stick" output of a reduction along the stick dim.
-* **Views**: an input a node reads through a permute, expand or reshape (``FusedKernel.input_views``) is an
+* **Views**: an input a node reads through a permute, expand or reshape (``NodeGroup.input_views``) is an
   operand over the viewed axes it moves through, outermost stride first (:func:`view_operand`): a tile
   of a transposed read loads the sticks that tile touches, an expanded axis loads nothing more, and
   each core's DRAM start address follows the view's strides.
@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from spyre_lab.compiler.ir import InputView, IRNode, Reduction
 from spyre_lab.compiler.scratchpad import LXBuffer
 from spyre_lab.compiler.work_division import ring_hops
-from spyre_lab.device.isa import CoreProgram
+from spyre_lab.device.isa import CoreOps
 
 ACC_BYTES = 4
 """Matmul partial sums accumulate (and travel the ring) in fp32."""
@@ -190,7 +190,7 @@ def slot_wait(history: Sequence[int], double_buffer: bool) -> tuple[int, list[in
     return (s % 2 if double_buffer else 0), ([history[s - gap]] if s >= gap else [])
 
 
-def chain_reduce(p: CoreProgram, partner_info: PartnerInfo, nbytes: int, elements: int, owner: int, last: int,
+def chain_reduce(p: CoreOps, partner_info: PartnerInfo, nbytes: int, elements: int, owner: int, last: int,
                  tag: str, cores: int, combine: str) -> int:
     """Reduce a partial result down the partner chain; returns the op after which this partner is done.
 

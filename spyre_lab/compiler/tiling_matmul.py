@@ -32,7 +32,7 @@ from spyre_lab.compiler.tiling_common import (
     pad_to_sticks,
 )
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, LXOverflowError
+from spyre_lab.device.isa import CoreOps, LXOverflowError
 from spyre_lab.device.sim_costs import matmul_cycles
 
 TILE_TIME_SLACK = 0.02
@@ -40,7 +40,7 @@ TILE_TIME_SLACK = 0.02
 
 
 @dataclass
-class MatmulKernel:
+class MatmulTiling:
     """A matmul ``C = A @ B`` with optional pointwise epilogue nodes applied to C's tile in LX."""
 
     name: str
@@ -57,7 +57,7 @@ class MatmulKernel:
     k_partners: int = 1                 # cores per output tile (a split K); partner 0 stores
 
 
-def _epilogue_inputs(mk: MatmulKernel) -> list[str]:
+def _epilogue_inputs(mk: MatmulTiling) -> list[str]:
     produced = {mk.mm_out} | {n.output for n in mk.epilogue}
     seen: list[str] = []
     for n in mk.epilogue:
@@ -65,13 +65,13 @@ def _epilogue_inputs(mk: MatmulKernel) -> list[str]:
     return seen
 
 
-def _epilogue_slot(mk: MatmulKernel, buffer: str) -> str:
+def _epilogue_slot(mk: MatmulTiling, buffer: str) -> str:
     """The LX name of an epilogue input's output-shaped tile. An input the matmul also reads as A or B
     (``(h @ x.t()) @ x + x``) has its A/B tile under its own name already: the epilogue's tile is another one."""
     return f"{buffer}@out" if buffer in (mk.a, mk.b) else buffer
 
 
-def _epilogue_in_place(mk: MatmulKernel, n: IRNode) -> bool:
+def _epilogue_in_place(mk: MatmulTiling, n: IRNode) -> bool:
     """May epilogue node ``n`` write into its first input's tile? (the accumulator or an earlier epilogue
     result of the same shape, which nothing after ``n`` reads and which is not stored)"""
     if n.op not in IN_PLACE_OPS or not n.inputs:
@@ -83,7 +83,7 @@ def _epilogue_in_place(mk: MatmulKernel, n: IRNode) -> bool:
             and mk.operands[first].shape == mk.operands[n.output].shape)
 
 
-def matmul_lx_buffers(mk: MatmulKernel, tm: int, tn: int, tk: int, cfg: SpyreConfig, double_buffer: bool,
+def matmul_lx_buffers(mk: MatmulTiling, tm: int, tn: int, tk: int, cfg: SpyreConfig, double_buffer: bool,
                       k_split: bool) -> list[LXBuffer]:
     """Everything one core holds in a steady-state output tile (all live together)."""
     copies = 2 if double_buffer else 1
@@ -103,7 +103,7 @@ def matmul_lx_buffers(mk: MatmulKernel, tm: int, tn: int, tk: int, cfg: SpyreCon
     return bufs
 
 
-def matmul_tile_cycles(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, tiles: tuple[int, int, int],
+def matmul_tile_cycles(mk: MatmulTiling, bc: int, mc: int, nc: int, kc: int, tiles: tuple[int, int, int],
                        cfg: SpyreConfig) -> float:
     """Modeled cycles for one core's ``bc x mc x nc x kc`` slice with ``tiles``, every core running alike.
 
@@ -132,7 +132,7 @@ def matmul_tile_cycles(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, til
     return fill + max(pt, (a_bytes + b_bytes) / dma, card) + drain
 
 
-def choose_matmul_tiles(mk: MatmulKernel, mc: int, nc: int, kc: int, cfg: SpyreConfig, double_buffer: bool,
+def choose_matmul_tiles(mk: MatmulTiling, mc: int, nc: int, kc: int, cfg: SpyreConfig, double_buffer: bool,
                         k_split: bool, fits: Fits, bc: int = 1) -> tuple[int, int, int]:
     """Tile sizes (tm rows, tn, tk in whole sticks) for one core's ``mc x nc x kc`` slice.
 
@@ -159,15 +159,15 @@ def choose_matmul_tiles(mk: MatmulKernel, mc: int, nc: int, kc: int, cfg: SpyreC
     raise LXOverflowError(mk.name, 0, need, 0, cfg.lx_budget_bytes)
 
 
-def emit_matmul(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, tiles: tuple[int, int, int],
-                cfg: SpyreConfig, double_buffer: bool, partner_info: PartnerInfo | None) -> CoreProgram:
+def emit_matmul(mk: MatmulTiling, bc: int, mc: int, nc: int, kc: int, tiles: tuple[int, int, int],
+                cfg: SpyreConfig, double_buffer: bool, partner_info: PartnerInfo | None) -> CoreOps:
     """One core's matmul: per output tile, stream A and B tiles through the PT, accumulating in LX (fp32);
     reduce K partials over the ring; run the epilogue on the finished tile; store.
 
     Loops run batch, M tile, N tile, K step on every core, so the cores sharing an A tile (same M and K
     range) or a B tile (same N and K range) load it at the same step, as one broadcast.
     """
-    p = CoreProgram()
+    p = CoreOps()
     sb = cfg.stick_bytes
     tm, tn, tk = tiles
     eps_a, eps_b = sb // mk.a_item, sb // mk.b_item
@@ -222,7 +222,7 @@ def emit_matmul(mk: MatmulKernel, bc: int, mc: int, nc: int, kc: int, tiles: tup
     return p
 
 
-def _epilogue_and_store(mk: MatmulKernel, p: CoreProgram, owner: int, last: int, ext_in: list[str], bi: int,
+def _epilogue_and_store(mk: MatmulTiling, p: CoreOps, owner: int, last: int, ext_in: list[str], bi: int,
                         mi: int, ni: int, rm: int, rn: int, t: int, cfg: SpyreConfig) -> int:
     """Partner 0's finish of an output tile: load the epilogue's other inputs, run it in LX, store."""
     sb = cfg.stick_bytes

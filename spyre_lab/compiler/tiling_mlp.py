@@ -25,11 +25,11 @@ from spyre_lab.compiler.tiling_common import (
     slot_wait,
 )
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, LXOverflowError
+from spyre_lab.device.isa import CoreOps, LXOverflowError
 
 
 @dataclass
-class MlpKernel:
+class MlpTiling:
     """``gate = x @ Wg``, ``up = x @ Wu``, pointwise nodes (SiLU, mul) -> ``h``, optionally ``out = h @ Wd``.
 
     Each core owns a slice of the intermediate dim I (and of the rows): only x, the weights and the final
@@ -55,7 +55,7 @@ class MlpKernel:
     shares: dict[str, int] = field(default_factory=dict)  # buffer -> cores loading its tiles at once
 
 
-def mlp_lx_buffers(mk: MlpKernel, tm: int, ti: int, th: int, to: int, cfg: SpyreConfig, double_buffer: bool,
+def mlp_lx_buffers(mk: MlpTiling, tm: int, ti: int, th: int, to: int, cfg: SpyreConfig, double_buffer: bool,
                    reduce: bool, whole_slice: bool) -> list[LXBuffer]:
     """Steady-state buffers of one row tile (all live together).
 
@@ -85,7 +85,7 @@ def mlp_lx_buffers(mk: MlpKernel, tm: int, ti: int, th: int, to: int, cfg: Spyre
     return bufs
 
 
-def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_buffer: bool, reduce: bool,
+def choose_mlp_tiles(mk: MlpTiling, mc: int, ic: int, cfg: SpyreConfig, double_buffer: bool, reduce: bool,
                      fits: Fits, memo: dict[tuple, bool] | None = None) -> tuple[int, int, int, int]:
     """(tm, ti, th, to): the weights are re-read once per row tile, so the fewest row tiles win, then fewer ops.
 
@@ -122,8 +122,8 @@ def choose_mlp_tiles(mk: MlpKernel, mc: int, ic: int, cfg: SpyreConfig, double_b
     raise LXOverflowError(mk.name, 0, need, 0, cfg.lx_budget_bytes)
 
 
-def emit_mlp(mk: MlpKernel, mc: int, ic: int, tiles: tuple[int, int, int, int], cfg: SpyreConfig,
-             double_buffer: bool, partner_info: PartnerInfo | None) -> CoreProgram:
+def emit_mlp(mk: MlpTiling, mc: int, ic: int, tiles: tuple[int, int, int, int], cfg: SpyreConfig,
+             double_buffer: bool, partner_info: PartnerInfo | None) -> CoreOps:
     """One core's fused MLP, row tile by row tile.
 
     The gate and up matmuls of a K chunk share one x tile; SiLU and mul run on the SFU in LX; the down
@@ -140,9 +140,9 @@ def emit_mlp(mk: MlpKernel, mc: int, ic: int, tiles: tuple[int, int, int, int], 
 class _MlpEmitter:
     """What one core's MLP program threads from row tile to row tile: the ops that free each LX slot."""
 
-    def __init__(self, mk: MlpKernel, ic: int, tiles: tuple[int, int, int, int], cfg: SpyreConfig,
+    def __init__(self, mk: MlpTiling, ic: int, tiles: tuple[int, int, int, int], cfg: SpyreConfig,
                  double_buffer: bool, partner_info: PartnerInfo | None) -> None:
-        self.p = CoreProgram()
+        self.p = CoreOps()
         self.mk, self.cfg, self.double_buffer, self.partner_info = mk, cfg, double_buffer, partner_info
         sb = self.sb = cfg.stick_bytes
         _, ti, th, to = tiles

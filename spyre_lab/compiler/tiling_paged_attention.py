@@ -41,7 +41,7 @@ from spyre_lab.compiler.scratchpad import LXBuffer, LXPlan, plan_scratchpad
 from spyre_lab.compiler.tiling_common import ACC_BYTES, pad_to_sticks
 from spyre_lab.compiler.work_division import ring_hops
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, Kernel
+from spyre_lab.device.isa import CoreOps, TileProgram
 from spyre_lab.device.sim_costs import matmul_cycles, ring_cycles, sfu_cycles
 
 MAX_TILE_KEYS = 128
@@ -235,7 +235,7 @@ class PagedPlan:
     tile_blocks: int
     fresh_rows: int
     items: list[WorkItem]
-    kernel: Kernel
+    kernel: TileProgram
     lx_plan: LXPlan
     reason: str
 
@@ -366,11 +366,11 @@ def plan_paged_attention(shape: PagedShape, cfg: SpyreConfig, double_buffer: boo
     if any(len(i.bounds) > 2 for i in items):
         bufs = with_partial
     lx_plan = plan_scratchpad(bufs, cfg.lx_budget_bytes, lx_allocator, kernel=name)
-    programs = [CoreProgram() for _ in range(cfg.cores)]
+    programs = [CoreOps() for _ in range(cfg.cores)]
     for core, work in enumerate(_per_core(items, cfg.cores)):
         for item, chunk in work:
             _emit(programs[core], shape, item, chunk, cfg, double_buffer)
-    kernel = Kernel(name, programs)
+    kernel = TileProgram(name, programs)
     busy = len(kernel.active_cores)
     split = [i for i in items if len(i.bounds) > 2]
     how = (f"{len(units)} (sequence, KV head) unit(s) of up to {max_rows} query rows ({group} heads share each KV "
@@ -457,7 +457,7 @@ def _per_core(items: list[WorkItem], cores: int) -> list[list[tuple[WorkItem, in
     return work
 
 
-def _emit(p: CoreProgram, shape: PagedShape, item: WorkItem, chunk: int, cfg: SpyreConfig,
+def _emit(p: CoreOps, shape: PagedShape, item: WorkItem, chunk: int, cfg: SpyreConfig,
           double_buffer: bool) -> None:
     """One chunk of one work item on its core: Q resident, K/V tiles through two slots, merge or store."""
     eps = cfg.stick_bytes // shape.item
@@ -527,7 +527,7 @@ def _emit(p: CoreProgram, shape: PagedShape, item: WorkItem, chunk: int, cfg: Sp
     p.store(rows * dp * item_b, deps=[fin], name=f"store O {tag}")
 
 
-def cache_block_loads(kernel: Kernel) -> dict[tuple[int, int, int], int]:
+def cache_block_loads(kernel: TileProgram) -> dict[tuple[int, int, int], int]:
     """(sequence, KV head, block index in its table) -> how many times the kernel loads that cache block's K."""
     counts: dict[tuple[int, int, int], int] = {}
     for prog in kernel.programs:

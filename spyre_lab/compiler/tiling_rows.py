@@ -29,11 +29,11 @@ from spyre_lab.compiler.tiling_common import (
     tile_grid,
 )
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreProgram, LXOverflowError
+from spyre_lab.device.isa import CoreOps, LXOverflowError
 
 
 @dataclass
-class RowKernel:
+class RowTiling:
     """What the row-tile emitter needs to know about a non-matmul kernel."""
 
     name: str
@@ -103,7 +103,7 @@ def _gathered(nodes: list[IRNode], operands: dict[str, Operand]) -> dict[str, Op
     return out
 
 
-def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
+def _row_tile_ops(k: RowTiling) -> list[tuple[IRNode, str, bool]]:
     """(node, out buffer, in place?) in order; in place when the op allows it and its first input dies here."""
     last_use: dict[str, int] = {}
     for i, n in enumerate(k.nodes):
@@ -121,7 +121,7 @@ def _row_tile_ops(k: RowKernel) -> list[tuple[IRNode, str, bool]]:
     return plan
 
 
-def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool) -> list[LXBuffer]:
+def row_lx_buffers(k: RowTiling, tile: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool) -> list[LXBuffer]:
     """LX buffers of one tile period: loads at step 0, node ``i`` at step ``i + 1``, stores at the last step."""
     steps = len(k.nodes) + 1
     sb = cfg.stick_bytes
@@ -156,7 +156,7 @@ def row_lx_buffers(k: RowKernel, tile: Mapping[str, int], cfg: SpyreConfig, doub
     return bufs
 
 
-def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool,
+def row_tile_shape(k: RowTiling, extent: Mapping[str, int], cfg: SpyreConfig, double_buffer: bool,
                    fits: Fits) -> dict[str, int]:
     """The biggest tile of a core's slice that ``fits`` LX: whole col dims, rows halved from the outermost
     row dim inwards; a pointwise kernel may finally cut its innermost dim into fewer sticks, and a lone
@@ -194,8 +194,8 @@ def row_tile_shape(k: RowKernel, extent: Mapping[str, int], cfg: SpyreConfig, do
     return tile
 
 
-def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], cfg: SpyreConfig,
-              double_buffer: bool, partner_info: PartnerInfo | None = None) -> CoreProgram:
+def emit_rows(k: RowTiling, extent: Mapping[str, int], tile: Mapping[str, int], cfg: SpyreConfig,
+              double_buffer: bool, partner_info: PartnerInfo | None = None) -> CoreOps:
     """One core's program: per tile, load the streamed inputs, run every node on the SFU, store the outputs.
 
     ``partner_info`` = (rank, partner cores, this core) when a reduced dim is split across cores. Tiles walk
@@ -203,7 +203,7 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
     output tile, the rest accumulate into it, and the last combines with the partners and stores.
     """
     shares = k.shares
-    p = CoreProgram()
+    p = CoreOps()
     sb = cfg.stick_bytes
     inner = list(k.dims)[-1]
     ops = _row_tile_ops(k)
@@ -277,5 +277,5 @@ def emit_rows(k: RowKernel, extent: Mapping[str, int], tile: Mapping[str, int], 
     return p
 
 
-def _node_dims(n: IRNode, k: RowKernel) -> set[str]:
+def _node_dims(n: IRNode, k: RowTiling) -> set[str]:
     return set(renamed(n, list(k.dims)).values())

@@ -81,7 +81,7 @@ class TileOp:
 
 
 @dataclass
-class CoreProgram:
+class CoreOps:
     """The ordered tile operations of one core. Appending returns the op's index for ``deps``."""
 
     ops: list[TileOp] = field(default_factory=list)
@@ -157,11 +157,11 @@ class CoreProgram:
 
 
 @dataclass
-class Kernel:
-    """One launch: a :class:`CoreProgram` per core (index = core id; empty programs are idle cores)."""
+class TileProgram:
+    """One launch: a :class:`CoreOps` per core (index = core id; empty programs are idle cores)."""
 
     name: str
-    programs: list[CoreProgram]
+    programs: list[CoreOps]
 
     def __post_init__(self) -> None:
         sends: dict[tuple[int, str | None], TileOp] = {}
@@ -181,11 +181,11 @@ class Kernel:
                                  f"from core {op.peer} to core {c}, and there is none")
 
     @classmethod
-    def from_programs(cls, name: str, programs: Sequence[CoreProgram], cores: int) -> Kernel:
+    def from_programs(cls, name: str, programs: Sequence[CoreOps], cores: int) -> TileProgram:
         """Pad to ``cores`` programs so idle cores are explicit."""
         if len(programs) > cores:
             raise ValueError(f"kernel {name!r} has {len(programs)} core programs but the device has {cores} cores")
-        return cls(name, list(programs) + [CoreProgram() for _ in range(cores - len(programs))])
+        return cls(name, list(programs) + [CoreOps() for _ in range(cores - len(programs))])
 
     @property
     def active_cores(self) -> list[int]:

@@ -1,6 +1,6 @@
 """Hand-built reference kernels for the device layer: what a compiled tile program looks like.
 
-These builders write :class:`~spyre_lab.device.isa.Kernel` objects directly, the way the
+These builders write :class:`~spyre_lab.device.isa.TileProgram` objects directly, the way the
 compiler's code generator will later. They exist so the simulator can be tested, benchmarked and
 demonstrated on kernels whose structure a learner can read in a few lines:
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 
 from spyre_lab.device.config import SPYRE, SpyreConfig
-from spyre_lab.device.isa import CoreProgram, Kernel
+from spyre_lab.device.isa import CoreOps, TileProgram
 
 FP16 = 2
 FP32 = 4
@@ -45,9 +45,9 @@ def _chunks(total: int, size: int) -> list[int]:
     return [min(size, total - start) for start in range(0, total, size)]
 
 
-def _same_work(program: CoreProgram) -> CoreProgram:
+def _same_work(program: CoreOps) -> CoreOps:
     """A core program holding the same (immutable) ops, which the analytic simulator times only once."""
-    return CoreProgram(list(program.ops))
+    return CoreOps(list(program.ops))
 
 
 def _check_positive(**values: int) -> None:
@@ -57,7 +57,7 @@ def _check_positive(**values: int) -> None:
 
 
 def elementwise_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: int = 64 * 1024,
-                       transcendental: bool = False, inputs: int = 2, buffers: int | None = 2) -> Kernel:
+                       transcendental: bool = False, inputs: int = 2, buffers: int | None = 2) -> TileProgram:
     """``out = f(a, b, ...)`` over ``elements`` fp16 values on ``cores`` cores, tile by tile.
 
     Each tile loads ``inputs`` operand tiles, runs one SFU pass (a ``special`` pass when
@@ -75,12 +75,12 @@ def elementwise_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile
     stick_elems = cfg.stick_bytes // FP16
     tile_elems = max(stick_elems, tile_bytes // FP16 // stick_elems * stick_elems)
     programs = []
-    built: dict[int, CoreProgram] = {}
+    built: dict[int, CoreOps] = {}
     for share in _split(elements, cores, stick_elems):
         if share in built:
             programs.append(_same_work(built[share]))
             continue
-        p = built[share] = CoreProgram()
+        p = built[share] = CoreOps()
         computes: list[int] = []
         for t, n in enumerate(_chunks(share, tile_elems)):
             nbytes = cfg.sticks(n * FP16) * cfg.stick_bytes
@@ -92,12 +92,12 @@ def elementwise_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile
             p.store(nbytes, deps=[op], name=f"store out[{t}]")
         programs.append(p)
     kind = "exp" if transcendental else "add"
-    return Kernel.from_programs(f"{kind}_{elements}x{inputs}_on{cores}", programs, cfg.cores)
+    return TileProgram.from_programs(f"{kind}_{elements}x{inputs}_on{cores}", programs, cfg.cores)
 
 
 def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, cores_k: int = 1,
                   cfg: SpyreConfig = SPYRE, tile: tuple[int, int, int] = (128, 128, 64),
-                  acc_bytes: int = FP32, broadcast: bool = True) -> Kernel:
+                  acc_bytes: int = FP32, broadcast: bool = True) -> TileProgram:
     """``C[m,n] = A[m,k] @ B[k,n]`` in fp16 on a ``cores_m x cores_n x cores_k`` core grid.
 
     Per core, output tiles of ``tile[0] x tile[1]`` are accumulated in place over K steps of
@@ -110,7 +110,7 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
     transfer is one hop) and the core holding K slice 0 stores the tile.
 
     With ``broadcast`` an A tile is loaded as one DRAM broadcast to the ``cores_n`` cores that need
-    it and a B tile to the ``cores_m`` cores that need it (``CoreProgram.load(share=...)``).
+    it and a B tile to the ``cores_m`` cores that need it (``CoreOps.load(share=...)``).
     """
     _check_positive(m=m, n=n, k=k, cores_m=cores_m, cores_n=cores_n, cores_k=cores_k)
     if cores_m * cores_n * cores_k > cfg.cores:
@@ -122,12 +122,12 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
         raise ValueError(f"cannot split {m}x{n}x{k} over a {cores_m}x{cores_n}x{cores_k} grid: a dim has fewer "
                          "rows than cores")
     m_shares, n_shares, k_shares = _split(m, cores_m), _split(n, cores_n), _split(k, cores_k)
-    programs: list[CoreProgram] = [CoreProgram() for _ in range(cores_m * cores_n * cores_k)]
+    programs: list[CoreOps] = [CoreOps() for _ in range(cores_m * cores_n * cores_k)]
 
     def core_id(mi: int, ni: int, ki: int) -> int:
         return (mi * cores_n + ni) * cores_k + ki
 
-    built: dict[tuple[int, int], CoreProgram] = {}
+    built: dict[tuple[int, int], CoreOps] = {}
     for mi, ni, ki in ((a, b, c) for a in range(cores_m) for b in range(cores_n) for c in range(cores_k)):
         if cores_k == 1:  # no ring traffic: cores with the same block shape run the same program
             shape = (m_shares[mi], n_shares[ni])
@@ -161,10 +161,10 @@ def matmul_kernel(m: int, n: int, k: int, cores_m: int = 1, cores_n: int = 1, co
             else:
                 p.store(rows * cols * FP16, deps=[acc, first], name=f"store C[{t}]")
     name = f"matmul_{m}x{n}x{k}_grid{cores_m}x{cores_n}x{cores_k}" + ("" if broadcast else "_nobcast")
-    return Kernel.from_programs(name, programs, cfg.cores)
+    return TileProgram.from_programs(name, programs, cfg.cores)
 
 
-def sum_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: int = 64 * 1024) -> Kernel:
+def sum_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: int = 64 * 1024) -> TileProgram:
     """``total = x.sum()`` over ``elements`` fp16 values: per-core partial sums, then a ring reduction.
 
     Each core folds its tiles into a one-stick accumulator (one SFU pass per tile, chained through
@@ -179,7 +179,7 @@ def sum_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: 
     acc_bytes = cfg.stick_bytes
     programs = []
     for c, share in enumerate(_split(elements, cores, stick_elems)):
-        p = CoreProgram()
+        p = CoreOps()
         acc = -1
         folds: list[int] = []
         for t, n in enumerate(_chunks(share, tile_elems)):
@@ -197,11 +197,11 @@ def sum_kernel(elements: int, cores: int, cfg: SpyreConfig = SPYRE, tile_bytes: 
         else:
             p.store(acc_bytes, deps=[acc] if acc >= 0 else [], name="store total")
         programs.append(p)
-    return Kernel.from_programs(f"sum_{elements}_on{cores}", programs, cfg.cores)
+    return TileProgram.from_programs(f"sum_{elements}_on{cores}", programs, cfg.cores)
 
 
 def softmax_kernel(rows: int, cols: int, cores: int = 1, cfg: SpyreConfig = SPYRE, fused: bool = True,
-                   row_tile: int | None = None) -> Kernel:
+                   row_tile: int | None = None) -> TileProgram:
     """Row softmax of an fp16 ``rows x cols`` tensor: max -> sub -> exp -> sum -> div per row tile.
 
     ``fused=True`` keeps every intermediate in LX (one DRAM read, one DRAM write). ``fused=False``
@@ -220,12 +220,12 @@ def softmax_kernel(rows: int, cols: int, cores: int = 1, cfg: SpyreConfig = SPYR
     elif row_tile <= 0:
         raise ValueError(f"row_tile must be a positive number of rows (or None to choose), got {row_tile}")
     programs = []
-    built: dict[int, CoreProgram] = {}
+    built: dict[int, CoreOps] = {}
     for share in shares:
         if share in built:
             programs.append(_same_work(built[share]))
             continue
-        p = built[share] = CoreProgram()
+        p = built[share] = CoreOps()
         last_div: list[int] = []
         for t, r in enumerate(_chunks(share, row_tile)):
             tile, reds, elems = r * row_bytes, r * red_bytes, r * cols
@@ -247,4 +247,4 @@ def softmax_kernel(rows: int, cols: int, cores: int = 1, cfg: SpyreConfig = SPYR
             p.store(tile, deps=[div], name=f"store y[{t}]")
         programs.append(p)
     kind = "fused" if fused else "staged"
-    return Kernel.from_programs(f"softmax_{rows}x{cols}_{kind}_on{cores}", programs, cfg.cores)
+    return TileProgram.from_programs(f"softmax_{rows}x{cols}_{kind}_on{cores}", programs, cfg.cores)

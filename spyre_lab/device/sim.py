@@ -1,4 +1,4 @@
-"""The dataflow simulator: how long a :class:`~spyre_lab.device.isa.Kernel` takes on the modeled card.
+"""The dataflow simulator: how long a :class:`~spyre_lab.device.isa.TileProgram` takes on the modeled card.
 
 Two modes read the same kernel and return the same :class:`SimResult`:
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from spyre_lab.device.config import SPYRE, SpyreConfig
-from spyre_lab.device.isa import Kernel
+from spyre_lab.device.isa import TileProgram
 from spyre_lab.device.sim_analytic import run_analytic
 from spyre_lab.device.sim_costs import UNIT_NAMES, EngineRun, check_capacity
 from spyre_lab.device.sim_event import run_event
@@ -52,7 +52,7 @@ class SimResult:
     (memory, compute, communication) of the busiest unit on any core.
     """
 
-    kernel: Kernel = field(repr=False)
+    kernel: TileProgram = field(repr=False)
     cfg: SpyreConfig = field(repr=False)
     mode: Mode
     time_us: float
@@ -134,7 +134,7 @@ class SimResult:
                 f"bottleneck={self.bottleneck!r})")
 
 
-def simulate(kernel: Kernel, cfg: SpyreConfig = SPYRE, mode: Mode = "event", trace: bool = True,
+def simulate(kernel: TileProgram, cfg: SpyreConfig = SPYRE, mode: Mode = "event", trace: bool = True,
              lx_capacity: int | None = None) -> SimResult:
     """Time ``kernel`` on the modeled card ``cfg``; see the module docstring for the two modes.
 
@@ -144,8 +144,8 @@ def simulate(kernel: Kernel, cfg: SpyreConfig = SPYRE, mode: Mode = "event", tra
     Raises :class:`~spyre_lab.device.isa.LXOverflowError` when a core's LX cannot hold what the
     kernel asks of it, and ``RuntimeError`` when ring transfers wait on each other forever.
     """
-    if not isinstance(kernel, Kernel):
-        raise TypeError(f"simulate() takes a spyre_lab.device.isa.Kernel, got {type(kernel).__name__}")
+    if not isinstance(kernel, TileProgram):
+        raise TypeError(f"simulate() takes a spyre_lab.device.isa.TileProgram, got {type(kernel).__name__}")
     if len(kernel.programs) > cfg.cores:
         raise ValueError(f"kernel {kernel.name!r} has {len(kernel.programs)} core programs but {cfg.name} has "
                          f"{cfg.cores} cores; build it for this config or use cfg.replace(cores=...)")
@@ -173,7 +173,7 @@ def _cyclic_gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _result(kernel: Kernel, cfg: SpyreConfig, mode: Mode, run: EngineRun, capacity: int) -> SimResult:
+def _result(kernel: TileProgram, cfg: SpyreConfig, mode: Mode, run: EngineRun, capacity: int) -> SimResult:
     to_us = 1e6 / cfg.clock_hz
     launch = float(cfg.kernel_launch_cycles)
     total_cycles = launch + run.makespan

@@ -43,7 +43,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import Kernel, LXOverflowError, OpKind
+from spyre_lab.device.isa import LXOverflowError, OpKind, TileProgram
 from spyre_lab.device.sim_costs import LOAD, PT, RING, SFU, STORE, UNIT_NAMES, EngineRun, matmul_cycles, ring_cycles
 
 _LOAD, _STORE, _MATMUL, _VECTOR, _SPECIAL, _SEND, _RECV = (OpKind.LOAD, OpKind.STORE, OpKind.MATMUL, OpKind.VECTOR,
@@ -67,7 +67,7 @@ class _Core:
         self.finish = 0.0
 
 
-def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
+def run_analytic(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
     """Time ``kernel`` with the analytic model (see the module docstring)."""
     programs = kernel.programs
     active = [c for c, p in enumerate(programs) if p.ops]
@@ -109,7 +109,7 @@ def run_analytic(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: b
     return run
 
 
-def _schedule(kernel: Kernel, core: int, cfg: SpyreConfig, capacity: int, rate: float, drain_rate: float,
+def _schedule(kernel: TileProgram, core: int, cfg: SpyreConfig, capacity: int, rate: float, drain_rate: float,
               last_load: int, stretch: float, send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
     """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled.
@@ -249,7 +249,7 @@ def _backfill(gaps: list[tuple[float, float]], ready: float, cycles: float) -> f
     return -1.0
 
 
-def _same_programs(kernel: Kernel, active: list[int]) -> dict[int, int]:
+def _same_programs(kernel: TileProgram, active: list[int]) -> dict[int, int]:
     """Core -> the first core whose program is the very same ``TileOp`` objects (itself if none).
 
     Builders share the (frozen) ops of cores that do the same work, so a 32-core kernel is often
@@ -273,7 +273,7 @@ def _same_programs(kernel: Kernel, active: list[int]) -> dict[int, int]:
     return same_as
 
 
-def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int], cfg: SpyreConfig
+def _survey(kernel: TileProgram, active: list[int], same_as: dict[int, int], cfg: SpyreConfig
             ) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, set[int]], set[int], dict[int, float]]:
     """Per core: bytes loaded, bytes stored, index of its last load (-1 if none), the cores it
     receives ring data from; the cores without ring ops; and per core the DRAM weight of its
@@ -313,7 +313,7 @@ def _survey(kernel: Kernel, active: list[int], same_as: dict[int, int], cfg: Spy
     return loads, stores, last_load, senders, ringless, drawn
 
 
-def _drain_rate(kernel: Kernel, stores: dict[int, int], last_load: dict[int, int], cfg: SpyreConfig) -> float:
+def _drain_rate(kernel: TileProgram, stores: dict[int, int], last_load: dict[int, int], cfg: SpyreConfig) -> float:
     """The rate of a store issued after its core's last load: the cores that store then share DRAM.
 
     The main streams are over by then, so a core finishing with a store (the one core of a K-split

@@ -25,7 +25,7 @@ from __future__ import annotations
 from heapq import heappop, heappush
 
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import Kernel, LXOverflowError, OpKind
+from spyre_lab.device.isa import LXOverflowError, OpKind, TileProgram
 from spyre_lab.device.sim_costs import LOAD, PT, RECV, RING, SFU, STORE, UNIT_INDEX, EngineRun, fixed_cycles
 
 _INF = float("inf")
@@ -35,7 +35,7 @@ _KIND_NAME = {kind: kind.value for kind in OpKind}  # Enum.value is a slow descr
 class _Graph:
     """Every core's ops flattened into global ids (program order is id order within a core)."""
 
-    def __init__(self, kernel: Kernel, cfg: SpyreConfig, capacity: int) -> None:
+    def __init__(self, kernel: TileProgram, cfg: SpyreConfig, capacity: int) -> None:
         self.unit: list[int] = []
         self.cost: list[float] = []  # cycles for PT/SFU/ring ops, bytes for DRAM ops
         self.out_b: list[int] = []
@@ -106,7 +106,7 @@ class _Graph:
         self.flops, self.macs, self.matmul_cores = flops, macs, len(matmul_cores)
 
 
-def run_event(kernel: Kernel, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
+def run_event(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_events: bool) -> EngineRun:
     """Simulate ``kernel`` op by op; raises :class:`LXOverflowError` when LX cannot hold what it needs."""
     graph = _Graph(kernel, cfg, capacity)
     timing = _Timing(len(kernel.programs), len(graph.unit))
@@ -125,7 +125,7 @@ class _Timing:
         self.recv_xfer_start: dict[int, float] = {}  # receive -> when its send started moving bytes
 
 
-def _result(kernel: Kernel, graph: _Graph, timing: _Timing, want_events: bool, cfg: SpyreConfig) -> EngineRun:
+def _result(kernel: TileProgram, graph: _Graph, timing: _Timing, want_events: bool, cfg: SpyreConfig) -> EngineRun:
     programs = kernel.programs
     ncores = len(programs)
     busy = {(c, u): timing.busy_cycles[c][u] for c in range(ncores) if len(programs[c]) for u in range(5)}
@@ -141,7 +141,7 @@ def _result(kernel: Kernel, graph: _Graph, timing: _Timing, want_events: bool, c
     return run
 
 
-def _simulate(kernel: Kernel, graph: _Graph, timing: _Timing, cfg: SpyreConfig, capacity: int) -> None:
+def _simulate(kernel: TileProgram, graph: _Graph, timing: _Timing, cfg: SpyreConfig, capacity: int) -> None:
     """The event loop: (1) fire what may start, (2) advance to the next completion, (3) retire it; repeat.
 
     Written as one flat loop with local names, no helper calls: it runs once per op, and a call per
@@ -339,7 +339,7 @@ def _events(programs: list, unit: list[int], start: list[float], end: list[float
     return out
 
 
-def _raise_stuck(kernel: Kernel, ready: list[list[list[int]]], busy_unit: list[list[bool]], out_b: list[int],
+def _raise_stuck(kernel: TileProgram, ready: list[list[list[int]]], busy_unit: list[list[bool]], out_b: list[int],
                  lx: list[int], capacity: int, ncores: int, done: int, total: int) -> None:
     """Nothing is running and ops remain: name the LX overflow (or the ring wait) that blocks them."""
     for c in range(ncores):

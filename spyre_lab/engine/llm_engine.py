@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
+from spyre_lab.engine.block_manager import BlockManager
 from spyre_lab.engine.config import EngineConfig
 from spyre_lab.engine.detokenizer import find_stop, update_text
-from spyre_lab.engine.kv_cache import BlockManager
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from spyre_lab.engine.kv_cache import BlockManager
+from spyre_lab.engine.block_manager import BlockManager
 from spyre_lab.engine.sequence import Sequence, SequenceStatus
 
 

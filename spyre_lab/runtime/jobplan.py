@@ -24,7 +24,7 @@ The names a launch goes through, from compiler to card:
 
 * a :class:`Launchable` is what gets launched: a name, its :class:`RuntimeKernel` s in order, the node
   count a "rebuild" reconstructs, and the in-place updates it must land. A compiler ``Program`` becomes
-  one as a :class:`~spyre_lab.runtime.programs.LoadedProgram` (its kernels are ``CompiledKernel`` s);
+  one as a :class:`~spyre_lab.runtime.programs.LoadedProgram` (its kernels are ``LoadedKernel`` s);
   an eager op is an :class:`~spyre_lab.runtime.eager_programs.EagerProgram`; a hand-made program needs
   only those four attributes, with :class:`FunctionKernel` s for kernels that compute with a plain function;
 * a :class:`CorrectionArea` is what a launch patches: the program's correction areas in the card's

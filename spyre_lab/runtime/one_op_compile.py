@@ -19,7 +19,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.executor import execute
-from spyre_lab.compiler.program import HostFallback, Program, UnplannedKernel
+from spyre_lab.compiler.program import HostFallback, Program, UnplannedSpec
 from spyre_lab.runtime.jobplan import is_timing_only
 from spyre_lab.runtime.op_schema import functional_variant, mutated_args, rewrap_numbers, to_cpu_kwargs
 
@@ -78,7 +78,7 @@ def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inpu
         _skip(op, reason)
         return None
     off_device = [launch.explain() for launch in program.launches
-                  if isinstance(launch, (HostFallback, UnplannedKernel))]
+                  if isinstance(launch, (HostFallback, UnplannedSpec))]
     if off_device:
         _skip(op, f"not whole on the device: {'; '.join(off_device)}")
         return None

@@ -1,7 +1,7 @@
 """A compiler Program on the card: loaded once (:class:`LoadedProgram`), bound to DRAM buffers, launched.
 
 The compiler hands over a ``Program``: ordered launches (``KernelSpec``, ``HostFallback`` or
-``UnplannedKernel``), each naming its DRAM operands by symbolic ``address_slots``, plus graph
+``UnplannedSpec``), each naming its DRAM operands by symbolic ``address_slots``, plus graph
 inputs, constants, outputs and the buffers' shapes. :func:`run_program` does what the host runtime
 does with it:
 
@@ -17,7 +17,7 @@ does with it:
   gets back).
 
 :func:`load` makes the runtime's form of a Program once (per timing mode): a :class:`LoadedProgram`
-whose kernels are :class:`CompiledKernel` s. Each device kernel's numerics are the compiler's own
+whose kernels are :class:`LoadedKernel` s. Each device kernel's numerics are the compiler's own
 (``IRNode.compute`` through the reference interpreter's per-kernel routine, so they equal
 ``compiler.executor.execute``); its modeled time and per-core events come from ``KernelSpec.simulate``.
 """
@@ -33,7 +33,7 @@ import torch
 
 from spyre_lab.compiler.access import Read
 from spyre_lab.compiler.executor import per_core_slices, run_kernel
-from spyre_lab.compiler.ir import FusedKernel
+from spyre_lab.compiler.ir import NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
@@ -49,13 +49,13 @@ per 128-byte stick), which the compiler's decompositions use for norms, variance
 
 
 @dataclass(eq=False)
-class CompiledKernel:
+class LoadedKernel:
     """One launch of a compiler Program as the runtime runs it (a :class:`~spyre_lab.runtime.jobplan.RuntimeKernel`):
     the compiler's numerics for its fused kernel, its modeled time from the simulator."""
 
     program: Program
-    kernel: FusedKernel
-    spec: Launch                    # KernelSpec | HostFallback | UnplannedKernel
+    kernel: NodeGroup
+    spec: Launch                    # KernelSpec | HostFallback | UnplannedSpec
     mode: str
     host: bool = False
     _timing: tuple[float, str, Trace | None, dict[str, Any]] | None = field(default=None, repr=False)
@@ -139,7 +139,7 @@ class LoadedProgram:
     kernels timed in one mode, and its constants uploaded once per card."""
 
     program: Program
-    kernels: list[CompiledKernel]
+    kernels: list[LoadedKernel]
     constants_on: dict[int, tuple[int, dict[str, torch.Tensor]]] = field(default_factory=dict)
     plans: dict[int, tuple[CorrectionArea, BindingPlan]] = field(default_factory=dict)
     fixed_timing: ClassVar[bool] = True      # name and kernel times are the compiler's: launches need not check
@@ -200,7 +200,7 @@ def load(program: Program, mode: str | None = None) -> LoadedProgram:
     key = (id(program), mode)
     loaded = _LOADED.get(key)
     if loaded is None or loaded.program is not program:
-        kernels = [CompiledKernel(program, k, spec, mode, host=isinstance(spec, HostFallback))
+        kernels = [LoadedKernel(program, k, spec, mode, host=isinstance(spec, HostFallback))
                    for spec, k in zip(program.launches, program.kernels)]
         loaded = _LOADED[key] = LoadedProgram(program, kernels)
         weakref.finalize(program, _LOADED.pop, key, None)

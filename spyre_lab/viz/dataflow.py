@@ -107,7 +107,7 @@ class DataflowView(View):
 
     ``source`` is a :class:`~spyre_lab.device.trace.Trace` (a simulator or runtime trace, or a saved one via
     :meth:`from_json`), a :class:`~spyre_lab.compiler.program.Program` (its device kernels laid end to end,
-    both timing modes available), a ``KernelSpec``, a device ``Kernel`` or a ``SimResult``.
+    both timing modes available), a ``KernelSpec``, a device ``TileProgram`` or a ``SimResult``.
     """
 
     figure_height = 640
@@ -139,7 +139,7 @@ class DataflowView(View):
     # --- sources ---------------------------------------------------------------------------------
     def _adopt(self, source: Any, cfg: SpyreConfig | None) -> tuple[str, SpyreConfig, str]:
         from spyre_lab.compiler.program import Program
-        from spyre_lab.device.isa import Kernel
+        from spyre_lab.device.isa import TileProgram
         from spyre_lab.device.sim import SimResult, simulate
 
         if isinstance(source, Trace):
@@ -158,7 +158,7 @@ class DataflowView(View):
             self._builders.setdefault("event" if sim.mode == "analytic" else "analytic",
                                       lambda: simulate(sim.kernel, sim.cfg, mode=_other(sim.mode)).trace)
             return sim.kernel.name, sim.cfg, sim.mode
-        if isinstance(source, Kernel):
+        if isinstance(source, TileProgram):
             conf = cfg or SPYRE
             for m in ("event", "analytic"):
                 self._builders[m] = lambda m=m: simulate(source, conf, mode=m).trace
@@ -180,7 +180,7 @@ class DataflowView(View):
         if isinstance(source, dict) and "launches" in source:
             raise ValueError("a saved program JSON holds no tile programs to simulate; save the run's trace "
                              "(trace.to_chrome_trace(path)) and open that, or pass the Program itself")
-        raise TypeError(f"DataflowView takes a Trace, Program, KernelSpec, Kernel or SimResult, "
+        raise TypeError(f"DataflowView takes a Trace, Program, KernelSpec, TileProgram or SimResult, "
                         f"got {type(source).__name__}")
 
     def timeline(self, mode: str | None = None) -> _Timeline:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spyre_lab.compiler.codegen import estimate_us, generate_kernel
-from spyre_lab.compiler.ir import BufferInfo, Fallback, FusedKernel, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import BufferInfo, Fallback, MatMul, NodeGroup, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.work_division import ring_hops
 from spyre_lab.device.config import SPYRE
@@ -42,22 +42,22 @@ def softmax_graph(m, n):
 
 def fused_softmax(m, n):
     nodes, bufs = softmax_graph(m, n)
-    return FusedKernel("softmax", nodes, "softmax", ["x"], ["div"], ["amax", "sub", "exp", "sum"]), bufs
+    return NodeGroup("softmax", nodes, "softmax", ["x"], ["div"], ["amax", "sub", "exp", "sum"]), bufs
 
 
 def single(node, rule="single"):
-    return FusedKernel(node.name, [node], rule, list(dict.fromkeys(node.inputs)), [node.output])
+    return NodeGroup(node.name, [node], rule, list(dict.fromkeys(node.inputs)), [node.output])
 
 
 def matmul_graph(m, n, k, bias=False):
     bufs = _bufs(("a", (m, k), "input"), ("w", (k, n), "constant"), ("c", (m, n), "output"))
     nodes = [MatMul("mm", "matmul", ("a", "w"), "c", {"B": 1, "M": m, "N": n, "K": k}, _noop, ("K",), "N", 1, m, n, k)]
     if not bias:
-        return FusedKernel("mm", nodes, "single", ["a", "w"], ["c"]), bufs
+        return NodeGroup("mm", nodes, "single", ["a", "w"], ["c"]), bufs
     bufs.update(_bufs(("bias", (n,), "constant"), ("y", (m, n), "output")))
     bufs["c"].role = "intermediate"
     nodes.append(Pointwise("add", "add", ("c", "bias"), "y", {"d0": m, "d1": n}, _noop, (), "d1"))
-    return FusedKernel("mm_bias", nodes, "matmul_epilogue", ["a", "w", "bias"], ["y"], ["c"]), bufs
+    return NodeGroup("mm_bias", nodes, "matmul_epilogue", ["a", "w", "bias"], ["y"], ["c"]), bufs
 
 
 def mlp_graph(m, h, i, down=True):
@@ -74,13 +74,13 @@ def mlp_graph(m, h, i, down=True):
         nodes.append(MatMul("down", "matmul", ("p", "wd"), "y", {"B": 1, "M": m, "N": h, "K": i}, _noop, ("K",), "N",
                             1, m, h, i))
     ins = ["x", "wg", "wu", *(["wd"] if down else [])]
-    return FusedKernel("mlp", nodes, "mlp", ins, ["y" if down else "p"], ["g", "u", "s"]), bufs, nodes
+    return NodeGroup("mlp", nodes, "mlp", ins, ["y" if down else "p"], ["g", "u", "s"]), bufs, nodes
 
 
 def bias_add(m, n):
     bufs = _bufs(("x", (m, n), "input"), ("b", (n,), "constant"), ("y", (m, n), "output"))
     node = Pointwise("add", "add", ("x", "b"), "y", {"d0": m, "d1": n}, _noop, (), "d1")
-    return FusedKernel("bias_add", [node], "single", ["x", "b"], ["y"]), bufs
+    return NodeGroup("bias_add", [node], "single", ["x", "b"], ["y"]), bufs
 
 
 def rms_norm(m, n):
@@ -91,13 +91,13 @@ def rms_norm(m, n):
              Reduction("mean", "mean", ("sq",), "ms", dict(d), _noop, ("d1",), "d0"),
              Pointwise("rsqrt", "rsqrt", ("ms",), "r", {"d0": m, "d1": 1}, _noop, (), "d1"),
              Pointwise("mul", "mul", ("x", "r"), "y", dict(d), _noop, (), "d1")]
-    return FusedKernel("rms", nodes, "reduction_fusion", ["x"], ["y"], ["sq", "ms", "r"]), bufs
+    return NodeGroup("rms", nodes, "reduction_fusion", ["x"], ["y"], ["sq", "ms", "r"]), bufs
 
 
 def restickify(m, n):
     bufs = _bufs(("x", (m, n), "input"), ("xt", (m, n), "output"))
     node = Pointwise("copy", "copy", ("x",), "xt", {"d0": m, "d1": n}, _noop, (), "d1")
-    return FusedKernel("restick", [node], "restickify", ["x"], ["xt"]), bufs
+    return NodeGroup("restick", [node], "restickify", ["x"], ["xt"]), bufs
 
 
 def _cases():
@@ -342,7 +342,7 @@ def test_bad_kernels_are_rejected_clearly():
     with pytest.raises(ValueError, match="missing"):
         generate_kernel(single(node), bufs, SPYRE, OPTS)
     with pytest.raises(ValueError, match="rule"):
-        generate_kernel(FusedKernel("k", [node], "magic", ["x"], ["zz"]), bufs, SPYRE, OPTS)
+        generate_kernel(NodeGroup("k", [node], "magic", ["x"], ["zz"]), bufs, SPYRE, OPTS)
 
 
 def test_decode_matmul_streams_the_weight_at_the_dram_roofline_either_way():
@@ -377,7 +377,7 @@ def test_pointwise_property_bytes_slices_and_fit(shape, cores, double):
             "y": BufferInfo("y", tuple(shape), F16, "output")}
     node = Pointwise("add", "add", ("x", "b"), "y", dims, _noop, (), names[-1])
     cfg = SPYRE.replace(cores=cores)
-    spec = generate_kernel(FusedKernel("k", [node], "single", ["x", "b"], ["y"]), bufs, cfg,
+    spec = generate_kernel(NodeGroup("k", [node], "single", ["x", "b"], ["y"]), bufs, cfg,
                            OPTS.replace(double_buffer=double))
     padded = math.prod(shape[:-1]) * math.ceil(shape[-1] / 64) * SB
     assert spec.bytes_out == padded
@@ -480,20 +480,20 @@ def test_a_reduced_row_too_wide_for_lx_accumulates_in_chunks(op):
 
 
 def test_the_modeled_tile_choice_is_as_fast_as_other_tiles_that_fit_on_the_simulator():
-    from spyre_lab.compiler.tiling_matmul import MatmulKernel, emit_matmul, matmul_lx_buffers
-    from spyre_lab.device.isa import Kernel
+    from spyre_lab.compiler.tiling_matmul import MatmulTiling, emit_matmul, matmul_lx_buffers
+    from spyre_lab.device.isa import TileProgram
     from spyre_lab.device.sim import simulate
 
     m, n, k = 1024, 4096, 4096
     spec = generate_kernel(*matmul_graph(m, n, k), SPYRE, OPTS)
     sp = spec.division.splits
-    mk = MatmulKernel("mm", "a", "w", "c", 2, 2, [], dict(spec.operands), ["c"], {"a": sp["N"], "w": sp["M"]},
+    mk = MatmulTiling("mm", "a", "w", "c", 2, 2, [], dict(spec.operands), ["c"], {"a": sp["N"], "w": sp["M"]},
                       spec.division.cores_used)
     mc, nc = m // sp["M"], n // sp["N"]
 
     def modeled_us(tiles):
         program = emit_matmul(mk, 1, mc, nc, k, tiles, SPYRE, True, None)
-        kernel = Kernel.from_programs("mm", [program] * spec.division.cores_used, SPYRE.cores)
+        kernel = TileProgram.from_programs("mm", [program] * spec.division.cores_used, SPYRE.cores)
         return simulate(kernel, SPYRE, mode="analytic").time_us
 
     chosen = (spec.tiles["M"], spec.tiles["N"], spec.tiles["K"])

@@ -8,7 +8,7 @@ import torch
 
 from spyre_lab.compiler import codegen
 from spyre_lab.compiler.codegen import _live_bytes_bound, generate_kernel
-from spyre_lab.compiler.ir import BufferInfo, FusedKernel, MatMul
+from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
 from spyre_lab.device.config import SPYRE
@@ -19,12 +19,12 @@ def _noop(*_):
     return None
 
 
-def gemv(n: int, k: int) -> tuple[FusedKernel, dict[str, BufferInfo]]:
+def gemv(n: int, k: int) -> tuple[NodeGroup, dict[str, BufferInfo]]:
     f16 = torch.float16
     bufs = {"a": BufferInfo("a", (1, k), f16, "input"), "w": BufferInfo("w", (k, n), f16, "constant"),
             "c": BufferInfo("c", (1, n), f16, "output")}
     node = MatMul("mm", "matmul", ("a", "w"), "c", {"B": 1, "M": 1, "N": n, "K": k}, _noop, ("K",), "N", 1, 1, n, k)
-    return FusedKernel("gemv", [node], "single", ["a", "w"], ["c"]), bufs
+    return NodeGroup("gemv", [node], "single", ["a", "w"], ["c"]), bufs
 
 
 def test_partners_of_one_rank_share_ops_but_talk_to_their_own_group(monkeypatch):

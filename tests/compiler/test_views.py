@@ -9,7 +9,7 @@ from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.codegen import KernelSpec
 from spyre_lab.compiler.examples import granite_layer
 from spyre_lab.compiler.ir import InputView
-from spyre_lab.compiler.program import UnplannedKernel
+from spyre_lab.compiler.program import UnplannedSpec
 from spyre_lab.compiler.tiling_common import view_operand
 from spyre_lab.device.config import SPYRE
 
@@ -85,7 +85,7 @@ def test_granite_8b_shaped_layer_plans_every_kernel():
               (d,), (d,)]
     with only_warnings(r"runs on the host CPU"):         # "has no tile plan" would be another warning: a failure
         program = compile_graph(lambda *a: granite_layer(*a), [meta(*s) for s in shapes])
-    unplanned = [launch.explain() for launch in program.launches if isinstance(launch, UnplannedKernel)]
+    unplanned = [launch.explain() for launch in program.launches if isinstance(launch, UnplannedSpec)]
     assert unplanned == []
     for launch in program.device_launches:
         assert launch.lx_plan.peak <= SPYRE.lx_budget_bytes

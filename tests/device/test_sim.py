@@ -7,7 +7,7 @@ import json
 import pytest
 
 from spyre_lab.device.config import SPYRE
-from spyre_lab.device.isa import CoreProgram, Kernel, LXOverflowError
+from spyre_lab.device.isa import CoreOps, LXOverflowError, TileProgram
 from spyre_lab.device.kernels import elementwise_kernel, matmul_kernel, softmax_kernel, sum_kernel
 from spyre_lab.device.sim import simulate
 from spyre_lab.device.sim_costs import matmul_cycles, sfu_cycles
@@ -79,9 +79,9 @@ def test_doubling_cores_halves_compute_bound_time_but_not_dram_bound_time():
 # --- LX -------------------------------------------------------------------------------------------
 
 def test_op_bigger_than_lx_raises_naming_core_and_bytes():
-    p = CoreProgram()
+    p = CoreOps()
     p.load("huge", 3 * 1024 * 1024)
-    kernel = Kernel.from_programs("huge_tile", [CoreProgram(), p], SPYRE.cores)
+    kernel = TileProgram.from_programs("huge_tile", [CoreOps(), p], SPYRE.cores)
     for mode in ("event", "analytic"):
         with pytest.raises(LXOverflowError) as info:
             simulate(kernel, mode=mode)
@@ -91,12 +91,12 @@ def test_op_bigger_than_lx_raises_naming_core_and_bytes():
 
 
 def test_lx_deadlock_raises_with_bytes_in_use():
-    p = CoreProgram()
+    p = CoreOps()
     a = p.load("a", 1536 * 1024)
     b = p.load("b", 1024 * 1024)
     p.vector("c", 1024, deps=[a, b], out_bytes=2048)
     with pytest.raises(LXOverflowError) as info:
-        simulate(Kernel("too_big_together", [p]))
+        simulate(TileProgram("too_big_together", [p]))
     assert (info.value.core, info.value.requested, info.value.in_use) == (0, 1024 * 1024, 1536 * 1024)
 
 
@@ -168,7 +168,7 @@ AGREEMENT = [
     lambda: matmul_kernel(8, 4096, 4096, 1, 8, 4),
     lambda: matmul_kernel(1000, 1000, 1000, 3, 5, 2),
     lambda: matmul_kernel(1024, 1024, 1024, 4, 8, 1, broadcast=False),
-    lambda: Kernel("uneven_1_big_15_small", [elementwise_kernel(1 << 20, 1).programs[0]]
+    lambda: TileProgram("uneven_1_big_15_small", [elementwise_kernel(1 << 20, 1).programs[0]]
                    + [elementwise_kernel(1 << 14, 1).programs[0] for _ in range(15)]),
 ]
 
@@ -293,29 +293,29 @@ def test_bad_input_is_named():
         simulate(kernel, lx_capacity=0)
     with pytest.raises(ValueError, match="has 8 cores"):
         simulate(elementwise_kernel(1024, 1), SPYRE.replace(cores=8))
-    with pytest.raises(TypeError, match=r"takes a spyre_lab\.device\.isa\.Kernel"):
+    with pytest.raises(TypeError, match=r"takes a spyre_lab\.device\.isa\.TileProgram"):
         simulate([kernel])
 
 
 def test_ring_exchange_that_waits_on_itself_is_reported():
     """A send fires only once its receive is posted, so two cores that each receive after sending deadlock."""
-    p0, p1 = CoreProgram(), CoreProgram()
+    p0, p1 = CoreOps(), CoreOps()
     p0.ring_recv("x", 128, peer=1, tag="b", deps=[p0.ring_send(128, peer=1, hops=1, tag="a", deps=[])])
     p1.ring_recv("y", 128, peer=0, tag="a", deps=[p1.ring_send(128, peer=0, hops=1, tag="b", deps=[])])
     with pytest.raises(RuntimeError, match="deadlocked after 0 of 4 ops"):
-        simulate(Kernel("swap", [p0, p1]))
-    q0, q1 = CoreProgram(), CoreProgram()  # receives posted first: the exchange completes
+        simulate(TileProgram("swap", [p0, p1]))
+    q0, q1 = CoreOps(), CoreOps()  # receives posted first: the exchange completes
     q0.ring_recv("x", 128, peer=1, tag="b")
     q0.ring_send(128, peer=1, hops=1, tag="a", deps=[])
     q1.ring_recv("y", 128, peer=0, tag="a")
     q1.ring_send(128, peer=0, hops=1, tag="b", deps=[])
-    result = simulate(Kernel("swap", [q0, q1]))
+    result = simulate(TileProgram("swap", [q0, q1]))
     assert result.ring_bytes == 256 and result.lx_peak == {0: 128, 1: 128}
     assert result.time_us - result.launch_us == pytest.approx(SPYRE.cycles_to_us(1 + SPYRE.ring_hop_cycles))
 
 
 def test_empty_kernel_costs_the_launch():
-    result = simulate(Kernel("empty", [CoreProgram()]), mode="analytic")
+    result = simulate(TileProgram("empty", [CoreOps()]), mode="analytic")
     assert result.time_us == pytest.approx(result.launch_us) and "launch alone" in result.explain()
 
 
@@ -359,10 +359,10 @@ def test_builders_reject_bad_shapes_by_name():
 def test_dram_is_shared_fairly_between_transfers_in_flight():
     """Processor sharing: two transfers split 100 B/cycle; when one ends the other speeds up (to its DMA cap)."""
     cfg = SPYRE.replace(dram_bandwidth=100 * SPYRE.clock_hz, core_dma_bytes_per_cycle=80, kernel_launch_cycles=0)
-    small, big = CoreProgram(), CoreProgram()
+    small, big = CoreOps(), CoreOps()
     small.load("x", 1000)
     big.load("y", 3000)
-    result = simulate(Kernel("two_loads", [small, big]), cfg)
+    result = simulate(TileProgram("two_loads", [small, big]), cfg)
     ends = {e.lane: e.end_us * cfg.clock_hz / 1e6 for e in result.trace}
     assert ends["core0.load"] == pytest.approx(1000 / 50)  # both at 50 B/cycle
     assert ends["core1.load"] == pytest.approx(20 + 2000 / 80)  # then alone, capped by its DMA engine
@@ -373,11 +373,11 @@ def test_broadcast_load_draws_dram_once_for_the_group():
     """Two cores loading the same bytes as one broadcast (share=2) take half the DRAM of two plain loads."""
     cfg = SPYRE.replace(dram_bandwidth=100 * SPYRE.clock_hz, core_dma_bytes_per_cycle=100, kernel_launch_cycles=0)
 
-    def pair(share: int) -> Kernel:
-        programs = [CoreProgram(), CoreProgram()]
+    def pair(share: int) -> TileProgram:
+        programs = [CoreOps(), CoreOps()]
         for p in programs:
             p.load("w", 2000, share=share)
-        return Kernel(f"pair_share{share}", programs)
+        return TileProgram(f"pair_share{share}", programs)
 
     for mode in ("event", "analytic"):
         plain, shared = simulate(pair(1), cfg, mode=mode), simulate(pair(2), cfg, mode=mode)

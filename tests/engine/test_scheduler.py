@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from spyre_lab.engine.kv_cache import BlockManager
+from spyre_lab.engine.block_manager import BlockManager
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.scheduler import Scheduler
 from spyre_lab.engine.sequence import Sequence, SequenceStatus

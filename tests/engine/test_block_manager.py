@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spyre_lab.engine.kv_cache import BlockManager
+from spyre_lab.engine.block_manager import BlockManager
 from spyre_lab.engine.sampling_params import SamplingParams
 from spyre_lab.engine.sequence import Sequence
 

@@ -7,7 +7,7 @@ import torch
 from spyre_lab.compiler.backend import compile_graph, to_aten
 from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.explain import explain_program
-from spyre_lab.compiler.layouts import propagate_layouts, stick_conflict
+from spyre_lab.compiler.layout_propagation import propagate_layouts, stick_conflict
 from spyre_lab.compiler.lowering import lower
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.layout import StickLayout
