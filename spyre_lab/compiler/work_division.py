@@ -166,6 +166,10 @@ class WorkDivision:
         coords = self.slice_coords(slice_index)
         return [self._index({**coords, red: r}) for r in range(self.splits[red])]
 
+    def slice_index(self, coords: Mapping[str, int]) -> int:
+        """The slice at ``coords`` (a position along each split dim): the inverse of :meth:`slice_coords`."""
+        return self._index(coords)
+
     def _index(self, coords: Mapping[str, int]) -> int:
         index = 0
         for dim, count in self.splits.items():

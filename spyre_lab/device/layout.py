@@ -188,6 +188,11 @@ class StickLayout:
         return max(len(self.device_size) - 3, 0)
 
     @property
+    def tile_dim(self) -> int:
+        """Device index of the dim that counts sticks along the stick dim (which stick of a row an element is in)."""
+        return self._tile_dim
+
+    @property
     def device_strides(self) -> tuple[int, ...]:
         """Row-major element strides of ``device_size`` (the device copy is always contiguous)."""
         return contiguous_strides(self.device_size)

@@ -144,6 +144,10 @@ class View:
         """A control named ``name`` changed the state: redraw (override for a cheaper partial update)."""
         self.refresh()
 
+    def below_figure(self) -> list[W.Widget]:
+        """Widgets shown under the figure (none by default; a view that adds some keeps them current itself)."""
+        return []
+
     # --- what every view gets -----------------------------------------------------------------
     @property
     def figure(self) -> go.Figure:
@@ -174,7 +178,7 @@ class View:
             rows: list[W.Widget] = []
             if controls:
                 rows.append(W.HBox(controls, layout=W.Layout(flex_flow="row wrap", align_items="center")))
-            rows += [self._caption_widget, self._fig_widget.output]
+            rows += [self._caption_widget, self._fig_widget.output, *self.below_figure()]
             self._box = W.VBox(rows)
             self._box.add_class(VIEW_CLASS)
         return self._box

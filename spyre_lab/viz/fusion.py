@@ -13,18 +13,18 @@ from __future__ import annotations
 import functools
 import html
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
-import torch
 from plotly.subplots import make_subplots
 from plotly.utils import PlotlyJSONEncoder
 
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.viz.base import View, note_annotation
 from spyre_lab.viz.records import KernelRecord, kernel_records
+from spyre_lab.viz.sources import as_recompilable
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 DENSE_NODES = 30
@@ -41,6 +41,8 @@ MARKER_PX = 12
 _MARGIN = dict(l=20, r=20, t=70, b=20)
 _X_PAD = (0.6, 0.7)
 """The after-fusion x axis runs from ``-0.6`` to ``kernels - 1 + 0.7``: the boxes and the last labels fit."""
+TextPanel = Callable[[Any], str]
+"""A text panel under FusionView's figure: the current Program (or saved program dict) -> plain text."""
 _EDGE_LX = NEUTRAL["edge_lx"]
 _EDGE_DRAM = NEUTRAL["edge_dram"]
 
@@ -52,54 +54,28 @@ class FusionView(View):
     once), a function or ``nn.Module`` with ``example_inputs``, or a saved program JSON (kernels and table
     only: the LoopIR graph is not saved). Recompiling needs the function: given with ``fn=`` or found with
     the program (compiled graphs and programs from ``compile_graph`` keep it).
+
+    ``text_panels`` adds tabs of text under the figure, each ``title -> function(program) -> str`` and redrawn on
+    every rule change (a place for another view of the same kernels, such as their IR as text).
     """
 
     figure_height = 900
 
     def __init__(self, source: Any, example_inputs: Sequence[Any] | None = None, fn: Callable | None = None,
-                 mode: str | None = None) -> None:
+                 mode: str | None = None, text_panels: Mapping[str, TextPanel] | None = None) -> None:
         super().__init__()
-        self.saved: dict[str, Any] | None = None
-        self._fn, self._inputs = fn, example_inputs
-        program = self._adopt(source, example_inputs)
+        self.text_panels = dict(text_panels or {})
+        self._panel_widgets: list[W.HTML] = []
+        found = as_recompilable(source, example_inputs, fn)
+        self.saved: dict[str, Any] | None = found.saved
+        self._fn, self._inputs = found.fn, found.inputs
+        program = found.program
         self.base_options: CompileOptions | None = None if program is None else program.options
         self.rules = set(self.base_options.fusion) if self.base_options else set(FUSION_RULES)
         self.mode = mode or (self.base_options.timing if self.base_options else "analytic")
         self._programs: dict[frozenset[str], Any] = {}
         if program is not None:
             self._programs[frozenset(program.options.fusion)] = program
-
-    def _adopt(self, source: Any, example_inputs: Sequence[Any] | None) -> Any:
-        from spyre_lab.compiler.backend import compile_graph
-        from spyre_lab.compiler.program import Program
-        from spyre_lab.runtime.dynamo_backend import compiled_graphs_for
-
-        if isinstance(source, dict):
-            if "launches" not in source:
-                raise ValueError("FusionView.from_json needs a saved program (Program.save_json)")
-            self.saved = source
-            return None
-        if isinstance(source, Program):
-            if self._fn is None:
-                self._fn = _kept_function(source)
-            if self._inputs is None:
-                self._inputs = [torch.empty(s, dtype=d, device="meta") for s, d in source.input_shapes()]
-            return source
-        if example_inputs is not None and callable(source):
-            self._fn = source
-            return compile_graph(source, list(example_inputs))
-        if callable(source):
-            graphs = [g for g in compiled_graphs_for(source) if g.all_programs()]
-            if not graphs:
-                raise ValueError(f"nothing compiled for {type(source).__name__} yet: call the compiled model once "
-                                 "(torch.compile is lazy), or pass FusionView(fn, example_inputs)")
-            graph = max(graphs, key=lambda g: max(p.num_kernels for p in g.all_programs()))
-            program = max(graph.all_programs(), key=lambda p: p.num_kernels)
-            inputs = _graph_inputs(graph, program)
-            self._fn, self._inputs = (graph.gm, inputs) if inputs is not None else (None, None)
-            return program
-        raise TypeError(f"FusionView takes a Program, a compiled model, fn + example_inputs or a saved program, "
-                        f"got {type(source).__name__}")
 
     # --- state -------------------------------------------------------------------------------------
     @property
@@ -151,6 +127,22 @@ class FusionView(View):
     def _toggle(self, rule: str, on: bool) -> None:
         (self.rules.add if on else self.rules.discard)(rule)
         self.refresh()
+
+    # --- text panels under the figure (e.g. each kernel's IR as text) -------------------------------
+    def panel_texts(self) -> dict[str, str]:
+        """Each text panel's text for the current rules' program (title -> text)."""
+        return {title: panel(self.program) for title, panel in self.text_panels.items()}
+
+    def below_figure(self) -> list[W.Widget]:
+        if not self.text_panels:
+            return []
+        self._panel_widgets = [W.HTML(_pre(text)) for text in self.panel_texts().values()]
+        return [W.Tab(children=self._panel_widgets, titles=tuple(self.text_panels))]
+
+    def refresh(self) -> None:
+        super().refresh()
+        for widget, text in zip(self._panel_widgets, self.panel_texts().values()):
+            widget.value = _pre(text)
 
     # --- drawing -----------------------------------------------------------------------------------
     def build(self) -> go.Figure:
@@ -296,9 +288,15 @@ def _skeleton(height: int, table: float) -> tuple[dict, dict]:
     return doc["layout"], doc["data"][0]["domain"]
 
 
+def _pre(text: str) -> str:
+    return f"<pre style='font-size:11px;max-height:320px;overflow:auto'>{html.escape(text)}</pre>"
+
+
 def _lowered_nodes(kernel: Any) -> list:
     """The LoopIR nodes a kernel holds: a fused attention node stands for the nodes it replaced (its ``members``)."""
-    return [m for n in kernel.nodes for m in (getattr(n, "members", None) or [n])]
+    from spyre_lab.compiler.tiling_attention import Attention
+
+    return [m for n in kernel.nodes for m in (n.members if isinstance(n, Attention) and n.members else [n])]
 
 
 _SHORT = {"reduction_fusion": "red", "matmul_epilogue": "epi", "pointwise_chain": "pw", "restickify": "rst",
@@ -397,37 +395,3 @@ def _table(recs: list[KernelRecord]) -> dict:
                     fill=dict(color=NEUTRAL["header"]), align="left", font=dict(size=11)),
         cells=dict(values=cells, fill=dict(color=fill), align="left", font=dict(size=10), height=20),
         columnwidth=[40, 90, 260, 70, 70, 80])
-
-
-def _graph_inputs(graph: Any, program: Any) -> list[Any] | None:
-    """The arguments Dynamo passes the graph, as meta tensors and ints (symbolic sizes at their example values).
-
-    None when they do not reproduce ``program``'s input shapes (then the view cannot recompile it).
-    """
-    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw as hint_int
-
-    out: list[Any] = []
-    for node in graph.gm.graph.nodes:
-        if node.op != "placeholder":
-            continue
-        val = node.meta.get("example_value", node.meta.get("val"))
-        if isinstance(val, torch.SymInt):
-            out.append(hint_int(val))
-        elif isinstance(val, torch.Tensor):
-            shape = tuple(hint_int(d) for d in val.shape)
-            out.append(torch.empty(shape, dtype=val.dtype, device="meta"))
-        else:
-            return None
-    tensors = sorted((tuple(t.shape), str(t.dtype)) for t in out if isinstance(t, torch.Tensor))
-    wanted = sorted((tuple(shape), str(dtype)) for shape, dtype in program.input_shapes())
-    return out if all(w in tensors for w in wanted) else None
-
-
-def _kept_function(program: Any) -> Any:
-    """The function a Program was compiled from, if the program cache still holds it (None otherwise)."""
-    from spyre_lab.compiler import cache
-
-    entry = cache.peek(program.cache_key)
-    if entry is None or entry[0] is not program:
-        return None
-    return entry[1]

@@ -24,7 +24,7 @@ from plotly.subplots import make_subplots
 from spyre_lab.engine.stats import KVSnapshot, StepDetail
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, note_annotation
-from spyre_lab.viz.timeline import as_stats
+from spyre_lab.viz.sources import as_stats
 
 #: above this many blocks the block grid shows the first MAX_GRID_BLOCKS (and says so)
 MAX_GRID_BLOCKS = 1024

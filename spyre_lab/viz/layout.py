@@ -250,6 +250,6 @@ def _stick_map(lay: StickLayout) -> tuple[np.ndarray, np.ndarray]:
     strides = np.array([s if s > 0 else 0 for s in lay.stride_map[:-1]], dtype=np.int64)
     offset0 = (coords * strides[:, None]).sum(axis=0)
     eps = lay.elems_per_stick
-    tile = coords[lay._tile_dim] if len(dev) > 2 else coords[0]
+    tile = coords[lay.tile_dim] if len(dev) > 2 else coords[0]
     valid = np.minimum(eps, lay.host_shape[lay.stick_dim] - tile * eps)
     return offset0, valid

@@ -8,10 +8,10 @@ saved with (``Program.to_json`` writes them under ``modeled``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.viz.sources import is_host, is_timed
 
 
 @dataclass(frozen=True)
@@ -42,27 +42,6 @@ class KernelRecord:
         return self.flops / (self.time_us * 1e-6) if self.time_us else 0.0
 
 
-def is_program(obj: Any) -> bool:
-    from spyre_lab.compiler.program import Program
-
-    return isinstance(obj, Program) or (isinstance(obj, dict) and "launches" in obj)
-
-
-def program_name(source: Any) -> str:
-    return str(source["name"] if isinstance(source, dict) else source.name)
-
-
-def device_config(source: Any) -> SpyreConfig:
-    """The SpyreConfig a program was compiled for (a saved program stores it under ``device``)."""
-    if isinstance(source, dict):
-        saved = source.get("device")
-        if not saved:
-            return SPYRE
-        known = {f.name for f in fields(SpyreConfig)}
-        return SpyreConfig(**{k: v for k, v in saved.items() if k in known})
-    return source.cfg
-
-
 def kernel_records(source: Any, mode: str | None = None) -> list[KernelRecord]:
     """Records of every launch of a Program (simulated in ``mode``) or of a saved program dict."""
     if isinstance(source, dict):
@@ -79,8 +58,8 @@ def kernel_records(source: Any, mode: str | None = None) -> list[KernelRecord]:
     out = []
     for i, (launch, kernel) in enumerate(zip(source.launches, source.kernels)):
         ops = tuple(n.op for n in kernel.nodes)
-        host = bool(getattr(launch, "host", False))
-        if not hasattr(launch, "simulate"):
+        host = is_host(launch)
+        if not is_timed(launch):
             out.append(KernelRecord(i, launch.name, kernel.rule, ops, host))
             continue
         sim = launch.simulate(mode)

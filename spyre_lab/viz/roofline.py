@@ -21,7 +21,8 @@ import plotly.graph_objects as go
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.viz.base import View, base_layout, cached_subplots, note_annotation, toggle
 from spyre_lab.viz.labels import FIT_WIDTH, Box, place_labels
-from spyre_lab.viz.records import KernelRecord, device_config, is_program, kernel_records, program_name
+from spyre_lab.viz.records import KernelRecord, kernel_records
+from spyre_lab.viz.sources import device_config, is_program, program_name
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 _SYMBOL = {"memory": "circle", "compute": "diamond", "communication": "square"}

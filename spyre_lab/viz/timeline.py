@@ -15,171 +15,22 @@ Everything comes from ``llm.stats`` (``EngineStats.details``, recorded by the en
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spyre_lab.device.trace import Trace, TraceEvent
-from spyre_lab.engine.stats import EngineStats, StepDetail
+from spyre_lab.engine.stats import StepDetail
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, note_annotation
+from spyre_lab.viz.sources import Run, as_run
+from spyre_lab.viz.step_lanes import layer_of_kernels, step_lanes  # noqa: F401  (tests/engine read it here)
 
 #: above this many requests in a run, the batch row draws real tokens as one series instead of one per request
 MAX_REQUEST_SERIES = 16
-#: above this many layer lanes, the step row merges layers into groups (and says so)
-MAX_LAYER_LANES = 16
-
-HOST_LANES = ("host", "program correction", "PCIe")
-
-
-@dataclass
-class Run:
-    """One engine run as the timeline reads it: step rows and per-step details (served steps only)."""
-
-    label: str
-    rows: list[dict[str, Any]]
-    details: dict[int, StepDetail] = field(default_factory=dict)
-
-    @property
-    def served(self) -> list[dict[str, Any]]:
-        return [r for r in self.rows if not str(r["kind"]).startswith("warmup")]
-
-
-def as_stats(source: Any) -> EngineStats:
-    """EngineStats from an LLM, an LLMEngine, EngineStats, or a saved ``EngineStats.save_json`` file / dict."""
-    if isinstance(source, EngineStats):
-        return source
-    stats = getattr(source, "stats", None)
-    if isinstance(stats, EngineStats):
-        return stats
-    if isinstance(source, (str, Path, dict)):
-        return EngineStats.from_json(source)
-    raise TypeError(f"expected an LLM, EngineStats or a saved stats JSON file, got {type(source).__name__}")
-
-
-def as_run(source: Any, label: str) -> Run:
-    """A Run from an LLM / EngineStats / stats JSON / ``stats.to_trace(device=True)`` Trace / chrome-trace file."""
-    if isinstance(source, Run):
-        return source
-    if isinstance(source, (str, Path)):
-        doc = json.loads(Path(source).read_text())
-        source = Trace.from_chrome_trace(doc) if "traceEvents" in doc else doc
-    if isinstance(source, dict) and "traceEvents" in source:
-        source = Trace.from_chrome_trace(source)
-    if isinstance(source, Trace):
-        return _run_from_trace(source, label)
-    stats = as_stats(source)
-    return Run(label, stats.to_rows("steps"), dict(stats.details))
-
-
-def _run_from_trace(trace: Trace, label: str) -> Run:
-    engine = trace.on("engine")
-    if not engine:
-        raise ValueError("this trace has no 'engine' lane; write one with llm.stats.to_trace(device=True)")
-    rows, details = [], {}
-    device: dict[int, list[TraceEvent]] = {}
-    for e in trace.events:
-        if e.lane != "engine" and "step" in e.args:
-            device.setdefault(int(e.args["step"]), []).append(e)
-    for i, e in enumerate(engine):
-        a = e.args
-        step = int(a.get("step", i))
-        rows.append({"step": step, "kind": a.get("kind", e.name.split(" ")[0]), "num_seqs": a.get("num_seqs", 0),
-                     "batch_bucket": a.get("batch_bucket"), "token_bucket": a.get("token_bucket"),
-                     "num_tokens": a.get("num_tokens", 0), "padded_tokens": a.get("padded_tokens", 0),
-                     "host_ms": a.get("host_ms", e.dur_us / 1e3), "device_ms_modeled": a.get("device_ms_modeled"),
-                     "kv_blocks_used": a.get("kv_blocks_used", 0), "dispatch": a.get("dispatch", ""),
-                     "start_ms": e.start_us / 1e3})
-        if "batch" in a:
-            events = device.get(step)
-            details[step] = StepDetail(step, [tuple(b) for b in a["batch"]], dict(a.get("phases_ms", {})),
-                                       a.get("arrived", []), a.get("preempted", []), a.get("finished", []),
-                                       device_trace=Trace(events) if events else None)
-    return Run(label, rows, details)
-
-
-# ---- one step's modeled events -> lanes ------------------------------------------------------------------
-def _lane_of(event: TraceEvent) -> str | None:
-    lane = event.lane.split("@")[0]
-    if lane == "host":
-        return "host"
-    if lane == "host.callback":
-        return "program correction"
-    if lane.startswith("pcie"):
-        return "PCIe"
-    if lane.startswith("stream"):
-        return "device"
-    return None
-
-
-def layer_of_kernels(kernels: Sequence[TraceEvent]) -> list[int]:
-    """Layer lane of each device kernel, in time order: a new lane starts where an attention starts.
-
-    The engine's attention begins with the paged KV write (``index_copy``, one for K and one for V; or is one
-    ``paged attention L<i>`` kernel that writes the KV itself), so lane 0
-    holds what runs before the first attention (embedding, first norm, QKV) and lane ``i + 1`` holds layer ``i``'s
-    attention, o_proj and MLP up to the next layer's QKV (the last lane ends with the final norm and the head).
-    """
-    lanes, layer, in_write = [], 0, False
-    for e in kernels:
-        is_write = "index_copy" in e.name or e.name.startswith("paged attention")
-        if is_write and not in_write:
-            layer += 1
-        in_write = is_write
-        lanes.append(layer)
-    return lanes
-
-
-def _host_color(event: TraceEvent) -> str:
-    if event.name.startswith("wait"):
-        return style.UNIT_COLORS["idle"]
-    if event.name.startswith("rebuild"):
-        return style.REBUILD_COLOR
-    if event.args.get("fallback"):
-        return style.UNIT_COLORS["pcie"]
-    return style.UNIT_COLORS["host"]
-
-
-def step_lanes(trace: Trace) -> tuple[dict[str, list[tuple[TraceEvent, str]]], list[str]]:
-    """The step's events grouped by display lane (with a color each), and the lane order top to bottom."""
-    t0 = trace.start_us
-    lanes: dict[str, list[tuple[TraceEvent, str]]] = {name: [] for name in HOST_LANES}
-    kernels = []
-    for e in sorted(trace.events, key=lambda e: e.start_us):
-        lane = _lane_of(e)
-        if lane is None:
-            continue
-        e = TraceEvent(e.lane, e.name, e.start_us - t0, e.dur_us, e.args)
-        if lane == "device":
-            kernels.append(e)
-        elif lane == "PCIe":
-            lanes[lane].append((e, style.UNIT_COLORS["pcie"]))
-        else:
-            lanes[lane].append((e, _host_color(e)))
-    layers = layer_of_kernels(kernels)
-    top = max(layers, default=0)
-    group = max(1, -(-(top + 1) // MAX_LAYER_LANES))
-    names = []
-    for e, layer in zip(kernels, layers):
-        g = layer // group
-        if group == 1:
-            name = "embed" if g == 0 else f"L{g - 1}"
-        else:
-            name = f"lanes {g * group}-{g * group + group - 1}"
-        if name not in lanes:
-            lanes[name] = []
-            names.append(name)
-        lanes[name].append((e, style.kernel_color(e.name)))
-    order = [n for n in HOST_LANES if lanes[n]] + names
-    return lanes, order
-
-
 # ---- the view --------------------------------------------------------------------------------------------
 class DecodeTimeline(View):
     """Per engine step: batch and padding, modeled device time, measured host phases, and one step's lanes.

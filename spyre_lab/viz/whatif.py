@@ -41,7 +41,7 @@ from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
 from spyre_lab.viz.labels import FIT_WIDTH, Box
 from spyre_lab.viz.roofline import Roofline
-from spyre_lab.viz.timeline import step_lanes
+from spyre_lab.viz.step_lanes import step_lanes
 
 LX_KIB_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
 DRAM_GBS_CHOICES = (25.6, 51.2, 102.4, 204.8, 409.6, 819.2)

@@ -21,9 +21,8 @@ import ipywidgets as W
 import plotly.graph_objects as go
 
 from spyre_lab.compiler.ir import MatMul
-from spyre_lab.compiler.work_division import WorkDivision
 from spyre_lab.viz.base import View, cached_subplots, dropdown, note_annotation, toggle
-from spyre_lab.viz.records import device_config
+from spyre_lab.viz.sources import SavedSpec, as_program, device_config, timed_launches
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, core_color
 
 _TERMS = (("compute_us", "compute (PT)", "pt"), ("hbm_us", "DRAM", "load"), ("psum_us", "partial sums (ring)", "ring"),
@@ -53,10 +52,9 @@ class WorkDivisionView(View):
             self._adopt_saved(source, kernel)
             return
         self.saved: dict[str, Any] | None = None
-        self.program = _program_of(source)
+        self.program = as_program(source, "WorkDivisionView")
         self.cfg = self.program.cfg
-        planned = [(launch, k) for launch, k in zip(self.program.launches, self.program.kernels)
-                   if hasattr(launch, "division")]
+        planned = timed_launches(self.program)
         if not planned:
             raise ValueError(f"program {self.program.name!r} has no planned device kernel to divide")
         self._kernels = {launch.name: k for launch, k in planned}
@@ -114,7 +112,7 @@ class WorkDivisionView(View):
         """The KernelSpec for the current kernel, core count and strategy (regenerated, then cached)."""
         key = (self.kernel, self.cores, self.strategy)
         if self.saved is not None:
-            return _SavedSpec(self._kernels[self.kernel], self.cfg, self.strategy)
+            return SavedSpec(self._kernels[self.kernel], self.cfg, self.strategy)
         if key not in self._specs:
             from spyre_lab.compiler.codegen import generate_kernel
 
@@ -432,45 +430,3 @@ def _unravel(index: int, sizes: list[int]) -> list[int]:
 
 def _axis_key(ref: str) -> str:
     return ("xaxis" if ref.startswith("x") else "yaxis") + ref[1:]
-
-
-class _SavedSpec:
-    """What the view reads of a KernelSpec, rebuilt from a saved program's SuperDSC (``KernelSpec.to_json``)."""
-
-    def __init__(self, entry: dict[str, Any], cfg: Any, strategy: str) -> None:
-        doc = entry["superdsc"]
-        dsc = next(iter(doc["dscs_"][0].values()))
-        self.dims: dict[str, int] = dict(dsc["N_"])
-        splits = dict(doc["numWkSlicesPerDim_"])
-        matmul = {"B", "M", "N", "K"} <= set(self.dims)
-        reduction = ("K",) if matmul and entry.get("rule") != "mlp" else ()
-        per_core = dsc["dataStageParam_"]["0"]["perCore_"]
-        coords = {int(c): v for c, v in doc["coreIdToWkSlice_"].items()}
-        division = WorkDivision(splits, (), strategy, "saved program: the split the compiler chose (replan it from "
-                                "the Program)", None, reduction)
-        order = sorted(coords, key=lambda c: division._index(coords[c]))
-        self.division = WorkDivision(splits, tuple(order), strategy, division.reason, None, reduction)
-        # a slice starts where the earlier slices of its dim end (slices may be uneven: attention balances its rows)
-        extent: dict[str, dict[int, int]] = {}
-        for c, where in coords.items():
-            for k, e in per_core[str(c)].items():
-                extent.setdefault(k, {})[where.get(k, 0)] = e
-        self.slices: list[dict[str, tuple[int, int]]] = [{} for _ in range(cfg.cores)]
-        for c, where in coords.items():
-            ext = per_core[str(c)]
-            start = {k: sum(e for i, e in extent[k].items() if i < where.get(k, 0)) for k in ext}
-            self.slices[c] = {k: (start[k], start[k] + ext[k]) for k in ext}
-
-
-def _program_of(source: Any) -> Any:
-    from spyre_lab.compiler.program import Program
-
-    if isinstance(source, Program):
-        return source
-    from spyre_lab.runtime.dynamo_backend import compiled_graphs_for
-
-    programs = [p for g in compiled_graphs_for(source) for p in g.all_programs()]
-    if not programs:
-        raise TypeError(f"WorkDivisionView takes a Program or a compiled model that has run once, "
-                        f"got {type(source).__name__}")
-    return max(programs, key=lambda p: p.num_kernels)

@@ -13,7 +13,8 @@ from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.stats import EngineStats
 from spyre_lab.viz import style
 from spyre_lab.viz import timeline as timeline_module
-from spyre_lab.viz.timeline import DecodeTimeline, layer_of_kernels
+from spyre_lab.viz.step_lanes import layer_of_kernels
+from spyre_lab.viz.timeline import DecodeTimeline
 
 torch.set_num_threads(1)
 PROMPTS = ["count from 5 to 12:", "3 + 4 ="]
@@ -205,7 +206,8 @@ def test_device_row_splits_each_step_into_card_work_and_waiting_for_the_host(spy
 
 def test_no_same_cost_note_when_steps_differ(spyre_runs):
     """Two dispatch modes side by side still explain each run; a run whose steps differ gets no such note."""
-    from spyre_lab.viz.timeline import Run, same_cost_reason
+    from spyre_lab.viz.sources import Run
+    from spyre_lab.viz.timeline import same_cost_reason
 
     _, runs = spyre_runs
     rows = DecodeTimeline(runs["aot_patch"]).runs[0].served
