@@ -18,6 +18,7 @@ import html
 import itertools
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ipywidgets as W
@@ -138,55 +139,57 @@ class LayoutView(View):
         self.refresh()
 
     # --- drawing ----------------------------------------------------------------------------------
-    def build(self) -> go.Figure:
-        lay = self.layout
+    def _grids(self, lay: StickLayout, f: dict[str, Any]) -> _Grids:
+        """The two panels' cells (device stick of every host cell; stick of every device cell) and the followed
+        element's cell in each: one cell per element, or per stick above ``ELEMENT_LIMIT`` elements."""
         eps = lay.elems_per_stick
         offset0, valid = _stick_map(lay)
         sticks = len(offset0)
         cols = self.shape[-1] if self.shape else 1
         rows = max(math.prod(self.shape), 1) // max(cols, 1)
-        stick_cells = self.stick_cells
-        if stick_cells and lay.stick_dim != len(self.shape) - 1:
-            raise ValueError(f"LayoutView draws at most {ELEMENT_LIMIT:,} elements when the stick dim is not the "
-                             "last host dim; pass a smaller shape")
-        notes = []
-        f = self.follow()
-        shown = min(sticks, STICK_LIMIT)
-        if stick_cells:
-            tiles = math.ceil(cols / eps)
-            host = np.full((rows, tiles), np.nan)
-            r, c = np.divmod(offset0, cols)
-            host[r, c // eps] = np.arange(sticks)
-            grid_cols = lay.device_size[-2] if len(lay.device_size) > 2 else sticks
-            device = np.arange(sticks, dtype=float).reshape(-1, grid_cols)
-            pad_dev = np.where((valid < eps).reshape(-1, grid_cols), 1.0, np.nan)
-            pad_host = np.full_like(host, np.nan)
-            pad_host[r, c // eps] = np.where(valid < eps, 1.0, np.nan)
-            host_pos = (f["index"][-1] // eps, self.element // cols)
-            dev_pos = (f["stick"] % grid_cols, f["stick"] // grid_cols)
-            host_rows_shown = max(1, min(rows, STICK_LIMIT // max(tiles, 1)))
-            dev_rows_shown = max(1, min(device.shape[0], STICK_LIMIT // max(grid_cols, 1)))
-            host, pad_host = host[:host_rows_shown], pad_host[:host_rows_shown]
-            device, pad_dev = device[:dev_rows_shown], pad_dev[:dev_rows_shown]
-            notes.append(f"aggregated: each cell is one stick of {eps} elements ({rows * cols:,} host elements > "
-                         f"{ELEMENT_LIMIT:,}); grey-edged sticks hold padding")
-            if host_rows_shown < rows or dev_rows_shown * grid_cols < sticks:
-                notes.append(f"showing the first {min(shown, host_rows_shown * tiles):,} of {sticks:,} sticks")
-            x_host, y_host, x_dev, y_dev = "stick along the last dim", "host row", "device dim -2", "device sticks"
-        else:
+        if not self.stick_cells:
             host = np.full(rows * cols, np.nan)
             lanes = np.arange(eps)
             offsets = offset0[:, None] + lanes[None, :] * (lay.stride_map[-1] if lay.stride_map[-1] > 0 else 0)
             ok = lanes[None, :] < valid[:, None]
             host[offsets[ok]] = np.broadcast_to(np.arange(sticks)[:, None], offsets.shape)[ok]
-            host = host.reshape(rows, cols)
             device = np.where(ok, np.arange(sticks)[:, None].astype(float), np.nan)
-            pad_dev = np.where(ok, np.nan, 1.0)
-            pad_host = None
-            host_pos = (self.element % cols, self.element // cols)
-            dev_pos = (f["lane"], f["stick"])
-            x_host, y_host, x_dev, y_dev = "last host dim", "host row (other dims flattened)", "lane in stick", \
-                "stick (address order)"
+            return _Grids(host.reshape(rows, cols), device, np.where(ok, np.nan, 1.0), None,
+                          (self.element % cols, self.element // cols), (f["lane"], f["stick"]), sticks, [],
+                          ("last host dim", "host row (other dims flattened)", "lane in stick",
+                           "stick (address order)"))
+        if lay.stick_dim != len(self.shape) - 1:
+            raise ValueError(f"LayoutView draws at most {ELEMENT_LIMIT:,} elements when the stick dim is not the "
+                             "last host dim; pass a smaller shape")
+        notes = []
+        tiles = math.ceil(cols / eps)
+        host = np.full((rows, tiles), np.nan)
+        r, c = np.divmod(offset0, cols)
+        host[r, c // eps] = np.arange(sticks)
+        grid_cols = lay.device_size[-2] if len(lay.device_size) > 2 else sticks
+        device = np.arange(sticks, dtype=float).reshape(-1, grid_cols)
+        pad_dev = np.where((valid < eps).reshape(-1, grid_cols), 1.0, np.nan)
+        pad_host = np.full_like(host, np.nan)
+        pad_host[r, c // eps] = np.where(valid < eps, 1.0, np.nan)
+        host_rows_shown = max(1, min(rows, STICK_LIMIT // max(tiles, 1)))
+        dev_rows_shown = max(1, min(device.shape[0], STICK_LIMIT // max(grid_cols, 1)))
+        notes.append(f"aggregated: each cell is one stick of {eps} elements ({rows * cols:,} host elements > "
+                     f"{ELEMENT_LIMIT:,}); grey-edged sticks hold padding")
+        if host_rows_shown < rows or dev_rows_shown * grid_cols < sticks:
+            shown = min(sticks, STICK_LIMIT)
+            notes.append(f"showing the first {min(shown, host_rows_shown * tiles):,} of {sticks:,} sticks")
+        return _Grids(host[:host_rows_shown], device[:dev_rows_shown], pad_dev[:dev_rows_shown],
+                      pad_host[:host_rows_shown], (f["index"][-1] // eps, self.element // cols),
+                      (f["stick"] % grid_cols, f["stick"] // grid_cols), sticks, notes,
+                      ("stick along the last dim", "host row", "device dim -2", "device sticks"))
+
+    def build(self) -> go.Figure:
+        lay = self.layout
+        f = self.follow()
+        g = self._grids(lay, f)
+        host, device, pad_dev, pad_host = g.host, g.device, g.pad_dev, g.pad_host
+        host_pos, dev_pos, sticks, notes = g.host_pos, g.dev_pos, g.sticks, g.notes
+        x_host, y_host, x_dev, y_dev = g.axis_titles
         scale = [[i / (len(ADDRESS_SCALE) - 1), c] for i, c in enumerate(ADDRESS_SCALE)]
         pad_scale = [[0, PADDING_COLOR], [1, PADDING_COLOR]]
         layout, axes = cached_subplots(rows=1, cols=2, horizontal_spacing=0.1, column_widths=[0.5, 0.5],
@@ -239,6 +242,21 @@ class LayoutView(View):
             layout[key] = {**layout.get(key, {}), "title": {"text": title}, "showgrid": False, "zeroline": False,
                            **extra}
         return go.Figure(dict(data=data, layout=layout), _validate=False)
+
+
+@dataclass
+class _Grids:
+    """What LayoutView's two panels draw (see :meth:`LayoutView._grids`)."""
+
+    host: np.ndarray
+    device: np.ndarray
+    pad_dev: np.ndarray
+    pad_host: np.ndarray | None
+    host_pos: tuple[int, int]
+    dev_pos: tuple[int, int]
+    sticks: int
+    notes: list[str]
+    axis_titles: tuple[str, str, str, str]
 
 
 def _stick_map(lay: StickLayout) -> tuple[np.ndarray, np.ndarray]:

@@ -2,9 +2,12 @@
 
 Switches: each fusion rule (``CompileOptions.fusion``), work division (planned / naive), runtime dispatch
 (``RuntimeOptions(dispatch="aot_patch" | "rebuild")``), and the card itself through ``SpyreConfig.replace``:
-cores, LX scratchpad per core, DRAM bandwidth. Every change really recompiles the model with
-``compile_graph`` (cached per configuration) and really launches the Program on ``torch.device("spyre")``
-under the chosen dispatch, recording the modeled events; nothing is interpolated.
+cores, LX scratchpad per core, DRAM bandwidth. A change of options or card really recompiles the kernels with
+``compile_graph`` (from the ATen graph it traced the first time; cached per configuration: the planner reads the
+card's cores, LX and DRAM bandwidth, so re-timing the old kernels on a new card would show a plan the compiler
+would not make), and every setting really launches its Programs on ``torch.device("spyre")`` under the chosen
+dispatch, recording the modeled events; nothing is interpolated. A dispatch change relaunches the same Programs.
+Sliders report on release (``continuous_update=False``), so dragging does not compile every notch.
 
 What is drawn, current configuration against the baseline (the configuration the view was opened with):
 
@@ -25,7 +28,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import ipywidgets as W
@@ -68,6 +71,13 @@ class Setting:
     def config(self, base: SpyreConfig) -> SpyreConfig:
         return base.replace(cores=self.cores, lx_bytes=self.lx_kib * 1024, dram_bandwidth=self.dram_gbs * 1e9)
 
+    @property
+    def compile_key(self) -> tuple[Any, ...]:
+        """What the compiled kernels depend on: the options and the card. Dispatch is a runtime choice (same
+        kernels, another launch); cores, LX and DRAM bandwidth are card numbers the planner reads (work division,
+        tile plans that fit LX, the matmul cost model), so a new value replans the kernels."""
+        return self.fusion, self.work_division, self.cores, self.lx_kib, self.dram_gbs
+
     def describe(self) -> str:
         off = sorted(set(FUSION_RULES) - self.fusion)
         return (f"fusion {'all' if not off else 'without ' + ', '.join(off)}, {self.work_division} division, "
@@ -83,13 +93,23 @@ class Outcome:
     programs: dict[str, Program]
     traces: dict[str, Trace]
     layers: int
+    _spans: dict[str, float] = field(default_factory=dict, init=False, repr=False)
+    _lanes: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
 
     def span_us(self, phase: str) -> float:
         """Modeled µs of one launch of the ``phase`` program (a phase whose inputs were not given is an error)."""
         if phase not in self.traces:
             raise KeyError(f"no {phase} launch in this WhatIf: it was opened with inputs for "
                            f"{' and '.join(self.traces)} only (pass {phase}_inputs= to add one)")
-        return self.traces[phase].duration_us
+        if phase not in self._spans:             # a trace's span walks all its events: once per outcome
+            self._spans[phase] = self.traces[phase].duration_us
+        return self._spans[phase]
+
+    def lanes(self, phase: str) -> Any:
+        """The ``phase`` launch's events as the timeline's lanes (``step_lanes``), built once per outcome."""
+        if phase not in self._lanes:
+            self._lanes[phase] = step_lanes(self.traces[phase])
+        return self._lanes[phase]
 
     @property
     def ttft_ms(self) -> float | None:
@@ -167,6 +187,7 @@ class WhatIf(View):
             self._inputs["decode"] = list(decode_inputs)
         self._device_inputs: dict[str, list[torch.Tensor]] = {}
         self._cache: dict[Setting, Outcome] = {}
+        self._programs: dict[tuple[Any, ...], dict[str, Program]] = {}
         self.phase = next(iter(self._inputs))
         self.work_division = self.base_options.work_division
         self.dispatch = dispatch
@@ -204,17 +225,24 @@ class WhatIf(View):
                        float(self.dram_gbs))
 
     def evaluate(self, setting: Setting) -> Outcome:
-        """Compile both passes for ``setting`` and launch each once on the card (cached per setting)."""
+        """The kernels for ``setting`` launched once per pass on the card (cached per setting).
+
+        Kernels are compiled once per :attr:`Setting.compile_key` with ``compile_graph``, which reuses the ATen
+        graph it traced the first time (no new trace for another card or other options: only lowering, fusion
+        and planning run again); a dispatch change relaunches the same programs.
+        """
         hit = self._cache.get(setting)
         if hit is not None:
             return hit
         cfg = setting.config(self.base_cfg)
-        options = setting.options(self.base_options)
-        programs, traces = {}, {}
-        for phase, inputs in self._inputs.items():
-            program = compile_graph(self.model, inputs, options, cfg)
-            programs[phase] = program
-            traces[phase] = launch_trace(program, self._on_device(phase), setting.dispatch)
+        programs = self._programs.get(setting.compile_key)
+        if programs is None:
+            options = setting.options(self.base_options)
+            programs = {phase: compile_graph(self.model, inputs, options, cfg)
+                        for phase, inputs in self._inputs.items()}
+            self._programs[setting.compile_key] = programs
+        traces = {phase: launch_trace(program, self._on_device(phase), setting.dispatch)
+                  for phase, program in programs.items()}
         outcome = Outcome(setting, cfg, programs, traces, self.layers)
         self._cache[setting] = outcome
         return outcome
@@ -294,7 +322,7 @@ class WhatIf(View):
                   phase: str) -> None:
         order_all: list[str] = []
         for label, outcome in (("baseline", base), ("now", now)):
-            lanes, order = step_lanes(outcome.traces[phase])
+            lanes, order = outcome.lanes(phase)
             merged: dict[str, list] = {}
             for name in order:
                 key = f"{label} · " + ("kernels" if name not in ("host", "program correction", "PCIe") else name)

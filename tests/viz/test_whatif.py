@@ -169,6 +169,47 @@ def test_a_switch_recompiles_without_tracing_again(view, monkeypatch):
     assert cache.stats()["compiles"] == compiles + 2
 
 
+@pytest.mark.parametrize("change", [dict(cores=8), dict(lx_kib=512), dict(dram_gbs=51.2)])
+def test_a_card_change_replans_from_the_kept_graph_and_equals_a_fresh_compile(view, monkeypatch, change):
+    """Cores, LX and DRAM bandwidth are card numbers the planner reads, so the view replans the kernels (from the
+    ATen graph it traced once) rather than re-time the old ones; what it shows equals a view opened on that card,
+    which traces and compiles from scratch."""
+    from spyre_lab.compiler import backend
+    from spyre_lab.device.config import SPYRE
+
+    traced = []
+    real = backend.to_aten
+    monkeypatch.setattr(backend, "to_aten", lambda *a: traced.append(a) or real(*a))
+    for name, value in change.items():
+        view.controls[name].value = value
+    assert not traced                                                      # the view's path: no new trace
+    fast = view.current
+    card = {"cores": 8} if "cores" in change else {"lx_bytes": 512 * 1024} if "lx_kib" in change else \
+        {"dram_bandwidth": 51.2e9}
+    with only_warnings():
+        slow = WhatIf.granite_layer("tiny-granite", prompt_len=64, cfg=SPYRE.replace(**card)).baseline
+    assert traced                                                          # a new function: traced from scratch
+    for phase in ("prefill", "decode"):
+        assert fast.cfg == slow.cfg and fast.programs[phase] is not slow.programs[phase]
+        assert [(r.name, r.time_us) for r in kernel_records(fast.programs[phase])] == \
+            [(r.name, r.time_us) for r in kernel_records(slow.programs[phase])]
+        assert fast.span_us(phase) == slow.span_us(phase)
+    assert fast.metrics() == slow.metrics()
+    assert fast.metrics() != view.baseline.metrics()                      # the change moved the modeled times
+
+
+def test_a_dispatch_change_relaunches_without_compiling(view):
+    """Dispatch is a runtime choice: the same Programs launch again under it, nothing is compiled."""
+    from spyre_lab.compiler import cache
+
+    compiles = cache.stats()["compiles"]
+    view.controls["dispatch"].value = "rebuild"
+    now = view.current
+    assert cache.stats()["compiles"] == compiles
+    assert all(now.programs[p] is view.baseline.programs[p] for p in now.programs)
+    assert now.traces["prefill"] is not view.baseline.traces["prefill"]
+
+
 @pytest.fixture
 def fresh_dtype_warnings(monkeypatch):
     """Forget which dtypes the runtime already warned about (a one-time warning), so a test can observe them."""
