@@ -14,17 +14,19 @@ import functools
 import html
 import json
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from plotly.utils import PlotlyJSONEncoder
 
-from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.viz.base import View, note_annotation
 from spyre_lab.viz.records import KernelRecord, kernel_records
-from spyre_lab.viz.sources import as_recompilable
+from spyre_lab.viz.sources import as_recompilable, fusion_rules
+
+if TYPE_CHECKING:
+    from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, kernel_color
 
 DENSE_NODES = 30
@@ -71,7 +73,7 @@ class FusionView(View):
         self._fn, self._inputs = found.fn, found.inputs
         program = found.program
         self.base_options: CompileOptions | None = None if program is None else program.options
-        self.rules = set(self.base_options.fusion) if self.base_options else set(FUSION_RULES)
+        self.rules = set(self.base_options.fusion) if self.base_options else set(fusion_rules())
         self.mode = mode or (self.base_options.timing if self.base_options else "analytic")
         self._programs: dict[frozenset[str], Any] = {}
         if program is not None:
@@ -116,7 +118,7 @@ class FusionView(View):
 
     def make_controls(self) -> list[W.Widget]:
         boxes = []
-        for rule in FUSION_RULES:
+        for rule in fusion_rules():
             box = W.Checkbox(value=rule in self.rules, description=rule, indent=False,
                              layout=W.Layout(width="auto", margin="0 12px 0 0"), disabled=not self.can_recompile)
             self._controls[rule] = box
@@ -160,8 +162,9 @@ class FusionView(View):
             self._draw_saved_kernels(data, notes, recs)
         data.append(_table(recs) | {"domain": table_domain})
         total = sum(r.time_us or 0.0 for r in recs if not r.host)
-        rules = "all rules" if set(self.rules) == set(FUSION_RULES) else (
-            f"without {', '.join(sorted(set(FUSION_RULES) - self.rules))}" if self.rules else "no fusion")
+        every = set(fusion_rules())
+        rules = "all rules" if set(self.rules) == every else (
+            f"without {', '.join(sorted(every - self.rules))}" if self.rules else "no fusion")
         name = self.saved["name"] if self.saved else self.program.name
         notes.append(dict(text="box labels: " + ", ".join(f"{v} = {k}" for k, v in _SHORT.items() if k != "fallback"),
                           xref="paper", yref="y2 domain", x=0.0, y=-0.02, yanchor="top", xanchor="left",

@@ -15,16 +15,18 @@ The step slider replays the run. ``KVCacheView(llm)``, ``KVCacheView(llm.stats)`
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spyre_lab.engine.stats import KVSnapshot, StepDetail
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, note_annotation
 from spyre_lab.viz.sources import as_stats
+
+if TYPE_CHECKING:
+    from spyre_lab.engine.stats import KVSnapshot, StepDetail
 
 #: above this many blocks the block grid shows the first MAX_GRID_BLOCKS (and says so)
 MAX_GRID_BLOCKS = 1024

@@ -62,6 +62,13 @@ def device_config(source: Any) -> SpyreConfig:
     return source.cfg
 
 
+def fusion_rules() -> tuple[str, ...]:
+    """The compiler's fusion rule names, in its order (``compiler.options.FUSION_RULES``)."""
+    from spyre_lab.compiler.options import FUSION_RULES
+
+    return tuple(FUSION_RULES)
+
+
 def is_timed(launch: Any) -> bool:
     """A launch the simulators time: a planned device kernel (``KernelSpec``), not a host fallback or an
     unplanned kernel."""

@@ -17,16 +17,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from spyre_lab.engine.stats import StepDetail
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, note_annotation
 from spyre_lab.viz.sources import Run, as_run
+
+if TYPE_CHECKING:
+    from spyre_lab.engine.stats import StepDetail
+
 from spyre_lab.viz.step_lanes import layer_of_kernels, step_lanes  # noqa: F401  (tests/engine read it here)
 
 #: above this many requests in a run, the batch row draws real tokens as one series instead of one per request

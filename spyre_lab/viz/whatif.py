@@ -29,22 +29,24 @@ import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ipywidgets as W
 import plotly.graph_objects as go
 import torch
 
-from spyre_lab.compiler.backend import compile_graph
-from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.trace import Trace
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
 from spyre_lab.viz.labels import FIT_WIDTH, Box
 from spyre_lab.viz.roofline import Roofline
+from spyre_lab.viz.sources import fusion_rules
 from spyre_lab.viz.step_lanes import step_lanes
+
+if TYPE_CHECKING:
+    from spyre_lab.compiler.options import CompileOptions
+    from spyre_lab.compiler.program import Program
 
 LX_KIB_CHOICES = (256, 512, 1024, 2048, 4096, 8192)
 DRAM_GBS_CHOICES = (25.6, 51.2, 102.4, 204.8, 409.6, 819.2)
@@ -79,7 +81,7 @@ class Setting:
         return self.fusion, self.work_division, self.cores, self.lx_kib, self.dram_gbs
 
     def describe(self) -> str:
-        off = sorted(set(FUSION_RULES) - self.fusion)
+        off = sorted(set(fusion_rules()) - self.fusion)
         return (f"fusion {'all' if not off else 'without ' + ', '.join(off)}, {self.work_division} division, "
                 f"{self.dispatch}, {self.cores} cores, LX {self.lx_kib} KiB, DRAM {self.dram_gbs:g} GB/s")
 
@@ -178,7 +180,11 @@ class WhatIf(View):
         if dispatch not in ("aot_patch", "rebuild"):
             raise ValueError(f"dispatch must be 'aot_patch' or 'rebuild', got {dispatch!r}")
         self.model, self.layers, self.base_cfg = model, layers, cfg
-        self.base_options = options or CompileOptions()
+        if options is None:
+            from spyre_lab.compiler.options import CompileOptions
+
+            options = CompileOptions()
+        self.base_options = options
         self.name = name or getattr(model, "__name__", type(model).__name__)
         self._inputs: dict[str, list[Any]] = {}
         if example_inputs is not None:
@@ -194,7 +200,7 @@ class WhatIf(View):
         self.cores = cfg.cores
         self.lx_kib = cfg.lx_bytes // 1024
         self.dram_gbs = round(cfg.dram_bandwidth / 1e9, 1)
-        for rule in FUSION_RULES:
+        for rule in fusion_rules():
             setattr(self, f"fuse_{rule}", rule in self.base_options.fusion)
         self._grid: dict[str, Any] = {}
         self._labels: list[dict[str, Any]] = []
@@ -220,7 +226,7 @@ class WhatIf(View):
     # ---- the model -------------------------------------------------------------------------------------
     @property
     def setting(self) -> Setting:
-        fusion = frozenset(r for r in FUSION_RULES if getattr(self, f"fuse_{r}"))
+        fusion = frozenset(r for r in fusion_rules() if getattr(self, f"fuse_{r}"))
         return Setting(fusion, self.work_division, self.dispatch, int(self.cores), int(self.lx_kib),
                        float(self.dram_gbs))
 
@@ -237,6 +243,8 @@ class WhatIf(View):
         cfg = setting.config(self.base_cfg)
         programs = self._programs.get(setting.compile_key)
         if programs is None:
+            from spyre_lab.compiler.backend import compile_graph
+
             options = setting.options(self.base_options)
             programs = {phase: compile_graph(self.model, inputs, options, cfg)
                         for phase, inputs in self._inputs.items()}
@@ -270,7 +278,7 @@ class WhatIf(View):
     # ---- controls --------------------------------------------------------------------------------------
     def make_controls(self) -> list[W.Widget]:
         controls: list[W.Widget] = []
-        for rule in FUSION_RULES:
+        for rule in fusion_rules():
             button = W.ToggleButton(value=getattr(self, f"fuse_{rule}"), description=rule,
                                     tooltip=f"fusion rule {rule}", layout=W.Layout(width="auto"))
             controls.append(self.bind(f"fuse_{rule}", button))

@@ -20,7 +20,6 @@ from typing import Any
 import ipywidgets as W
 import plotly.graph_objects as go
 
-from spyre_lab.compiler.ir import MatMul
 from spyre_lab.viz.base import View, cached_subplots, dropdown, note_annotation, toggle
 from spyre_lab.viz.sources import SavedSpec, as_program, device_config, timed_launches
 from spyre_lab.viz.style import NEUTRAL, UNIT_COLORS, core_color
@@ -402,6 +401,8 @@ def _corner_title(spec: Any, view: WorkDivisionView) -> str:
 def _is_matmul(spec: Any, view: WorkDivisionView) -> bool:
     if _is_attention(view):            # two matmuls inside, but divided by its own planner, not matmul_cost
         return False
+    from spyre_lab.compiler.ir import MatMul
+
     k = view._kernels[view.kernel]
     if view.saved is not None:
         return {"B", "M", "N", "K"} <= set(spec.dims) and k.get("rule") != "mlp" and "matmul" in k.get("ops", ())
