@@ -117,18 +117,18 @@ def measure(name: str, make: Callable[[], Any], repeat: int) -> dict[str, Any]:
     started = time.process_time()
     view.widget  # noqa: B018
     widget_s = time.process_time() - started
-    changes: dict[str, tuple[float, float, float]] = {}
+    changes: dict[str, list[tuple[float, float]]] = {}   # control -> (CPU s, of which full gc s) per change
     for control_name, control in view.controls.items():
         if getattr(control, "disabled", False):
             continue
-        times, collected = [], []
+        runs = []
         for _ in range(1 + repeat):
             with FullCollections() as full:
                 started = time.process_time()
                 next_value(control)
-                times.append(time.process_time() - started)
-            collected.append(full.seconds)
-        changes[control_name] = (times[0], statistics.median(times[1:]) if repeat else times[0], max(collected))
+                spent = time.process_time() - started
+            runs.append((spent, full.seconds))
+        changes[control_name] = runs
     json_kb = len(view.figure.to_json()) / 1e3
     return {"view": name, "build_s": build_s, "widget_s": widget_s, "changes": changes, "json_kb": json_kb}
 
@@ -229,6 +229,14 @@ SECTIONS: dict[str, Callable[[], Any]] = {
 }
 
 
+def _control_detail(name: str, runs: list[tuple[float, float]]) -> str:
+    """``cores 0.17/0.18/0.45 (full gc 0.28)``: first, median of the repeats, slowest, and the slowest full gc."""
+    times = [t for t, _ in runs]
+    median = statistics.median(times[1:]) if len(times) > 1 else times[0]
+    gc_s = max(g for _, g in runs)
+    return f"{name} {times[0]:.2f}/{median:.2f}/{max(times):.2f}" + (f" (full gc {gc_s:.2f})" if gc_s > 0.02 else "")
+
+
 def main() -> None:
     cli = parser(__doc__, SECTIONS)
     cli.add_argument("--repeat", type=int, default=3,
@@ -241,20 +249,22 @@ def main() -> None:
     import plotly.graph_objects as go
 
     ipywidgets.Output(), go.Figure()  # the first widget and figure of a process import their machinery; not a view's
-    print(f"{'view':>16} {'build s':>8} {'widget s':>9} {'fig KB':>7} {'first chg s':>12} {'median chg s':>13}  "
-          f"goal every change < {GOAL_S} s CPU; per control: first/median s (a full gc inside a change)")
+    print(f"{'view':>16} {'build s':>8} {'widget s':>9} {'fig KB':>7} {'first chg s':>12} {'median chg s':>13} "
+          f"{'max s':>8}  goal every change < {GOAL_S} s CPU; per control: first/median/max s (full gc in a change)")
     for name in wanted:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             engine_stats() if name in ("DecodeTimeline", "KVCacheView") else None   # data set-up not timed
             row = measure(name, SECTIONS[name], args.repeat)
-        first = max((f for f, _, _ in row["changes"].values()), default=0.0)
-        median = max((m for _, m, _ in row["changes"].values()), default=0.0)
-        verdict = "met" if max(first, median) < GOAL_S else "NOT met"
-        detail = ", ".join(f"{k} {f:.2f}/{m:.2f}" + (f" (full gc {g:.2f})" if g > 0.02 else "")
-                           for k, (f, m, g) in row["changes"].items())
+        runs = row["changes"].values()
+        first = max((r[0][0] for r in runs), default=0.0)
+        median = max((statistics.median(t for t, _ in r[1:]) if len(r) > 1 else r[0][0] for r in runs), default=0.0)
+        worst = max((t for r in runs for t, _ in r), default=0.0)
+        worst_no_gc = max((t - g for r in runs for t, g in r), default=0.0)
+        verdict = "met" if worst < GOAL_S else "met but for a full gc" if worst_no_gc < GOAL_S else "NOT met"
+        detail = ", ".join(_control_detail(k, r) for k, r in row["changes"].items())
         print(f"{name:>16} {row['build_s']:8.2f} {row['widget_s']:9.2f} {row['json_kb']:7.0f} {first:12.3f} "
-              f"{median:13.3f}  {verdict}: {detail}", flush=True)
+              f"{median:13.3f} {worst:8.3f}  {verdict}: {detail}", flush=True)
 
 
 if __name__ == "__main__":
