@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
     rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
     rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
+    rep.add_argument("--scheduler", metavar="tcp://HOST:PORT",
+                     help="run the sweep on this Dask scheduler (default: a local cluster on this machine)")
+    rep.add_argument("--workers", type=int, metavar="N", help="local cluster size for the sweep (default: cores, <= 4)")
+    rep.add_argument("--fresh", action="store_true",
+                     help="compute again even if this source's result is cached (results are cached by source hash)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
@@ -49,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "reproduce":
         from spyre_lab.studies.reproduce import main as reproduce_main
 
-        return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth, args.portable)
+        options = {k: v for k, v in vars(args).items() if k != "command"}   # every flag is a keyword of main
+        return reproduce_main(**options)
     return 2
 
 

@@ -244,11 +244,13 @@ ENGINE_BUCKETS = (("prefill", PREFILL_TOKENS), ("decode", 1))
 def engine_waterfall(depth: str | int = "probe",
                      progress: Callable[[str], None] | None = None) -> list[tuple[str, StepConfig, dict]]:
     """Every waterfall stage timed on the 8B-shaped engine step: [(label, config, {bucket: StepTiming})]."""
-    out = []
+    from spyre_lab.studies.granite8b import ProbeCache
+
+    out, probes = [], ProbeCache()        # consecutive stages that differ only in runtime options share a model
     for label, step in WATERFALL:
         if progress is not None:
             progress(label)
-        out.append((label, step, time_steps(step, ENGINE_BUCKETS, depth)))
+        out.append((label, step, time_steps(step, ENGINE_BUCKETS, depth, probes=probes)))
     return out
 
 

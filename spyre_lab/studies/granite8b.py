@@ -65,6 +65,13 @@ class StepConfig:
     overlap: bool = True
     attention_kernel: bool = True
 
+    def traced(self) -> StepConfig:
+        """This configuration with the runtime-only options (``dispatch``, ``overlap``) at their defaults.
+
+        Dynamo's trace, the compiled programs and the model's weights see only the other fields: two
+        configurations with one ``traced()`` run the same model and programs, launched differently."""
+        return dataclasses.replace(self, dispatch=StepConfig.dispatch, overlap=StepConfig.overlap)
+
     def differs_from(self, other: StepConfig) -> dict[str, tuple[object, object]]:
         """Field -> (this, other) for every field the two configurations set differently."""
         return {f.name: (getattr(self, f.name), getattr(other, f.name)) for f in dataclasses.fields(self)
@@ -226,55 +233,97 @@ class EngineProbe:
             self.model = build_model(built, self.platform)
             self.runner = ModelRunner(self.model, self.platform, BLOCK_SIZE, blocks, max_len, torch.float16)
 
-    def time(self, kind: str, size: int, repeats: int = 2) -> StepTiming:
-        """One bucket's step: the first run compiles it, the last is the steady state that is reported."""
+    def time(self, kind: str, size: int, repeats: int = 2, step: StepConfig | None = None) -> StepTiming:
+        """One bucket's step: the first run compiles it, the last is the steady state that is reported.
+
+        ``step`` (default: the probe's own) may differ from the probe's in the runtime-only options only
+        (``StepConfig.traced``): the same model and programs, launched with that dispatch and overlap."""
         from spyre_lab.runtime.streams import recording, reset_time
 
+        step = step or self.step
+        if step.traced() != self.step.traced():
+            raise ValueError(f"this probe traced {self.step.traced()}; {step} needs its own probe (it differs in "
+                             f"{sorted(step.traced().differs_from(self.step.traced()))}, which the trace sees)")
         timing = None
-        with _runtime(self.step), torch.inference_mode():
+        with _runtime(step), torch.inference_mode():
             for _ in range(repeats):
                 start = time.perf_counter()
                 reset_time()
                 batch = 1 if kind == "prefill" else size
                 with self.platform.device_timer(kind, size, batch), recording() as trace:   # the engine's step
-                    self.runner.execute(self._input(kind, size))
+                    self.runner.execute(bucket_input(self.runner, kind, size))
                     self.platform.synchronize()
                 timing = summarize(trace, self.config.num_hidden_layers, time.perf_counter() - start)
         return timing
 
-    def _input(self, kind: str, size: int) -> object:
-        """A full bucket, as the runner's warmup builds it: decode reads a context of ``CONTEXT`` tokens."""
-        runner = self.runner
-        if kind == "prefill":
-            return runner._dummy_input("prefill", size)
-        flat = torch.arange(size)
-        width = runner.max_blocks_per_seq
-        context = min(CONTEXT, width * BLOCK_SIZE - 1)
-        tables = [[(b * width + j) % (runner.scratch_block + 1) for j in range(width)] for b in range(size)]
-        positions = torch.full((size,), context)
-        return runner._to_input(
-            input_ids=[0] * size, positions=positions, slots=[runner.scratch_block * BLOCK_SIZE] * size,
-            tables=tables, query_index=flat.view(size, 1), query_positions=positions.view(size, 1),
-            token_seq=flat, token_offset=torch.zeros(size, dtype=torch.long), ends=flat, bucket=("decode", size),
-            seq_query_lens=[(context + 1, 1)] * size)   # each sequence: its context and this step's token
+
+def bucket_input(runner: object, kind: str, size: int) -> object:
+    """A full bucket through the runner's own ``prepare_prefill`` / ``prepare_decode``.
+
+    Prefill: one sequence of ``size`` tokens whose blocks are all the runner's scratch block (as the
+    runner's warmup fills a bucket). Decode: ``size`` sequences, each reading a context of ``CONTEXT``
+    tokens through its own block table (blocks taken round-robin over the cache) and writing its new
+    token's K/V to the scratch block."""
+    from spyre_lab.engine.sampling_params import SamplingParams
+    from spyre_lab.engine.sequence import Sequence
+
+    width, scratch = runner.max_blocks_per_seq, runner.scratch_block
+    if kind == "prefill":
+        seq = Sequence("prefill", [0] * size, SamplingParams())
+        seq.block_table = [scratch] * width
+        return runner.prepare_prefill([seq])
+    context = min(CONTEXT, width * BLOCK_SIZE - 1)
+    seqs = []
+    for b in range(size):
+        seq = Sequence(f"decode {b}", [0] * (context + 1), SamplingParams())
+        seq.block_table = [(b * width + j) % (scratch + 1) for j in range(width)]
+        seq.num_computed_tokens = context
+        seqs.append(seq)
+    return runner.prepare_decode(seqs)
+
+
+class ProbeCache:
+    """The most recent probes, one per (depth, traced configuration, buckets, compile options): configurations
+    that differ only in runtime options reuse one model, its Dynamo traces and its programs. Bounded (each
+    probe holds a compiled model), so a study's consecutive stages share and older probes are released."""
+
+    def __init__(self, keep: int = len(PROBE_DEPTHS)) -> None:
+        from collections import OrderedDict
+
+        self.keep, self.built, self._probes = keep, 0, OrderedDict()
+
+    def get(self, config: ModelConfig, step: StepConfig, prefill: tuple[int, ...], batch: tuple[int, ...],
+            compile_options: dict) -> EngineProbe:
+        key = (config, step.traced(), prefill, batch, repr(sorted(compile_options.items())))
+        probe = self._probes.pop(key, None)
+        if probe is None:
+            probe = EngineProbe(config, step.traced(), prefill, batch, dict(compile_options))
+            self.built += 1
+        self._probes[key] = probe
+        while len(self._probes) > self.keep:
+            self._probes.popitem(last=False)
+        return probe
 
 
 def time_steps(step: StepConfig, buckets: Sequence[tuple[str, int]], depth: str | int = "probe",
                config: ModelConfig = GRANITE_3_3_8B,
-               compile_options: dict | None = None) -> dict[tuple[str, int], StepTiming]:
+               compile_options: dict | None = None,
+               probes: ProbeCache | None = None) -> dict[tuple[str, int], StepTiming]:
     """Modeled step times of ``config`` for every bucket (``("prefill", 1024)``, ``("decode", 8)``).
 
     ``depth="probe"`` runs the real path at ``PROBE_DEPTHS`` layers and extends to the model's depth;
-    ``"full"`` (or an int) runs that many layers directly.
+    ``"full"`` (or an int) runs that many layers directly. Pass one ``probes`` cache to successive calls
+    to reuse a model between configurations that differ only in runtime options.
     """
     prefill = tuple(sorted({s for k, s in buckets if k == "prefill"})) or (64,)
     batch = tuple(sorted({s for k, s in buckets if k == "decode"})) or (1,)
     depths = PROBE_DEPTHS if depth == "probe" else (config.num_hidden_layers if depth == "full" else int(depth),)
     per_depth = {}
+    probes = probes or ProbeCache()
     for d in depths:
-        probe = EngineProbe(dataclasses.replace(config, num_hidden_layers=d), step, prefill, batch,
-                            dict(compile_options or {}))
-        per_depth[d] = {b: probe.time(*b) for b in buckets}
+        probe = probes.get(dataclasses.replace(config, num_hidden_layers=d), step, prefill, batch,
+                           dict(compile_options or {}))
+        per_depth[d] = {b: probe.time(*b, step=step) for b in buckets}
     if depth != "probe":
         return per_depth[depths[0]]
     shallow, deep = (per_depth[d] for d in PROBE_DEPTHS)

@@ -12,11 +12,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from spyre_lab.device.config import SPYRE
 from spyre_lab.studies import claims as C
-from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PREFILL_TOKENS, PROBE_DEPTHS, StepConfig, time_steps
+from spyre_lab.studies.cache import FINGERPRINTED, cache_folder, read_json, write_json  # noqa: F401 (re-exported)
+from spyre_lab.studies.cache import source_fingerprint as _fingerprint
+from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PREFILL_TOKENS, PROBE_DEPTHS, ProbeCache, StepConfig, time_steps
 from spyre_lab.studies.sweeps import RANDOM_SAMPLES, SWEEP_RANGES, run_sweep
 
 SCHEMA = "spyre_lab.reproduce/1"
@@ -26,7 +29,7 @@ ATTENTION_OFF = StepConfig(attention_kernel=False)
 
 
 def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = True,
-              samples: int = RANDOM_SAMPLES, workers: int | None = None) -> dict[str, Any]:
+              samples: int = RANDOM_SAMPLES, workers: int | None = None, scheduler: Any = None) -> dict[str, Any]:
     """Run every study; returns the ``SCHEMA`` dict (see ``docs/reproduce.md`` for a rendering).
 
     Keys: ``schema``, ``modeled`` (always True), ``device`` (the swept SpyreConfig fields),
@@ -34,21 +37,24 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
     attention's share of the prefill and decode steps with the ``attention`` rule on and off), ``claims``
     (one :class:`~spyre_lab.studies.claims.Claim` dict each, in order matmul, softmax, mlp, prefill,
     decode), ``sweep`` (None, or ``configurations``, ``ranges``, ``verdicts``, ``points``), ``wall_s``.
+    The sweep runs on Dask: a local cluster of ``workers`` processes, or ``scheduler`` (see ``sweep_runner``).
     """
     say = _progress(progress)
     wall: dict[str, float] = {}
     start = time.perf_counter()
     say("engine: 8B-shaped steps, all mechanisms on (prefill 1024, decode batch 1-32)")
     buckets = [("prefill", PREFILL_TOKENS), *(("decode", b) for b in DECODE_BATCHES)]
-    steps = time_steps(StepConfig(), buckets, depth)
+    probes = ProbeCache()   # stages that differ only in runtime options (dispatch, overlap) share a model
+    steps = time_steps(StepConfig(), buckets, depth, probes=probes)
     wall["engine_steps"] = time.perf_counter() - start
     start = time.perf_counter()
     waterfall = []
     for label, step in C.WATERFALL:
         say(f"engine waterfall: {label}")
-        times = steps if step == StepConfig() else time_steps(step, C.ENGINE_BUCKETS, depth)
+        times = steps if step == StepConfig() else time_steps(step, C.ENGINE_BUCKETS, depth, probes=probes)
         waterfall.append((label, step, {b: times[b] for b in C.ENGINE_BUCKETS}))
     wall["engine_waterfall"] = time.perf_counter() - start
+    del probes
     rule_off = next(times for _, step, times in waterfall if step == ATTENTION_OFF)   # the stage before the kernel
     start = time.perf_counter()
     claims = []
@@ -79,7 +85,7 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
         say("sweep: every claim across the unpublished parameters")
         logs = {c: (waterfall[0][2][b].log, waterfall[-1][2][b].log) for c, b in
                 (("prefill", C.ENGINE_BUCKETS[0]), ("decode", C.ENGINE_BUCKETS[1]))}
-        swept = run_sweep(logs, samples, workers, progress)
+        swept = run_sweep(logs, samples, workers, progress, scheduler=scheduler)
         result["sweep"] = {"configurations": len(swept.points), "ranges": {k: list(v) for k, v in SWEEP_RANGES.items()},
                            "verdicts": swept.verdicts(), "points": swept.points}
         wall["sweep"] = time.perf_counter() - start
@@ -222,22 +228,25 @@ def to_text(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(as_json: bool = False, markdown: bool = False, sweep: bool = False, full_depth: bool = False,
-         portable: bool = False) -> int:
-    """The ``spyre-lab reproduce`` command: progress on stderr, the chosen rendering on stdout."""
+def main(json: bool = False, markdown: bool = False, sweep: bool = False, full_depth: bool = False,
+         portable: bool = False, scheduler: str | None = None, workers: int | None = None,
+         fresh: bool = False) -> int:
+    """The ``spyre-lab reproduce`` command: progress on stderr, the chosen rendering on stdout.
+
+    The keywords are the command's flags. Every modeled result is read from the cache when this source has
+    computed it before (``--fresh`` computes it again); the portable claim is measured each time."""
     import contextlib
-    import json
+    import json as json_module
     import sys
 
     with contextlib.redirect_stdout(sys.stderr):
-        if markdown and not full_depth:   # deterministic: reuse a result computed from this very source code
-            result = cached_reproduce(sweep=True, progress=True)
-        else:
-            result = reproduce(sweep=sweep, depth="full" if full_depth else "probe")
-            if portable:   # measured wall clock: reported with the others, never in the generated document
-                result["claims"].append(C.portable_claim().to_dict())
-    if as_json:
-        print(json.dumps(result, indent=1, default=str))
+        depth = "full" if full_depth else "probe"
+        result = cached_reproduce(sweep=sweep or (markdown and not full_depth), depth=depth, progress=True,
+                                  scheduler=scheduler, workers=workers, fresh=fresh)
+        if portable:   # measured wall clock: reported with the others, never in the generated document
+            result["claims"].append(C.portable_claim().to_dict())
+    if json:
+        print(json_module.dumps(result, indent=1, default=str))
     elif markdown:
         print(to_markdown(result), end="")
     else:
@@ -245,38 +254,38 @@ def main(as_json: bool = False, markdown: bool = False, sweep: bool = False, ful
     return 0
 
 
-FINGERPRINTED = ("device", "compiler", "runtime", "engine", "studies")
-"""The packages whose code the results depend on (the views, the demo and the CLI do not change a number)."""
-
-
 def source_fingerprint() -> str:
     """A hash of the source the results depend on: a cached result is reused only while none of it has changed."""
-    import hashlib
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(SCHEMA.encode())
-    files = [root / "__init__.py"] + [p for sub in FINGERPRINTED for p in (root / sub).rglob("*.py")]
-    for path in sorted(files):
-        digest.update(str(path.relative_to(root)).encode())
-        digest.update(path.read_bytes())
-    return digest.hexdigest()[:16]
+    return _fingerprint(SCHEMA)
 
 
-def cached_reproduce(sweep: bool = True, cache_dir: str | None = None, progress: bool = False) -> dict[str, Any]:
+def cached_reproduce(sweep: bool = True, cache_dir: str | None = None, progress: bool = False, depth: str = "probe",
+                     scheduler: str | None = None, workers: int | None = None, fresh: bool = False) -> dict[str, Any]:
     """:func:`reproduce`, kept on disk (``$SPYRE_LAB_CACHE`` or ``~/.cache/spyre_lab``) under the package's
-    source fingerprint: any change to the code computes it again, so a cached result is never stale."""
-    import json
-    import os
-    from pathlib import Path
+    source fingerprint: any change to the code computes it again, so a cached result is never stale. Without
+    the sweep, a cached result with it serves too (its sweep left out). ``fresh`` computes and stores again."""
+    folder, fingerprint = cache_folder(cache_dir), source_fingerprint()
+    depth_part = "" if depth == "probe" else f"{depth}-"
 
-    folder = Path(cache_dir or os.environ.get("SPYRE_LAB_CACHE") or Path.home() / ".cache" / "spyre_lab")
-    path = folder / f"reproduce-{'sweep-' if sweep else ''}{source_fingerprint()}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    result = json.loads(json.dumps(reproduce(sweep=sweep, progress=progress), default=str))
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    tmp.replace(path)
+    def path(with_sweep: bool) -> Path:
+        return folder / f"reproduce-{depth_part}{'sweep-' if with_sweep else ''}{fingerprint}.json"
+
+    for candidate in ([] if fresh else [path(sweep)] + ([] if sweep else [path(True)])):
+        result = read_json(candidate)
+        if result is not None:
+            if progress:
+                print(f"[reproduce] read {candidate} (computed from this very source; --fresh computes it again)")
+            if not sweep:
+                result["sweep"] = None
+                result["wall_s"].pop("sweep", None)
+            return result
+    result = _json(reproduce(sweep=sweep, depth=depth, progress=progress, scheduler=scheduler, workers=workers))
+    write_json(path(sweep), result)
     return result
+
+
+def _json(result: dict[str, Any]) -> dict[str, Any]:
+    """The result as JSON reads it back (tuples as lists, keys as strings), so fresh and cached results match."""
+    import json
+
+    return json.loads(json.dumps(result, default=str))

@@ -9,20 +9,21 @@ range moves the ratio most.
 
 The kernel claims are recompiled and simulated under every configuration (real planner, real simulator).
 The engine claims re-time the recorded 8B steps (:mod:`~spyre_lab.studies.retime`) with the configuration's
-host, PCIe and launch costs. Configurations run in parallel worker processes.
+host, PCIe and launch costs. Configurations run on Dask (:mod:`~spyre_lab.studies.sweep_runner`),
+in parallel worker processes, each result cached under the source fingerprint.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import random
-from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from spyre_lab.compiler import CompileOptions
 from spyre_lab.device.config import SPYRE, SpyreConfig
+from spyre_lab.studies.sweep_runner import config_of, sweep
 
 SWEEP_RANGES: dict[str, tuple[float, ...]] = {
     "host_rebuild_per_node_us": (10.0, 20.0, 40.0, 80.0, 160.0),
@@ -59,11 +60,6 @@ def configurations(samples: int = RANDOM_SAMPLES, seed: int = SEED) -> list[tupl
     return points
 
 
-def _config(changes: dict[str, float]) -> SpyreConfig:
-    typed = {k: (int(v) if isinstance(getattr(SPYRE, k), int) else float(v)) for k, v in changes.items()}
-    return SPYRE.replace(**typed)
-
-
 def kernel_ratios(cfg: SpyreConfig) -> dict[str, float]:
     """The kernel claims' ratios (before / after) under ``cfg``, on a representative subset of their shapes."""
     from spyre_lab.studies.claims import SOFTMAX_LADDER, SOFTMAX_SHAPE, granite_matmuls
@@ -87,36 +83,31 @@ def kernel_ratios(cfg: SpyreConfig) -> dict[str, float]:
     return {"matmul": before / after, "softmax": s0 / s1, "mlp": m0 / m1}
 
 
-_LOGS: dict[str, Any] = {}
+class ClaimRatios:
+    """The sweep's study: every claim's ratio at one configuration (a picklable callable for ``sweep``).
 
+    The kernel claims are recompiled under the configuration's kernel fields (remembered per process, since
+    many configurations share them); the engine claims re-time ``logs``, which maps an engine claim to its
+    (all-off, all-on) recorded steps, under the full configuration."""
 
-def _init(logs: dict[str, Any]) -> None:
-    _LOGS.update(logs)
+    def __init__(self, logs: dict[str, Any]) -> None:
+        self.logs = logs
+        self.cache_key = "ClaimRatios:" + hashlib.sha256(repr(sorted(logs.items())).encode()).hexdigest()[:16]
+        self._kernels: dict[tuple, dict[str, float]] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {"logs": self.logs, "cache_key": self.cache_key, "_kernels": {}}
 
-def _kernel_key(changes: dict[str, float]) -> tuple:
-    return tuple(sorted((k, v) for k, v in changes.items() if k in KERNEL_FIELDS and v != getattr(SPYRE, k)))
+    def __call__(self, cfg: SpyreConfig) -> dict[str, float]:
+        from spyre_lab.studies.retime import retime_extended
 
-
-def evaluate(point: tuple[str, dict[str, float]]) -> dict[str, Any]:
-    """Every claim's ratio at one configuration (runs in a worker)."""
-    from spyre_lab.studies.retime import retime_extended
-
-    label, changes = point
-    cfg = _config(changes)
-    ratios = dict(_kernel_cache(_kernel_key(changes)))
-    for key, (before, after) in _LOGS.items():
-        ratios[key] = retime_extended(before, SPYRE, cfg)[0] / retime_extended(after, SPYRE, cfg)[0]
-    return {"label": label, "changes": changes, "ratios": ratios}
-
-
-_KERNEL_RESULTS: dict[tuple, dict[str, float]] = {}
-
-
-def _kernel_cache(key: tuple) -> dict[str, float]:
-    if key not in _KERNEL_RESULTS:
-        _KERNEL_RESULTS[key] = kernel_ratios(_config(dict(key)))
-    return _KERNEL_RESULTS[key]
+        key = tuple((k, getattr(cfg, k)) for k in KERNEL_FIELDS if getattr(cfg, k) != getattr(SPYRE, k))
+        if key not in self._kernels:
+            self._kernels[key] = kernel_ratios(config_of(dict(key)))
+        ratios = dict(self._kernels[key])
+        for claim, (before, after) in self.logs.items():
+            ratios[claim] = retime_extended(before, SPYRE, cfg)[0] / retime_extended(after, SPYRE, cfg)[0]
+        return ratios
 
 
 @dataclass
@@ -151,20 +142,14 @@ class SweepResult:
 
 
 def run_sweep(logs: dict[str, Any], samples: int = RANDOM_SAMPLES, workers: int | None = None,
-              progress: bool = True, seed: int = SEED,
-              on_point: Callable[[dict[str, Any]], None] | None = None) -> SweepResult:
-    """Evaluate every configuration in parallel worker processes (tqdm bar); ``logs`` maps an engine claim
-    to its (all-off, all-on) recorded steps."""
-    from tqdm.auto import tqdm
-
+              progress: bool = True, seed: int = SEED, scheduler: Any = None,
+              cache: bool | str = True) -> SweepResult:
+    """Every configuration's claim ratios through :func:`~spyre_lab.studies.sweep_runner.sweep` (Dask: a local
+    cluster of ``workers`` processes by default, or ``scheduler``); ``logs`` maps an engine claim to its
+    (all-off, all-on) recorded steps."""
     points = configurations(samples, seed)
     workers = workers or max(1, min(4, os.cpu_count() or 1))
-    results = []
-    with ProcessPoolExecutor(max_workers=workers, initializer=_init, initargs=(logs,)) as pool, \
-            tqdm(total=len(points), desc="sweep", unit="config", disable=not progress) as bar:
-        for r in pool.map(evaluate, points, chunksize=4):
-            results.append(r)
-            if on_point is not None:
-                on_point(r)
-            bar.update(1)
-    return SweepResult(results)
+    frame = sweep(points, ClaimRatios(logs), scheduler=scheduler, workers=workers, progress=progress, cache=cache)
+    claims = [c for c in frame.columns if c not in ("label", *frame.attrs["parameters"])]
+    return SweepResult([{"label": label, "changes": changes, "ratios": {c: float(row[c]) for c in claims}}
+                        for (label, changes), (_, row) in zip(points, frame.iterrows(), strict=True)])

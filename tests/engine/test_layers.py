@@ -194,3 +194,22 @@ def test_rotary_matches_rotating_each_head_by_its_position_angle():
         expected = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin()], dim=-1)
         torch.testing.assert_close(got, expected.view(3, -1).float(), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(got_q[0], query[0])  # position 0: no rotation
+
+
+def test_rotary_table_in_blocks_equals_the_whole_table_at_once():
+    from spyre_lab.engine.layers.rotary import POSITIONS_PER_BLOCK, rotary_table
+
+    head_dim, positions, base = 64, 2 * POSITIONS_PER_BLOCK + 77, 10_000_000.0   # a partial last block
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
+    whole = torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
+    assert torch.equal(rotary_table(head_dim, positions, base), whole)            # bit for bit
+
+
+def test_rotary_built_on_meta_computes_no_table():
+    with torch.device("meta"):
+        rope = RotaryEmbedding(head_dim=128, max_position=131_072, base=10_000_000.0)
+    assert rope.cos_sin_cache.device.type == "meta" and rope.cos_sin_cache.shape == (131_072, 128)
+    assert rope.cos_sin_cache.dtype == torch.get_default_dtype()
+    cpu = RotaryEmbedding(head_dim=128, max_position=16, base=10_000_000.0)
+    assert cpu.cos_sin_cache.device.type == "cpu" and cpu.cos_sin_cache.abs().max() <= 1.0

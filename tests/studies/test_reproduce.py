@@ -55,3 +55,11 @@ def test_sweep_has_a_verdict_per_claim(result):
         assert v["verdict"].startswith(("robust", "depends on"))
     again = SweepResult(sweep["points"]).verdicts()
     assert again == sweep["verdicts"]
+
+
+def test_text_and_json_read_the_cached_result_of_this_source(result, capsys):
+    # the default output (no sweep) is served by the sweep run's cached result, its sweep left out
+    plain = cached_reproduce(sweep=False, progress=True)
+    assert "computed from this very source" in capsys.readouterr().out
+    assert plain["sweep"] is None and "sweep" not in plain["wall_s"]
+    assert plain["claims"] == result["claims"] and plain["engine"] == result["engine"]

@@ -7,6 +7,12 @@ call only rotates (`forward(cos_sin, query, key)`), as vLLM shares one rotary em
 
 The cache follows the module's dtype (``model.to(float16)`` casts it), so the rotation runs in the
 activations' dtype, as Hugging Face casts cos/sin to the query's dtype.
+
+A model built on the meta device (shapes only, as a weightless study builds one) gets a meta table:
+a meta tensor holds no values, so computing 131,072 positions of float64 angles only to drop them
+would be pure cost. Elsewhere the table is computed in blocks of positions straight into its float32
+rows, so the float64 intermediates never exist for the whole table at once (the values are the same:
+every entry is its own ``cos``/``sin`` of its own angle).
 """
 
 from __future__ import annotations
@@ -17,11 +23,31 @@ from spyre_lab.engine.layers.custom_op import CustomOp
 
 CosSin = tuple[torch.Tensor, torch.Tensor]
 
+POSITIONS_PER_BLOCK = 4096
+"""Positions whose float64 angles exist at once while the table is filled (about 2 MB at head_dim 128)."""
+
 
 def on_build_device(table: torch.Tensor) -> torch.Tensor:
     """A host-made constant table on the device and in the floating dtype the model is being built with
     (``torch.device(...)`` and ``torch.set_default_dtype`` while the loader constructs the model)."""
     return table.to(torch.get_default_device(), torch.get_default_dtype())
+
+
+def rotary_table(head_dim: int, max_position: int, base: float = 10000.0) -> torch.Tensor:
+    """``[cos | sin]`` of every position's angles [max_position, head_dim], float32 on the host.
+
+    Computed in float64 and rounded once to float32 (then to the model's dtype by the caller), as the
+    reference implementations round it; block by block, so the host touches the float32 table and one
+    block of float64 angles, not four float64 copies of the whole table."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
+    half = head_dim // 2
+    table = torch.empty(max_position, head_dim, dtype=torch.float32, device="cpu")
+    for start in range(0, max_position, POSITIONS_PER_BLOCK):
+        stop = min(start + POSITIONS_PER_BLOCK, max_position)
+        freqs = torch.outer(torch.arange(start, stop, dtype=torch.float64, device="cpu"), inv_freq)
+        table[start:stop, :half] = freqs.cos()
+        table[start:stop, half:] = freqs.sin()
+    return table
 
 
 class RotaryEmbedding(CustomOp):
@@ -35,10 +61,11 @@ class RotaryEmbedding(CustomOp):
         # A constant: computed on the host in float64, then moved to wherever the model is being built (the
         # loader builds it under torch.device("spyre")), as a runtime uploads a program's constants. The device
         # never runs arange / cos / sin for it, and the table is rounded as on the CPU (float64 -> float32 -> dtype).
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device="cpu") / head_dim))
-        freqs = torch.outer(torch.arange(max_position, dtype=torch.float64, device="cpu"), inv_freq)
-        cache = torch.cat([freqs.cos(), freqs.sin()], dim=-1).float()
-        self.register_buffer("cos_sin_cache", on_build_device(cache), persistent=False)
+        if torch.get_default_device().type == "meta":      # shapes only: there are no values to compute
+            cache = torch.empty(max_position, head_dim, dtype=torch.get_default_dtype(), device="meta")
+        else:
+            cache = on_build_device(rotary_table(head_dim, max_position, base))
+        self.register_buffer("cos_sin_cache", cache, persistent=False)
 
     def cos_sin(self, positions: torch.Tensor) -> CosSin:
         """The angles of each token's position, cos and sin [T, 1, d/2]: gathered once per step, used by every layer."""

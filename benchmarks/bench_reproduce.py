@@ -1,0 +1,77 @@
+"""How long ``spyre-lab reproduce`` makes a user wait: a cold run (nothing cached) and a warm one.
+
+    .venv/bin/python benchmarks/bench_reproduce.py [SECTION ...]   (--help lists the sections)
+
+Each run is a fresh ``python -m spyre_lab.cli reproduce`` subprocess with its own empty cache folder
+(``SPYRE_LAB_CACHE``); the figure is that subprocess's CPU time (user + system, from the kernel's
+accounting of the child), so other processes' load on a shared machine moves it far less than wall
+time, and its peak resident memory. Goals (issue 22): cold < 20 s CPU, warm < 3 s CPU. The modeled
+numbers the command prints are the same either way (a warm run reads the cold run's result, stored
+under the source fingerprint).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from sections import chosen, parser
+
+ROOT = Path(__file__).resolve().parents[1]
+GOALS_S = {"cold": 20.0, "warm": 3.0}
+_CACHE = tempfile.mkdtemp(prefix="bench-reproduce-")
+_OUTPUTS: dict[str, str] = {}
+
+
+def run_reproduce(*flags: str) -> tuple[float, float, str]:
+    """(CPU seconds, peak RSS in MB, stdout) of one ``spyre-lab reproduce`` subprocess (and its children)."""
+    env = dict(os.environ, SPYRE_LAB_CACHE=_CACHE, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        child = subprocess.Popen([sys.executable, "-m", "spyre_lab.cli", "reproduce", *flags], cwd=ROOT, env=env,
+                                 stdout=out, stderr=err, text=True)
+        _, status, usage = os.wait4(child.pid, 0)        # this child's own accounting, not every child's so far
+        child.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0), err.seek(0)
+        if child.returncode != 0:
+            raise SystemExit(f"reproduce failed:\n{err.read()[-2000:]}")
+        return usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, out.read()
+
+
+def _report(name: str, cpu: float, rss_mb: float) -> None:
+    goal = GOALS_S[name]
+    verdict = "meets" if cpu < goal else "misses"
+    print(f"  {name:<5} {cpu:7.1f} s CPU   peak RSS {rss_mb:7.0f} MB   goal < {goal:g} s: {verdict} it")
+
+
+def cold() -> None:
+    """Cold: text output, nothing cached (every engine probe, compile and kernel claim runs)."""
+    print("== cold: spyre-lab reproduce, empty cache")
+    for path in Path(_CACHE).glob("*"):
+        if path.is_file():
+            path.unlink()
+    cpu, rss, _OUTPUTS["cold"] = run_reproduce()
+    _report("cold", cpu, rss)
+
+
+def warm() -> None:
+    """Warm: text output again, the result cached by source fingerprint (run after cold)."""
+    print("== warm: spyre-lab reproduce, this source's result cached")
+    if "cold" not in _OUTPUTS:
+        _OUTPUTS["cold"] = run_reproduce()[2]             # fill the cache first (not timed)
+    cpu, rss, out = run_reproduce()
+    _report("warm", cpu, rss)
+    print(f"  warm output identical to the cold run's: {out == _OUTPUTS['cold']}")
+    json_cpu, json_rss, _ = run_reproduce("--json")
+    print(f"  warm --json {json_cpu:5.1f} s CPU   peak RSS {json_rss:7.0f} MB")
+
+
+SECTIONS = {"cold": cold, "warm": warm}
+
+
+if __name__ == "__main__":
+    args = parser(__doc__, SECTIONS).parse_args()
+    for name in chosen(args.sections, SECTIONS):
+        SECTIONS[name]()
