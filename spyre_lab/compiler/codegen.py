@@ -16,23 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from spyre_lab.compiler.codegen_attention import _attention_spec
-from spyre_lab.compiler.codegen_matmul import _matmul_spec
-from spyre_lab.compiler.codegen_mlp import _mlp_spec
-from spyre_lab.compiler.codegen_rows import _row_spec
+from spyre_lab.compiler.codegen_attention import plan_attention
+from spyre_lab.compiler.codegen_matmul import plan_matmul
+from spyre_lab.compiler.codegen_mlp import plan_mlp
+from spyre_lab.compiler.codegen_rows import plan_rows
 from spyre_lab.compiler.ir import BufferInfo, NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.plan_memo import planned_once
 from spyre_lab.compiler.rules import KNOWN_RULES, tiling_family
-from spyre_lab.compiler.spec_common import (  # noqa: F401  (the planners' shared pieces, importable from here too)
-    _fits,
-    _itemsize,
-    _live_bytes_bound,
-    _out_operand,
-    _per_core,
-    _spec,
-)
 from spyre_lab.device.config import SpyreConfig
 
 __all__ = ["KNOWN_RULES", "KernelSpec", "estimate_us", "generate_kernel"]
@@ -60,7 +52,7 @@ def _plan_family(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: Spyr
     """Hand ``kernel`` to its tiling family's planner (the rules table says which family a rule's kernels use)."""
     return _PLANNERS[tiling_family(kernel)](kernel, buffers, cfg, options)
 
-_PLANNERS = {"rows": _row_spec, "matmul": _matmul_spec, "mlp": _mlp_spec, "attention": _attention_spec}
+_PLANNERS = {"rows": plan_rows, "matmul": plan_matmul, "mlp": plan_mlp, "attention": plan_attention}
 """Tiling family (a column of the rules table) -> its planner."""
 
 

@@ -14,10 +14,10 @@ from spyre_lab.compiler.ir import BufferInfo, InputView, MatMul, NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.spec_common import (
-    _fits,
-    _itemsize,
-    _out_operand,
-    _spec,
+    bundle_spec,
+    fits_lx,
+    itemsize,
+    out_operand,
 )
 from spyre_lab.compiler.tiling_attention import (
     Attention,
@@ -42,14 +42,14 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreOps
 
 
-def _attention_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def plan_attention(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                     options: CompileOptions) -> KernelSpec:
     """Heads and query rows over the cores, the tallest query tile that fits LX, K/V tiles streamed through it."""
     node = kernel.nodes[0]
     if len(kernel.nodes) != 1 or not isinstance(node, Attention):
         raise ValueError(f"kernel {kernel.name!r}: an attention kernel holds exactly one Attention node")
     d = node.dims
-    item = _itemsize(buffers[node.inputs[0]])
+    item = itemsize(buffers[node.inputs[0]])
     streamed = sum(1 for x in node.extras if x not in node.const_extras)
     shape = AttentionShape(kernel.name, d["B"], d["M"], d["N"], d["K"], d["E"], item, len(node.extras),
                            len(node.score_ops), block_state_fn(node.const_extras, streamed, node.additive_only),
@@ -66,7 +66,7 @@ def _attention_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: S
     keys = shape.row_keys or [d["N"]] * d["M"]
     busiest = max((s["M"] for s in slices if s), key=lambda r: (sum(keys[r[0]:r[1]]), r[1] - r[0]))
     tq, tk, tile_why = choose_attention_tiles(shape, busiest, cfg, options.double_buffer,
-                                              _fits(cfg, options, kernel.name),
+                                              fits_lx(cfg, options, kernel.name),
                                               max(s["M"][1] - s["M"][0] for s in slices if s),
                                               sum(1 for s in slices if s))
     division = WorkDivision(dict(splits), tuple(range(math.prod(splits.values()))), "attention", f"{why}; {tile_why}")
@@ -74,7 +74,7 @@ def _attention_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: S
                 for s in slices]
     operands: dict[str, Operand] = {}
     for i, r in enumerate(node_reads(node)):           # Q [B,M,K], K^T [B,K,N], V [B,N,E] (named as its matmul did)
-        shape_b, item_b = tuple(buffers[r.buffer].shape), _itemsize(buffers[r.buffer])
+        shape_b, item_b = tuple(buffers[r.buffer].shape), itemsize(buffers[r.buffer])
         axes = tuple({"K": "N", "N": "E"}.get(a, a) if i == 2 and a else a for a in r.axes)
         op = None
         if i < 3 and not r.is_identity:
@@ -84,9 +84,9 @@ def _attention_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: S
         elif i < 3 and len(axes) == len(shape_b):
             op = Operand(r.buffer, shape_b, axes, item_b)
         operands.setdefault(r.buffer, op or Operand(r.buffer, shape_b, (None,) * len(shape_b), item_b))
-    operands[node.output] = _out_operand(node.output, buffers, d, ("B", "M", "E"))
+    operands[node.output] = out_operand(node.output, buffers, d, ("B", "M", "E"))
     bufs = attention_lx_buffers(shape, tq, tk, cfg, options.double_buffer)
-    spec = _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, d,
+    spec = bundle_spec(kernel, division, bufs, programs, slices, cfg, options, buffers, d,
                  {"B": 1, "M": tq, "N": tk, "K": d["K"], "E": d["E"]}, operands)
     spec.ops = [n.op for n in node.members]
     spec.units = {n.op: "pt" if isinstance(n, MatMul) else "sfp" for n in node.members}

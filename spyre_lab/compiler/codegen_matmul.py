@@ -13,11 +13,11 @@ from spyre_lab.compiler.ir import BufferInfo, InputView, IRNode, MatMul, NodeGro
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.spec_common import (
-    _fits,
-    _itemsize,
-    _out_operand,
-    _per_core,
-    _spec,
+    bundle_spec,
+    fits_lx,
+    itemsize,
+    out_operand,
+    per_core_programs,
 )
 from spyre_lab.compiler.tiling_common import (
     Operand,
@@ -40,10 +40,10 @@ def _viewed(node: IRNode, views: Sequence[InputView | None], i: int, buffers: Ma
     if view is None or any(n > 1 and st > 0 and a not in sizes for n, st, a in zip(view.shape, view.strides,
                                                                                       view.axes)):
         return None
-    return view_operand(node.inputs[i], view, sizes, _itemsize(buffers[node.inputs[i]]))
+    return view_operand(node.inputs[i], view, sizes, itemsize(buffers[node.inputs[i]]))
 
 
-def _matmul_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def plan_matmul(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
                  options: CompileOptions) -> KernelSpec:
     mm = next(n for n in kernel.nodes if isinstance(n, MatMul))
     epilogue = [n for n in kernel.nodes if n is not mm]
@@ -60,25 +60,25 @@ def _matmul_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: Spyr
     views = kernel.views_of(mm)
     operands = {a: _viewed(mm, views, 0, buffers, sizes) or Operand(
                     a, tuple(buffers[a].shape), align_axes(buffers[a].shape, ["B", "M", "K"], sizes),
-                    _itemsize(buffers[a])),
+                    itemsize(buffers[a])),
                 b: _viewed(mm, views, 1, buffers, sizes) or Operand(
                     b, tuple(buffers[b].shape), align_axes(buffers[b].shape, ["B", "K", "N"], sizes),
-                    _itemsize(buffers[b]))}
+                    itemsize(buffers[b]))}
     for n in kernel.nodes:
         for name in [*n.inputs, n.output]:
-            operands.setdefault(name, _out_operand(name, buffers, sizes))
+            operands.setdefault(name, out_operand(name, buffers, sizes))
     splits = division.splits
     shares = {x: share_group(operands[x].dims, splits) for x in (a, b)}
     shares.update({x: share_group(operands[x].dims, splits, exclude=("K",)) for n in epilogue for x in n.inputs})
-    mk = MatmulTiling(kernel.name, a, b, mm.output, _itemsize(buffers[a]), _itemsize(buffers[b]), epilogue,
+    mk = MatmulTiling(kernel.name, a, b, mm.output, itemsize(buffers[a]), itemsize(buffers[b]), epilogue,
                       operands, list(kernel.outputs), shares, division.cores_used, splits["K"])
     busy = [c for c, s in enumerate(slices) if s]
     ext = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()}
     k_split = division.split_reduction_dim is not None
     tiles = choose_matmul_tiles(mk, ext["M"], ext["N"], ext["K"], cfg, options.double_buffer, k_split,
-                                _fits(cfg, options, kernel.name), ext["B"])
-    programs = _per_core(slices, division, cfg, lambda e, partners: emit_matmul(
+                                fits_lx(cfg, options, kernel.name), ext["B"])
+    programs = per_core_programs(slices, division, cfg, lambda e, partners: emit_matmul(
         mk, e["B"], e["M"], e["N"], e["K"], tiles, cfg, options.double_buffer, partners))
     bufs = matmul_lx_buffers(mk, *tiles, cfg, options.double_buffer, k_split)
     tile_dims = {"B": 1, "M": tiles[0], "N": tiles[1], "K": tiles[2]}
-    return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, operands, [b])
+    return bundle_spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, operands, [b])

@@ -13,11 +13,11 @@ from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup, Pointwise
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.spec_common import (
-    _fits,
-    _itemsize,
-    _out_operand,
-    _per_core,
-    _spec,
+    bundle_spec,
+    fits_lx,
+    itemsize,
+    out_operand,
+    per_core_programs,
 )
 from spyre_lab.compiler.tiling_common import (
     Operand,
@@ -31,7 +31,7 @@ from spyre_lab.compiler.work_division import (
 from spyre_lab.device.config import SpyreConfig
 
 
-def _mlp_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def plan_mlp(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     """A fused MLP: check its shape, lay out its operands, divide it, pick tiles that fit LX, emit per core."""
     gate, up, down, pointwise = _mlp_parts(kernel)
@@ -55,13 +55,13 @@ def _mlp_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
     ext = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()}
     reduce = down is not None and division.split_reduction_dim is not None
     tiles = tiles_for(ext["M"], ext["N"], reduce)
-    programs = _per_core(slices, division if down is not None else None, cfg, lambda e, partners: emit_mlp(
+    programs = per_core_programs(slices, division if down is not None else None, cfg, lambda e, partners: emit_mlp(
         mk, e["M"], e["N"], tiles, cfg, options.double_buffer, partners))
     whole_slice = tiles[1] >= -(-ext["N"] // eps) * eps
     bufs = mlp_lx_buffers(mk, *tiles, cfg, options.double_buffer, reduce, whole_slice)
     tile_dims = {"B": 1, "M": tiles[0], "N": tiles[1], "K": tiles[2], "O": tiles[3]}
     weights = [gate.inputs[1], up.inputs[1]] + ([down.inputs[1]] if down else [])
-    return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, mk.operands,
+    return bundle_spec(kernel, division, bufs, programs, slices, cfg, options, buffers, sizes, tile_dims, mk.operands,
                  weights)
 
 
@@ -90,15 +90,15 @@ def _mlp_kernel(name: str, gate: MatMul, up: MatMul, down: MatMul | None, pointw
     operands: dict[str, Operand] = {}
     for n in pointwise:
         for b in [*n.inputs, n.output]:
-            operands.setdefault(b, _out_operand(b, buffers, sizes))
+            operands.setdefault(b, out_operand(b, buffers, sizes))
     if down is not None:
-        operands[out] = _out_operand(out, buffers, {"M": gate.m, "O": down.n}, ("M", "O"))
-        operands[down.inputs[1]] = _out_operand(down.inputs[1], buffers, {"N": gate.n, "O": down.n}, ("N", "O"))
-    operands[x] = _out_operand(x, buffers, sizes, ("M", "K"))
+        operands[out] = out_operand(out, buffers, {"M": gate.m, "O": down.n}, ("M", "O"))
+        operands[down.inputs[1]] = out_operand(down.inputs[1], buffers, {"N": gate.n, "O": down.n}, ("N", "O"))
+    operands[x] = out_operand(x, buffers, sizes, ("M", "K"))
     for w in (gate.inputs[1], up.inputs[1]):
-        operands[w] = _out_operand(w, buffers, sizes, ("K", "N"))
+        operands[w] = out_operand(w, buffers, sizes, ("K", "N"))
     return MlpTiling(name, x, gate.inputs[1], up.inputs[1], down.inputs[1] if down else None, gate.output,
-                     up.output, pointwise, h, out, _itemsize(buffers[x]), _itemsize(buffers[gate.inputs[1]]),
+                     up.output, pointwise, h, out, itemsize(buffers[x]), itemsize(buffers[gate.inputs[1]]),
                      operands, gate.k, down.n if down is not None else 0)
 
 
@@ -106,7 +106,7 @@ def _mlp_tile_chooser(mk: MlpTiling, cfg: SpyreConfig, options: CompileOptions,
                       name: str) -> Callable[[int, int, bool], tuple[int, int, int, int]]:
     """``tiles_for(rows, i_cols, reduce)``: the MLP tiles that fit LX for one core's slice, memoized
     (work division asks for many candidate splits, several of which share a slice shape)."""
-    fits = _fits(cfg, options, name)
+    fits = fits_lx(cfg, options, name)
     chosen: dict[tuple[int, int, bool], tuple[int, int, int, int]] = {}
     fitting: dict[tuple, bool] = {}
 

@@ -17,10 +17,10 @@ from spyre_lab.compiler.ir import BufferInfo, InputView, IRNode, NodeGroup, Redu
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.spec_common import (
-    _fits,
-    _itemsize,
-    _per_core,
-    _spec,
+    bundle_spec,
+    fits_lx,
+    itemsize,
+    per_core_programs,
 )
 from spyre_lab.compiler.tiling_common import (
     Operand,
@@ -56,7 +56,7 @@ def _input_operand(node: IRNode, views: Sequence[InputView | None], i: int, rn: 
     """Input ``i`` of ``node`` in the kernel's dims: through its view when it has one (a transposed or
     expanded read is tiled by the node's iteration space), else the buffer's dims aligned to the node's."""
     b = node.inputs[i]
-    item = _itemsize(buffers[b])
+    item = itemsize(buffers[b])
     view = views[i] if i < len(views) else None
     if view is not None:
         moved = InputView(view.shape, view.strides, view.offset, tuple(rn.get(a) if a else None for a in view.axes))
@@ -67,7 +67,7 @@ def _input_operand(node: IRNode, views: Sequence[InputView | None], i: int, rn: 
     return Operand(b, tuple(buffers[b].shape), axes, item)
 
 
-def _row_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
+def plan_rows(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> KernelSpec:
     anchor = kernel.anchor
     dims = dict(anchor.dims)
@@ -85,11 +85,11 @@ def _row_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
             if b not in operands:
                 operands[b] = _input_operand(n, kernel.views_of(n), i, rn, buffers, dims)
         axes = tuple(rn.get(a) if a else None for a in node_axes(n, buffers[n.output].shape, True))
-        operands[n.output] = Operand(n.output, tuple(buffers[n.output].shape), axes, _itemsize(buffers[n.output]))
+        operands[n.output] = Operand(n.output, tuple(buffers[n.output].shape), axes, itemsize(buffers[n.output]))
     for b in [*kernel.inputs, *kernel.outputs]:
         if b not in operands:
             operands[b] = Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, names, dims),
-                                  _itemsize(buffers[b]))
+                                  itemsize(buffers[b]))
     dtype = buffers[kernel.inputs[0]].dtype if kernel.inputs else torch.float16
     lone_reduction = len(kernel.nodes) == 1 and isinstance(anchor, Reduction)
     division = divide_iteration_space(dims, inner, reds, dtype, cfg, options.work_division,
@@ -106,8 +106,8 @@ def _row_spec(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
                   lx_clone_inputs=options.lx_clone_inputs)
     busy = [c for c, s in enumerate(slices) if s]
     extent = {d: hi - lo for d, (lo, hi) in slices[busy[0]].items()} if busy else dict(dims)
-    tile = row_tile_shape(k, extent, cfg, options.double_buffer, _fits(cfg, options, kernel.name))
-    programs = _per_core(slices, division, cfg, lambda e, partners: emit_rows(
+    tile = row_tile_shape(k, extent, cfg, options.double_buffer, fits_lx(cfg, options, kernel.name))
+    programs = per_core_programs(slices, division, cfg, lambda e, partners: emit_rows(
         k, e, {d: min(tile[d], e[d]) for d in e}, cfg, options.double_buffer, partners))
     bufs = row_lx_buffers(k, tile, cfg, options.double_buffer)
-    return _spec(kernel, division, bufs, programs, slices, cfg, options, buffers, dims, tile, operands)
+    return bundle_spec(kernel, division, bufs, programs, slices, cfg, options, buffers, dims, tile, operands)

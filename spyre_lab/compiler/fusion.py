@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from spyre_lab.compiler.access import Lowered, Read
-from spyre_lab.compiler.fusion_cost import FusionChoice, choose_join, estimate_us
+from spyre_lab.compiler.fusion_cost import choose_join, estimate_us
 from spyre_lab.compiler.ir import Fallback, Graph, InputView, IRNode, MatMul, NodeGroup, Pointwise, Reduction
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.patterns import layout_preserving, rows
+from spyre_lab.compiler.patterns import FusionChoice, layout_preserving, rows
 from spyre_lab.compiler.rules import BY_NAME, JOIN_RULES, PATTERN_RULES, combine
 from spyre_lab.device.config import SPYRE, SpyreConfig
 

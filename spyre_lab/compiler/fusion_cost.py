@@ -9,28 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from spyre_lab.compiler.ir import IRNode, NodeGroup
+from spyre_lab.compiler.patterns import FusionChoice
 from spyre_lab.device.isa import LXOverflowError
-
-
-@dataclass(frozen=True)
-class FusionChoice:
-    """One cost-based choice: the nodes a rule could fuse, the modeled price of each option, and the one taken."""
-
-    rule: str
-    nodes: tuple[str, ...]
-    taken: str
-    prices_us: dict[str, float]
-
-    @property
-    def taken_us(self) -> float:
-        return self.prices_us[self.taken]
-
-    @property
-    def cheapest_rejected_us(self) -> float:
-        return min((t for name, t in self.prices_us.items() if name != self.taken), default=math.inf)
 
 
 def estimate_us(s, parts: Sequence[tuple[list[IRNode], str]], views: bool = False) -> float:

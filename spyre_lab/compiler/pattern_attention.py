@@ -12,6 +12,7 @@ import math
 import torch
 
 from spyre_lab.compiler.access import Access, Read, compose
+from spyre_lab.compiler.constant_facts import all_zero
 from spyre_lab.compiler.ir import IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.patterns import Match, layout_preserving, softmax_nodes
 from spyre_lab.compiler.tiling_attention import Attention, online_attention
@@ -77,10 +78,11 @@ def match_attention(s, mm1: IRNode) -> Attention | None:
     chain: list[IRNode] = []
     cur = mm1.output
     x = amax.inputs[0]
+    member_names, soft_names = {q.name for q in members}, {q.name for q in soft}   # names: IRNode == is deep
     while cur != x:
         nxt = [u for u in s.users_of(s.producer[cur]) if u.name != amax.name and isinstance(u, Pointwise)
-               and u.op not in _MASK_BRANCH_OPS - {"cast"} and u.name in {q.name for q in members}
-               and u not in soft]
+               and u.op not in _MASK_BRANCH_OPS - {"cast"} and u.name in member_names
+               and u.name not in soft_names]
         if len(nxt) != 1 or tuple(s.graph.buffers[nxt[0].output].shape) != tuple(score_shape):
             return None
         if sum(1 for bname in nxt[0].inputs if bname == cur) != 1:
@@ -90,12 +92,13 @@ def match_attention(s, mm1: IRNode) -> Attention | None:
     # after the softmax: casts and the masked-row where, up to mm2's A operand
     zero_rows = False
     p_buf = div.output
-    soft_names = {q.name for q in soft}
-    rest = [q for q in members if q is not mm1 and q is not mm2 and q.name not in soft_names and q not in chain]
+    chain_names = {q.name for q in chain}
+    rest = [q for q in members if q is not mm1 and q is not mm2 and q.name not in soft_names
+            and q.name not in chain_names]
     for q in rest:
         if q.op == "where" and p_buf in q.inputs:
             zero = next((c for c in q.inputs if c in s.lowered.constants), None)
-            if zero is None or not bool((s.lowered.constants[zero] == 0).all()) or q.inputs[-1] != p_buf:
+            if zero is None or not all_zero(s.lowered.constants[zero]) or q.inputs[-1] != p_buf:
                 return None
             zero_rows, p_buf = True, q.output
         elif q.op == "cast" and q.inputs == (p_buf,) and q.name != "" and s.users_of(q):

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from spyre_lab.compiler.access import Read
-from spyre_lab.compiler.fusion_cost import FusionChoice
 from spyre_lab.compiler.ir import IRNode, MatMul, Reduction
 
 
@@ -23,6 +22,24 @@ class Match:
 
     members: list[IRNode]
     kernel_nodes: list[IRNode]
+
+
+@dataclass(frozen=True)
+class FusionChoice:
+    """One cost-based choice: the nodes a rule could fuse, the modeled price of each option, and the one taken."""
+
+    rule: str
+    nodes: tuple[str, ...]
+    taken: str
+    prices_us: dict[str, float]
+
+    @property
+    def taken_us(self) -> float:
+        return self.prices_us[self.taken]
+
+    @property
+    def cheapest_rejected_us(self) -> float:
+        return min((t for name, t in self.prices_us.items() if name != self.taken), default=math.inf)
 
 
 # --- join tests: which pairs a join rule judges, and whether it lets them fuse ---------------------

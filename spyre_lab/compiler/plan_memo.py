@@ -19,11 +19,12 @@ from collections.abc import Callable, Mapping
 
 import torch
 
+from spyre_lab.compiler.constant_facts import causal_offset
 from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXPlan
-from spyre_lab.compiler.tiling_attention import Attention, causal_offset
+from spyre_lab.compiler.tiling_attention import Attention
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreOps, TileProgram
 
@@ -118,19 +119,14 @@ def _renamed(spec: KernelSpec, names: dict[str, str], name: str, buffers: Mappin
     renaming one program's kernel never touches another's)."""
     moved = {old: new for old, new in names.items() if old != new}
     sub = _substitution(moved)
-    copies: dict[int, CoreOps] = {}
-    programs = []
-    for p in spec.tile_kernel.programs:
-        if id(p) not in copies:
-            copies[id(p)] = CoreOps([_renamed_op(op, sub) for op in p.ops]) if moved else CoreOps(list(p.ops))
-        programs.append(copies[id(p)])
     lx = spec.lx_plan
     plan = LXPlan({sub(k): v for k, v in lx.offsets.items()}, {sub(k): v for k, v in lx.sizes.items()}, lx.peak,
                   lx.budget, lx.strategy, {sub(k): v for k, v in lx.lifetimes.items()})
     slots = [names.get(b, b) for b in spec.address_slots]
     copy = KernelSpec(
         name=name, rule=spec.rule, ops=list(spec.ops), division=spec.division,
-        lx_plan=plan, tile_kernel=TileProgram(name, programs), address_slots=slots,
+        lx_plan=plan, tile_kernel=RenamedTileProgram(name, spec.tile_kernel, sub if moved else None),
+        address_slots=slots,
         slices=[dict(s) for s in spec.slices], cfg=spec.cfg, dims=dict(spec.dims), tiles=dict(spec.tiles),
         operands={names.get(b, b): dataclasses.replace(op, buffer=names.get(op.buffer, op.buffer))
                   for b, op in spec.operands.items()},
@@ -139,6 +135,31 @@ def _renamed(spec: KernelSpec, names: dict[str, str], name: str, buffers: Mappin
     if "analytic" in spec._sims:
         copy._sims["analytic"] = spec._sims["analytic"]
     return copy
+
+
+class RenamedTileProgram(TileProgram):
+    """A planned kernel's tile program under new buffer names, renamed when first read: the simulator's times
+    are shared (no name reaches the model), so a repeated layer that is only compiled and timed never pays
+    for relabelling its ops; a view, a trace or a launch that reads them gets them renamed."""
+
+    def __init__(self, name: str, source: TileProgram, sub: Callable[[str], str] | None) -> None:
+        self.name = name
+        self._source, self._sub, self._programs = source, sub, None
+
+    @property
+    def programs(self) -> list[CoreOps]:  # type: ignore[override]
+        if self._programs is None:
+            copies: dict[int, CoreOps] = {}
+            for p in self._source.programs:      # cores that shared one program still share its copy
+                if id(p) not in copies:
+                    ops = p.ops if self._sub is None else [_renamed_op(op, self._sub) for op in p.ops]
+                    copies[id(p)] = CoreOps(list(ops))
+            self._programs = [copies[id(p)] for p in self._source.programs]
+        return self._programs
+
+    @programs.setter
+    def programs(self, value: list[CoreOps]) -> None:
+        self._programs = value
 
 
 def _substitution(moved: Mapping[str, str]) -> Callable[[str], str]:

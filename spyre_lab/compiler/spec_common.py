@@ -2,9 +2,9 @@
 
 The planners (:mod:`~spyre_lab.compiler.codegen_rows`, :mod:`~spyre_lab.compiler.codegen_matmul`,
 :mod:`~spyre_lab.compiler.codegen_mlp`, :mod:`~spyre_lab.compiler.codegen_attention`) each divide their kernel
-and pick tiles their own way; they all test a tile's buffers against LX with :func:`_fits`, emit one
-program per core with :func:`_per_core` (cores with the same slice share one), and bundle the result
-with :func:`_spec`.
+and pick tiles their own way; they all test a tile's buffers against LX with :func:`fits_lx`, emit one
+program per core with :func:`per_core_programs` (cores with the same slice share one), and bundle the result
+with :func:`bundle_spec`.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreOps, LXOverflowError, OpKind, TileProgram
 
 
-def _live_bytes_bound(bufs: Sequence[LXBuffer]) -> int:
+def live_bytes_bound(bufs: Sequence[LXBuffer]) -> int:
     """A lower bound on any LX plan's peak: at each step, the buffers alive then that have no in-place parent
     all need addresses of their own. (Tile choosers try many sizes; most fail this cheap test.)"""
     owners = [b for b in bufs if b.in_place_parent is None]
@@ -39,12 +39,12 @@ def _live_bytes_bound(bufs: Sequence[LXBuffer]) -> int:
     return max((sum(b.size for b in owners if b.start <= s <= b.end) for s in steps), default=0)
 
 
-def _fits(cfg: SpyreConfig, options: CompileOptions, name: str) -> Callable[[list[LXBuffer]], bool]:
+def fits_lx(cfg: SpyreConfig, options: CompileOptions, name: str) -> Callable[[list[LXBuffer]], bool]:
     """Does a tile's buffer list fit LX under the chosen allocator?"""
     budget = cfg.lx_budget_bytes
 
     def fits(bufs: list[LXBuffer]) -> bool:
-        if _live_bytes_bound(bufs) > budget:
+        if live_bytes_bound(bufs) > budget:
             return False
         try:
             plan_scratchpad(bufs, cfg.lx_budget_bytes, options.lx_allocator, name)
@@ -62,7 +62,7 @@ def _partners(division: WorkDivision, core: int) -> PartnerInfo | None:
     return division.slice_coords(s)[red], [division.core_of_slice[q] for q in division.partners(s)], core
 
 
-def _per_core(slices: Sequence[Mapping[str, tuple[int, int]]], division: WorkDivision | None, cfg: SpyreConfig,
+def per_core_programs(slices: Sequence[Mapping[str, tuple[int, int]]], division: WorkDivision | None, cfg: SpyreConfig,
               emit: Callable[[dict[str, int], PartnerInfo | None], CoreOps],
               reuse_partners: bool = True) -> list[CoreOps]:
     """Every core's program. Cores with the same slice extents and no partners run the very same ops
@@ -106,7 +106,7 @@ def _repartnered(template: CoreOps, source: PartnerInfo, target: PartnerInfo, co
     return CoreOps(ops)
 
 
-def _slots(kernel: NodeGroup) -> list[str]:
+def address_slots_of(kernel: NodeGroup) -> list[str]:
     seen: list[str] = []
     for b in [*kernel.inputs, *kernel.outputs]:
         if b not in seen:
@@ -114,13 +114,13 @@ def _slots(kernel: NodeGroup) -> list[str]:
     return seen
 
 
-def _spec(kernel: NodeGroup, division: WorkDivision, bufs: list[LXBuffer], programs: list[CoreOps],
+def bundle_spec(kernel: NodeGroup, division: WorkDivision, bufs: list[LXBuffer], programs: list[CoreOps],
           slices: list[dict[str, tuple[int, int]]], cfg: SpyreConfig, options: CompileOptions,
           buffers: Mapping[str, BufferInfo], dims: Mapping[str, int], tiles: Mapping[str, int],
           operands: dict[str, Operand], weights: Sequence[str] = ()) -> KernelSpec:
     """Place the steady-state buffers in LX and bundle everything into a KernelSpec."""
     plan = plan_scratchpad(bufs, cfg.lx_budget_bytes, options.lx_allocator, kernel.name)
-    slots = _slots(kernel)
+    slots = address_slots_of(kernel)
     return KernelSpec(
         name=kernel.name, rule=kernel.rule, ops=[n.op for n in kernel.nodes], division=division, lx_plan=plan,
         tile_kernel=TileProgram.from_programs(kernel.name, programs, cfg.cores), address_slots=slots, slices=slices,
@@ -133,7 +133,7 @@ def _spec(kernel: NodeGroup, division: WorkDivision, bufs: list[LXBuffer], progr
 def _roles(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], weights: Sequence[str]) -> dict[str, str]:
     """SuperDSC role of every address slot: OUTPUT, KERNEL (weights and constants) or INPUT."""
     roles = {}
-    for b in _slots(kernel):
+    for b in address_slots_of(kernel):
         if b in kernel.outputs:
             roles[b] = "OUTPUT"
         elif b in weights or buffers[b].role == "constant":
@@ -143,10 +143,10 @@ def _roles(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], weights: Sequen
     return roles
 
 
-def _itemsize(buf: BufferInfo) -> int:
+def itemsize(buf: BufferInfo) -> int:
     return torch.empty((), dtype=buf.dtype).element_size() if buf.dtype != torch.bool else 2
 
 
-def _out_operand(b: str, buffers: Mapping[str, BufferInfo], sizes: Mapping[str, int],
+def out_operand(b: str, buffers: Mapping[str, BufferInfo], sizes: Mapping[str, int],
                  dims: Sequence[str] = ("B", "M", "N")) -> Operand:
-    return Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, list(dims), sizes), _itemsize(buffers[b]))
+    return Operand(b, tuple(buffers[b].shape), align_axes(buffers[b].shape, list(dims), sizes), itemsize(buffers[b]))

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spyre_lab.compiler.constant_facts import causal_offset
 from spyre_lab.compiler.ir import IRNode
 from spyre_lab.compiler.scratchpad import LXBuffer
 from spyre_lab.compiler.tiling_common import ACC_BYTES, pad_to_sticks
@@ -286,27 +287,6 @@ def unmasked_keys(consts: Mapping[str, torch.Tensor], additive_only: bool) -> li
         d = (t == -math.inf).all(dim=0)
         dead = d if dead is None else dead | d
     return (~dead).sum(dim=-1).tolist()
-
-
-def causal_offset(t: torch.Tensor) -> int | None:
-    """``d`` if the [B or 1, M, N] mask is 0 where ``key <= query + d`` and -inf elsewhere (what ``is_causal`` builds):
-    then a core makes a block's mask from its indices on the SFU instead of loading it. None otherwise.
-    Checked once per tensor (the answer is kept on the tensor's identity and version)."""
-    key = (id(t), t._version, tuple(t.shape))
-    if key in _CAUSAL_SEEN:
-        return _CAUSAL_SEEN[key][1]
-    m, n = t.shape[-2], t.shape[-1]
-    d = n - m
-    rows, cols = torch.arange(m).unsqueeze(1), torch.arange(n).unsqueeze(0)
-    want = torch.where(cols <= rows + d, 0.0, -math.inf)
-    answer = d if bool((t == want).all()) else None
-    if len(_CAUSAL_SEEN) >= 64:
-        _CAUSAL_SEEN.clear()
-    _CAUSAL_SEEN[key] = (t, answer)             # the tensor is held so its id is not reused while the entry lives
-    return answer
-
-
-_CAUSAL_SEEN: dict[tuple, tuple[torch.Tensor, int | None]] = {}
 
 
 def _causal_state(t: torch.Tensor, d: int, streamed: int, generated: bool):

@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from spyre_lab.compiler.tiling_attention import block_state_fn, causal_offset, unmasked_keys
+from spyre_lab.compiler.constant_facts import causal_offset
+from spyre_lab.compiler.tiling_attention import block_state_fn, unmasked_keys
 
 
 def _read_state(t: torch.Tensor, streamed: int, generated: bool, b0, b1, m0, m1, n0, n1) -> str:

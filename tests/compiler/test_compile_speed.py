@@ -7,10 +7,11 @@ import functools
 import torch
 
 from spyre_lab.compiler import codegen
-from spyre_lab.compiler.codegen import _live_bytes_bound, generate_kernel
+from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
+from spyre_lab.compiler.spec_common import live_bytes_bound
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.isa import OpKind
 
@@ -46,4 +47,4 @@ def test_live_bytes_bound_never_exceeds_the_planned_peak():
     bufs = [LXBuffer("a", 100, 0, 2), LXBuffer("b", 50, 1, 3), LXBuffer("c", 70, 3, 4),
             LXBuffer("d", 60, 2, 2, "a"), LXBuffer("e", 30, 4, 4)]
     plan = plan_scratchpad(bufs, 10_000, "greedy")
-    assert _live_bytes_bound(bufs) == 150 <= plan.peak
+    assert live_bytes_bound(bufs) == 150 <= plan.peak
