@@ -42,3 +42,20 @@ def layer_inputs(d: int, heads: int, kv_heads: int, ff: int, seq: int, device: s
     shapes = [(1, seq, d), (seq, hd), (seq, hd), (d, d), (d, kv), (d, kv), (d, d), (d, ff), (d, ff), (ff, d),
               (d,), (d,)]
     return [torch.randn(s, dtype=torch.float16, device=device) * 0.05 for s in shapes]
+
+
+def granite_stack(x, cos, sin, *weights, layers: int, heads: int = 32, kv_heads: int = 8):
+    """``layers`` Granite-style decoder layers in one graph, each with its own nine weights (same shapes)."""
+    if len(weights) != 9 * layers:
+        raise ValueError(f"granite_stack needs 9 weights per layer ({9 * layers} for {layers}), got {len(weights)}")
+    for i in range(layers):
+        x = granite_layer(x, cos, sin, *weights[9 * i:9 * i + 9], heads=heads, kv_heads=kv_heads)
+    return x
+
+
+def stack_inputs(d: int, heads: int, kv_heads: int, ff: int, seq: int, layers: int,
+                 device: str = "cpu") -> list[torch.Tensor]:
+    """Inputs for :func:`granite_stack`: x, cos, sin, then every layer's weights (fresh tensors, same shapes)."""
+    first = layer_inputs(d, heads, kv_heads, ff, seq, device)
+    rest = [w for _ in range(layers - 1) for w in layer_inputs(d, heads, kv_heads, ff, seq, device)[3:]]
+    return [*first, *rest]

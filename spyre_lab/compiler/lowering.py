@@ -208,14 +208,16 @@ class _Lowerer:
             return self._constant_buffer(value, name)
         raise LoweringError(f"{name} is a {type(value).__name__}, expected a tensor")
 
-    def _constant_buffer(self, t: torch.Tensor, hint: str) -> Read:
-        """One constant buffer per constant tensor (the same tensor used twice shares its buffer)."""
-        name = self._constant_names.get(id(t))
+    def _constant_buffer(self, t: torch.Tensor, hint: str, share: bool = True) -> Read:
+        """One constant buffer per constant tensor (the same tensor used twice shares its buffer; ``share=False``:
+        a buffer of its own, for a fill the lowering keeps once per shape and hands out several times)."""
+        name = self._constant_names.get(id(t)) if share else None
         if name is None:
             name = f"const_{hint}"
             while name in self.buffers:
                 name = f"const_{hint}_{next(self._names)}"
-            self._constant_names[id(t)] = name
+            if share:
+                self._constant_names[id(t)] = name
             self._constant_sources.append(t)            # keeps id(t) from being reused during lowering
             self.constants[name] = t.contiguous()
             self.buffers[name] = BufferInfo(name, tuple(t.shape), t.dtype, "constant")
@@ -309,8 +311,8 @@ class _Lowerer:
                 target.overloadpacket)
             if fill is None:
                 fill = args[1] if target.overloadpacket is aten.full_like else args[2]
-            t = torch.full(tuple(val.shape), fill, dtype=val.dtype)
-        return self._constant_buffer(t, node.name)
+            t = _filled(tuple(val.shape), fill, val.dtype)
+        return self._constant_buffer(t, node.name, share=False)
 
     def _view(self, target, args, kwargs) -> Read:
         src = args[0]
@@ -558,6 +560,21 @@ HOST_ONLY_DTYPE_REASON = "the card has no float64 format: float64 arithmetic run
 def _touches_host_only_dtype(val: object, leaves: Sequence[object]) -> bool:
     values = [*(val if isinstance(val, (tuple, list)) else (val,)), *leaves]
     return any(_dtype(v) in HOST_ONLY_DTYPES for v in values if isinstance(v, (Read, torch.Tensor)))
+
+
+_FILLS: dict[tuple, torch.Tensor] = {}
+
+
+def _filled(shape: tuple[int, ...], fill: object, dtype: torch.dtype) -> torch.Tensor:
+    """``torch.full(shape, fill)``, made once per (shape, fill, dtype): SDPA's masked-row test fills a
+    [B, H, M, N] float32 zero tensor per layer (128 MB at 32 heads x 1024^2), the same in every layer.
+    Constants are never written, so every buffer filled alike may hold the one tensor."""
+    key = (shape, repr(fill), dtype)
+    if key not in _FILLS:
+        if len(_FILLS) >= 8:
+            _FILLS.clear()
+        _FILLS[key] = torch.full(shape, fill, dtype=dtype)
+    return _FILLS[key]
 
 
 def _numel(value: Read | torch.Tensor) -> int:

@@ -6,12 +6,13 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Literal
 
+from spyre_lab.compiler.rules import FUSION_RULES  # the switchable rows of the rules table
+
 WorkDivisionStrategy = Literal["planned", "naive"]
 LXAllocator = Literal["greedy", "first_fit", "best_fit"]
 TimingMode = Literal["analytic", "event"]
 
-FUSION_RULES = ("pointwise_chain", "reduction_fusion", "matmul_epilogue", "softmax", "mlp", "attention")
-"""Named fusion rules of the scheduler; each can be switched off through ``CompileOptions.fusion``."""
+__all__ = ["FUSION_RULES", "CompileOptions"]
 
 
 @dataclass(frozen=True)

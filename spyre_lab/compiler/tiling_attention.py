@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spyre_lab.compiler.constant_facts import causal_offset
 from spyre_lab.compiler.ir import IRNode
 from spyre_lab.compiler.scratchpad import LXBuffer
 from spyre_lab.compiler.tiling_common import ACC_BYTES, pad_to_sticks
@@ -276,21 +277,32 @@ def unmasked_keys(consts: Mapping[str, torch.Tensor], additive_only: bool) -> li
     """Per query row, the keys no constant mask sets to -inf (over all heads); None without constants."""
     if not consts or not additive_only:
         return None
+    tensors = list(consts.values())
+    offset = causal_offset(tensors[0]) if len(tensors) == 1 else None
+    if offset is not None:                       # row i keeps keys 0..i+d: arithmetic, no pass over the mask
+        n = tensors[0].shape[-1]
+        return [min(n, max(0, i + offset + 1)) for i in range(tensors[0].shape[-2])]
     dead = None
-    for t in consts.values():
+    for t in tensors:
         d = (t == -math.inf).all(dim=0)
         dead = d if dead is None else dead | d
     return (~dead).sum(dim=-1).tolist()
 
 
-def causal_offset(t: torch.Tensor) -> int | None:
-    """``d`` if the [B or 1, M, N] mask is 0 where ``key <= query + d`` and -inf elsewhere (what ``is_causal`` builds):
-    then a core makes a block's mask from its indices on the SFU instead of loading it. None otherwise."""
-    m, n = t.shape[-2], t.shape[-1]
-    d = n - m
-    rows, cols = torch.arange(m).unsqueeze(1), torch.arange(n).unsqueeze(0)
-    want = torch.where(cols <= rows + d, 0.0, -math.inf)
-    return d if bool((t == want).all()) else None
+def _causal_state(t: torch.Tensor, d: int, streamed: int, generated: bool):
+    """:func:`block_state_fn` for one causal mask of offset ``d``: a block's state from its corners, by index
+    arithmetic (key ``c`` is visible to query ``r`` iff ``c <= r + d``), never by reading the mask."""
+    heads, m, n = t.shape[0], t.shape[-2], t.shape[-1]
+
+    def state(b0: int, b1: int, m0: int, m1: int, n0: int, n1: int) -> str:
+        batch = range(heads)[min(b0, heads - 1):max(b1, 1)] if heads > 1 else range(1)
+        rows, cols = range(m)[m0:m1], range(n)[n0:n1]
+        if not batch or not rows or not cols or cols[0] > rows[-1] + d:
+            return "skip"                        # an empty block, or every key after every query's last visible one
+        if streamed == 0 and cols[-1] <= rows[0] + d:
+            return "plain"                       # every key visible to every query: nothing to mask
+        return "causal" if generated else "load"
+    return state
 
 
 def block_state_fn(consts: Mapping[str, torch.Tensor], streamed: int, additive_only: bool):
@@ -298,11 +310,15 @@ def block_state_fn(consts: Mapping[str, torch.Tensor], streamed: int, additive_o
 
     "skip" (every score masked), "plain" (mask all zero: nothing to load or add), "causal" (a causal mask,
     made from indices on the SFU), "load". None without constants (or with score ops other than scale and
-    add): every block loads its mask."""
+    add): every block loads its mask. A causal mask is recognised once and answered by index arithmetic;
+    any other mask is read block by block."""
     if not consts or not additive_only:
         return None
     tensors = list(consts.values())
-    generated = streamed == 0 and len(tensors) == 1 and causal_offset(tensors[0]) is not None
+    offset = causal_offset(tensors[0]) if len(tensors) == 1 else None
+    generated = streamed == 0 and offset is not None
+    if offset is not None:
+        return _causal_state(tensors[0], offset, streamed, generated)
     cache: dict[tuple, str] = {}
 
     def state(b0: int, b1: int, m0: int, m1: int, n0: int, n1: int) -> str:
@@ -314,6 +330,6 @@ def block_state_fn(consts: Mapping[str, torch.Tensor], streamed: int, additive_o
             elif streamed == 0 and all(bool((blk == 0).all()) for blk in blocks):
                 cache[key] = "plain"
             else:
-                cache[key] = "causal" if generated else "load"
+                cache[key] = "load"
         return cache[key]
     return state

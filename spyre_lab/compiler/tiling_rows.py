@@ -194,6 +194,17 @@ def row_tile_shape(k: RowTiling, extent: Mapping[str, int], cfg: SpyreConfig, do
     return tile
 
 
+def _load_streamed(p: CoreOps, k: RowTiling, resident: Mapping[str, int], te: Mapping[str, int], t: int, slot: int,
+                   wait: list[int], sb: int) -> dict[str, int]:
+    """Tile ``t``'s streamed inputs into their ``slot`` (the resident ones were loaded once): buffer -> its load."""
+    loaded = dict(resident)
+    for b in k.inputs:
+        if b not in resident:
+            loaded[b] = p.load(f"{b}[{slot}]", k.operands[b].tile_bytes(te, sb), deps=wait, name=f"load {b} t{t}",
+                               share=k.shares.get(b, 1))
+    return loaded
+
+
 def emit_rows(k: RowTiling, extent: Mapping[str, int], tile: Mapping[str, int], cfg: SpyreConfig,
               double_buffer: bool, partner_info: PartnerInfo | None = None) -> CoreOps:
     """One core's program: per tile, load the streamed inputs, run every node on the SFU, store the outputs.
@@ -219,13 +230,8 @@ def emit_rows(k: RowTiling, extent: Mapping[str, int], tile: Mapping[str, int], 
     for t, te in enumerate(tile_grid({d: extent[d] for d in order}, {d: tile[d] for d in order})):
         chunk, final = t % per_out, t % per_out == per_out - 1
         slot, wait = slot_wait(tile_done, double_buffer)
-        produced: dict[str, int] = dict(res_op)
-        owner: dict[str, int] = dict(res_op)
-        for b in k.inputs:
-            if b not in res_op:
-                op = p.load(f"{b}[{slot}]", k.operands[b].tile_bytes(te, sb), deps=wait, name=f"load {b} t{t}",
-                            share=shares.get(b, 1))
-                produced[b] = owner[b] = op
+        produced = _load_streamed(p, k, res_op, te, t, slot, wait, sb)
+        owner = dict(produced)
         last = None
         stored: dict[str, int] = {}     # spilled intermediate -> its store
         read: set[str] = set()          # streamed inputs some node has read this tile

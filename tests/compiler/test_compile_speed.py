@@ -6,11 +6,12 @@ import functools
 
 import torch
 
-from spyre_lab.compiler import codegen
-from spyre_lab.compiler.codegen import _live_bytes_bound, generate_kernel
+from spyre_lab.compiler import codegen_matmul, plan_memo
+from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.scratchpad import LXBuffer, plan_scratchpad
+from spyre_lab.compiler.spec_common import live_bytes_bound
 from spyre_lab.device.config import SPYRE
 from spyre_lab.device.isa import OpKind
 
@@ -31,7 +32,9 @@ def test_partners_of_one_rank_share_ops_but_talk_to_their_own_group(monkeypatch)
     kernel, bufs = gemv(4096, 4096)
     shared = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
     assert shared.division.split_reduction_dim == "K"
-    monkeypatch.setattr(codegen, "_per_core", functools.partial(codegen._per_core, reuse_partners=False))
+    monkeypatch.setattr(codegen_matmul, "per_core_programs",
+                        functools.partial(codegen_matmul.per_core_programs, reuse_partners=False))
+    plan_memo.clear()                                     # plan it again rather than reuse the first plan
     fresh = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
     for c, (p, q) in enumerate(zip(shared.tile_kernel.programs, fresh.tile_kernel.programs)):
         assert p.ops == q.ops, f"core {c}"
@@ -46,4 +49,26 @@ def test_live_bytes_bound_never_exceeds_the_planned_peak():
     bufs = [LXBuffer("a", 100, 0, 2), LXBuffer("b", 50, 1, 3), LXBuffer("c", 70, 3, 4),
             LXBuffer("d", 60, 2, 2, "a"), LXBuffer("e", 30, 4, 4)]
     plan = plan_scratchpad(bufs, 10_000, "greedy")
-    assert _live_bytes_bound(bufs) == 150 <= plan.peak
+    assert live_bytes_bound(bufs) == 150 <= plan.peak
+
+
+def test_a_repeated_kernel_is_planned_once_and_renamed():
+    """Two kernels that differ only in their buffers' names (two layers' gemvs): one plan, the second renamed."""
+    first, bufs = gemv(4096, 4096)
+    rename = {"a": "x7", "w": "w7", "c": "y7"}
+    node = first.nodes[0]
+    other = NodeGroup("gemv_7", [MatMul("mm7", "matmul", ("x7", "w7"), "y7", dict(node.dims), _noop, ("K",), "N",
+                                       1, 1, node.n, node.k)], "single", ["x7", "w7"], ["y7"])
+    other_bufs = {rename[b]: BufferInfo(rename[b], i.shape, i.dtype, i.role) for b, i in bufs.items()}
+    plan_memo.clear()
+    a = generate_kernel(first, bufs, SPYRE, CompileOptions())
+    b = generate_kernel(other, other_bufs, SPYRE, CompileOptions())
+    assert plan_memo.stats()["plans"] == 1
+    assert b.name == b.tile_kernel.name == "gemv_7" and b.address_slots == ["x7", "w7", "y7"]
+    assert set(b.operands) == set(b.buffers) == {"x7", "w7", "y7"} and b.buffers["w7"] is other_bufs["w7"]
+    ops_a = [op for p in a.tile_kernel.programs for op in p]
+    ops_b = [op for p in b.tile_kernel.programs for op in p]
+    assert [(o.kind, o.nbytes, o.deps, o.peer) for o in ops_a] == [(o.kind, o.nbytes, o.deps, o.peer) for o in ops_b]
+    loads = [o.name for o in ops_b if o.kind is OpKind.LOAD]
+    assert any("x7" in n for n in loads) and not any(n.split()[1].startswith(("a[", "w[")) for n in loads)
+    assert a.simulate().time_us == b.simulate().time_us
