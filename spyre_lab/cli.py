@@ -28,7 +28,15 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
     rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
     rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
+    from spyre_lab.serving.cli_args import add_route_arguments, add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (with vLLM's /metrics) for MODEL"))
+    add_route_arguments(sub.add_parser("route", help="an llm-d-style router in front of engine replicas"))
     args = parser.parse_args(argv)
+    if args.command in ("serve", "route"):
+        from spyre_lab.serving.cli_args import main as serving_main
+
+        return serving_main(args)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
 
