@@ -111,6 +111,11 @@ def build_app(engine: LLMEngine, model_name: str) -> FastAPI:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache() -> dict:
+        """vLLM's endpoint of the same name: the next requests find no cached prefix (benchmarks start cold)."""
+        return {"cleared_blocks": engine.reset_prefix_cache()}
+
     async def answer(body: CompletionRequest | ChatCompletionRequest, request: Request, kind: str) -> Response:
         if async_engine.dead is not None:
             raise EngineDeadError(async_engine.dead)

@@ -72,7 +72,7 @@ class AsyncEngine:
                 if self.on_step is not None:
                     self.on_step(outputs, self.engine)
                 self._deliver(outputs)
-        except BaseException as error:  # noqa: BLE001 - recorded for /health, then every caller is told
+        except BaseException as error:  # recorded for /health, then every caller is told
             logger.exception("the engine loop died")
             self.dead = f"{type(error).__name__}: {error}"
             with self._listeners_lock:

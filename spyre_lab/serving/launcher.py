@@ -55,6 +55,11 @@ def _watch(server: uvicorn.Server, max_lifetime_s: float | None, exit_with_paren
         time.sleep(0.2)
 
 
+def watch_in_thread(server: uvicorn.Server, max_lifetime_s: float | None, exit_with_parent: bool = False) -> None:
+    """Start the thread that stops ``server`` when its lifetime is up (or its parent has gone)."""
+    threading.Thread(target=_watch, args=(server, max_lifetime_s, exit_with_parent), daemon=True).start()
+
+
 def make_uvicorn(app: Any, host: str, port: int) -> uvicorn.Server:
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
                                          timeout_graceful_shutdown=2, access_log=False))
@@ -70,7 +75,7 @@ def run_server(model: str = "tiny-granite", port: int = 8000, host: str = LOCALH
     engine = LLMEngine(model, **engine_options)
     engine.warmup(show_progress=False)
     server = make_uvicorn(build_app(engine, served_model_name or str(model)), host, port)
-    threading.Thread(target=_watch, args=(server, max_lifetime_s, exit_with_parent), daemon=True).start()
+    watch_in_thread(server, max_lifetime_s, exit_with_parent)
     server.run()
 
 
@@ -99,7 +104,7 @@ class ServerThread:
         self._server = make_uvicorn(self.app, self.host, self.port)
         self._thread = threading.Thread(target=self._server.run, name=f"server-{self.port}", daemon=True)
         self._thread.start()
-        threading.Thread(target=_watch, args=(self._server, self.max_lifetime_s, False), daemon=True).start()
+        watch_in_thread(self._server, self.max_lifetime_s)
         wait_healthy(self.url, 30)
 
     @property

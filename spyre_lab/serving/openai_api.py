@@ -112,7 +112,7 @@ class OpenAIServing:
             try:
                 async for output in self.engine.stream(choice.request_id, choice.queue):
                     await inbox.put((choice, output))
-            except BaseException as error:  # noqa: BLE001 - handed to the consumer
+            except Exception as error:  # handed to the consumer; a cancel (a disconnect) just ends
                 await inbox.put((choice, error))
 
         readers = [asyncio.ensure_future(read(c)) for c in choices]
