@@ -60,9 +60,15 @@ def watch_in_thread(server: uvicorn.Server, max_lifetime_s: float | None, exit_w
     threading.Thread(target=_watch, args=(server, max_lifetime_s, exit_with_parent), daemon=True).start()
 
 
+KEEP_ALIVE_S = 30
+"""How long a server keeps an idle connection open: longer than any client here keeps one (``keepalive_expiry``
+2 s), so a client never sends a request into a connection the server is closing (a ReadError with no reply)."""
+
+
 def make_uvicorn(app: Any, host: str, port: int) -> uvicorn.Server:
     return uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", lifespan="on",
-                                         timeout_graceful_shutdown=2, access_log=False))
+                                         timeout_graceful_shutdown=2, timeout_keep_alive=KEEP_ALIVE_S,
+                                         access_log=False))
 
 
 def run_server(model: str = "tiny-granite", port: int = 8000, host: str = LOCALHOST,

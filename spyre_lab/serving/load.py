@@ -140,7 +140,7 @@ async def run_load_async(url: str, workload: list[dict], replicas: list[str], ra
     """Send ``workload`` to ``url`` at Poisson arrivals; return the records, samples and counter deltas."""
     rng = random.Random(seed)
     gate = asyncio.Semaphore(max_in_flight)
-    limits = httpx.Limits(max_connections=max_in_flight + 8)
+    limits = httpx.Limits(max_connections=max_in_flight + 8, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=timeout_s, limits=limits) as client:
         before = await _counters(client, replicas)
         started = time.perf_counter()

@@ -144,7 +144,7 @@ class Router:
     def app(self) -> FastAPI:
         @contextlib.asynccontextmanager
         async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-            limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
+            limits = httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=2.0)
             self._client = httpx.AsyncClient(limits=limits)
             await asyncio.gather(*(self.scrape(r) for r in self.replicas))
             scraper = asyncio.ensure_future(self._scrape_forever())
