@@ -88,7 +88,8 @@ async def _one(client: httpx.AsyncClient, url: str, model: str, row: dict, max_t
     last = None
     try:
         async with client.stream("POST", f"{url}/v1/completions", json=body) as response:
-            record.replica = response.headers.get("x-gateway-destination-endpoint-served")
+            # a router names the replica that served it; a request sent straight to a server was served there
+            record.replica = response.headers.get("x-gateway-destination-endpoint-served", url.split("://")[-1])
             if response.status_code != 200:
                 record.error = f"HTTP {response.status_code}: {(await response.aread())[:200].decode()}"
                 return
