@@ -64,4 +64,4 @@ def main(args: argparse.Namespace) -> int:
         return 0
     from spyre_lab.serving.router.run import run_router
 
-    return run_router(args)
+    return run_router(args, engine_options(args))

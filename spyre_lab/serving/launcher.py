@@ -20,6 +20,8 @@ import httpx
 import uvicorn
 
 LOCALHOST = "127.0.0.1"
+SERVE_COMMAND = "import sys; from spyre_lab.cli import main; sys.exit(main(sys.argv[1:]))"
+"""What a child process runs: the `spyre-lab` command line (a program started, not a module imported)."""
 
 
 def free_port(host: str = LOCALHOST) -> int:
@@ -141,7 +143,7 @@ class ServerProcess:
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
-        command = [sys.executable, "-m", "spyre_lab.cli", "serve", self.model, "--platform", self.platform,
+        command = [sys.executable, "-c", SERVE_COMMAND, "serve", self.model, "--platform", self.platform,
                    "--host", LOCALHOST, "--port", str(self.port), "--max-lifetime-s", str(self.max_lifetime_s),
                    "--exit-with-parent", *self.options]
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}

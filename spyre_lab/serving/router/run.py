@@ -53,10 +53,8 @@ class RouterThread:
         self.stop()
 
 
-def run_router(args: argparse.Namespace) -> int:
-    """`spyre-lab route`: start the replicas unless given, then serve the router until stopped."""
-    from spyre_lab.serving.cli_args import engine_options
-
+def run_router(args: argparse.Namespace, options: dict[str, Any]) -> int:
+    """`spyre-lab route`: start the replicas unless given (with engine ``options``), then serve the router."""
     with contextlib.ExitStack() as stack:
         urls = list(args.replica)
         if not urls:
@@ -66,7 +64,6 @@ def run_router(args: argparse.Namespace) -> int:
             if len(platforms) != args.num_replicas:
                 raise SystemExit(f"--replica-platforms names {len(platforms)} platforms for {args.num_replicas} "
                                  "replicas; give one, or one per replica")
-            options = engine_options(args)
             flags = [f"--{k.replace('_', '-')}={v}" for k, v in options.items()
                      if k not in ("platform", "enable_prefix_caching")]
             flags += [] if options["enable_prefix_caching"] else ["--no-prefix-caching"]
