@@ -33,7 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--workers", type=int, metavar="N", help="local cluster size for the sweep (default: cores, <= 4)")
     rep.add_argument("--fresh", action="store_true",
                      help="compute again even if this source's result is cached (results are cached by source hash)")
+    from spyre_lab.serving.cli_args import add_route_arguments, add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (with vLLM's /metrics) for MODEL"))
+    add_route_arguments(sub.add_parser("route", help="an llm-d-style router in front of engine replicas"))
     args = parser.parse_args(argv)
+    if args.command in ("serve", "route"):
+        from spyre_lab.serving.cli_args import main as serving_main
+
+        return serving_main(args)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
 

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "runtime": 2,
     "engine": 3,
     "viz": 4,
+    "serving": 4,
 }
 TOP = 5  # cli, demo, studies, workshop and the package's own __init__ (the facade people import)
 MODEL_CODE = ("spyre_lab.engine.models", "spyre_lab.engine.layers")

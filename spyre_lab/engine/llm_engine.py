@@ -182,6 +182,18 @@ class LLMEngine:
             self._aborted.append(self._output(seq))
             return True
 
+    def reset_prefix_cache(self) -> int:
+        """Forget the cached prefixes of every free block (vLLM's ``reset_prefix_cache``), so the next requests
+        start cold, as on a fresh engine; blocks that running requests hold keep theirs. Returns the blocks cleared."""
+        with self._lock:
+            manager, cleared = self.block_manager, 0
+            for block in manager.blocks:
+                if block.ref_count == 0 and block.hash is not None:
+                    manager.cached_blocks.pop(block.hash, None)
+                    block.hash, block.token_ids = None, ()
+                    cleared += 1
+            return cleared
+
     def has_unfinished_requests(self) -> bool:
         with self._lock:
             return self.scheduler.has_unfinished() or bool(self._aborted)

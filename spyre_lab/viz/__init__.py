@@ -13,6 +13,7 @@ from spyre_lab.viz.fusion import FusionView
 from spyre_lab.viz.kv_cache import KVCacheView
 from spyre_lab.viz.layout import LayoutView
 from spyre_lab.viz.roofline import Roofline
+from spyre_lab.viz.router import RouterView
 from spyre_lab.viz.timeline import DecodeTimeline
 from spyre_lab.viz.whatif import WhatIf
 from spyre_lab.viz.work_division import WorkDivisionView
@@ -25,6 +26,7 @@ __all__ = [
     "LayoutView",
     "LiveFigure",
     "Roofline",
+    "RouterView",
     "View",
     "WhatIf",
     "WorkDivisionView",

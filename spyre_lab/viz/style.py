@@ -154,3 +154,11 @@ NEUTRAL: dict[str, str] = {
     "band": "rgba(255,215,0,0.18)",   # the selected core's rows
     "white": "#FFFFFF",
 }
+
+#: Engine replicas behind a router (RouterView): muted, distinct from units, kernels and requests.
+REPLICA_PALETTE: tuple[str, ...] = ("#3B6FB6", "#D1495B", "#2E933C", "#8E5DB8", "#E08E0B", "#2A9D8F")
+
+
+def replica_color(index: int) -> str:
+    """The color of the ``index``-th replica of a fleet (in the order the router lists them)."""
+    return REPLICA_PALETTE[index % len(REPLICA_PALETTE)]
