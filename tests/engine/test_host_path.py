@@ -18,7 +18,7 @@ import torch
 from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.tiling_paged_attention import paged_online_attention
+from spyre_lab.compiler.paged_attention_numerics import paged_online_attention
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import causal_bias
 from spyre_lab.engine.sequence import Sequence
@@ -215,7 +215,7 @@ def test_a_launch_writes_only_its_slots_and_matches_the_whole_cache_path(seed):
     before = host_view(dev[3])                 # a view of the K cache's host mirror, taken before the launch
     launch = paged_kernel.layer_launch(7, heads, kv, d, scale)
     out = launch(*dev)
-    k_ref, v_ref, out_ref = _whole_cache_path(*case[:-1], sizes, launch.kernel.current)
+    k_ref, v_ref, out_ref = _whole_cache_path(*case[:-1], sizes, launch.spec)
     assert torch.equal(dev[3].cpu(), k_ref) and torch.equal(dev[4].cpu(), v_ref)
     assert torch.equal(out.cpu(), out_ref)
     changed = (dev[3].cpu() != k_cache).flatten(2).any(-1).flatten()      # per cache slot
