@@ -34,8 +34,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from spyre_lab.compiler.paged_attention_numerics import (  # noqa: F401  (the family's numerics, re-exported)
-    _first_step,
-    _online_step,
     context_blocks,
     merge_partials,
     paged_online_attention,
