@@ -23,7 +23,7 @@ import warnings
 
 from sections import chosen, parser
 
-REPEATS = {"eager": (300, 1300), "decode": (5, 25)}
+REPEATS = {"eager": (300, 1300), "decode": (5, 25), "decode_cpu": (5, 25)}
 """Per workload, the repeats counted in its two runs (the shorter first)."""
 
 
@@ -47,7 +47,11 @@ def _child_eager(repeats: int) -> None:
     _counting(False)
 
 
-def _child_decode(repeats: int) -> None:
+DECODE_RATIO_GOAL = 2.0
+"""A spyre decode step's host instructions over the cpu platform's, at most: the goal the ratio row prints."""
+
+
+def _child_decode(repeats: int, platform: str = "spyre") -> None:
     import torch
 
     from spyre_lab.engine import LLM, SamplingParams
@@ -55,9 +59,12 @@ def _child_decode(repeats: int) -> None:
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[128], batch_buckets=[1]), max_model_len=128,
-              max_num_seqs=1)
-    llm.warmup(show_progress=False)
+    if platform == "spyre":
+        llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[128], batch_buckets=[1]),
+                  max_model_len=128, max_num_seqs=1)
+        llm.warmup(show_progress=False)
+    else:                                    # the cpu platform in the spyre platform's dtype (fp16)
+        llm = LLM("tiny-granite", dtype=torch.float16, max_model_len=128, max_num_seqs=1)
     engine = llm.llm_engine
     engine.add_request("a", "count from 5 to 12:", SamplingParams(temperature=0, max_tokens=repeats + 4,
                                                                   ignore_eos=True))
@@ -92,8 +99,11 @@ def bench_eager() -> None:
 
 
 def bench_decode() -> None:
-    """Instructions per tiny-granite decode step on the spyre platform (piecewise-compiled, batch bucket 1)."""
-    print(f"tiny-granite decode step (spyre):  {per_repeat('decode') / 1e6:8.2f} M instructions per step")
+    """Instructions per tiny-granite decode step, spyre platform (piecewise-compiled, batch bucket 1) vs cpu."""
+    spyre, cpu = per_repeat("decode"), per_repeat("decode_cpu")
+    print(f"tiny-granite decode step (spyre):  {spyre / 1e6:8.2f} M instructions per step")
+    print(f"tiny-granite decode step (cpu):    {cpu / 1e6:8.2f} M instructions per step")
+    print(f"  spyre / cpu: {spyre / cpu:5.2f}x  (goal <= {DECODE_RATIO_GOAL:g}x)")
 
 
 SECTIONS = {"eager": bench_eager, "decode": bench_decode}
@@ -101,7 +111,9 @@ SECTIONS = {"eager": bench_eager, "decode": bench_decode}
 
 def main(argv: list[str]) -> None:
     if argv[:1] == ["--child"]:
-        {"eager": _child_eager, "decode": _child_decode}[argv[1]](int(argv[2]))
+        children = {"eager": _child_eager, "decode": _child_decode,
+                    "decode_cpu": lambda n: _child_decode(n, platform="cpu")}
+        children[argv[1]](int(argv[2]))
         return
     args = parser(__doc__, SECTIONS).parse_args(argv)
     if not (shutil.which("valgrind") and shutil.which("callgrind_control")):

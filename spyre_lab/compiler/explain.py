@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from spyre_lab.compiler.ir import Fallback
 from spyre_lab.compiler.kernel_spec import KernelSpec
@@ -92,6 +92,11 @@ def explain_program(program: Program, mode: str | None = None) -> Explanation:
     return Explanation("\n".join(lines))
 
 
+KERNEL_FAMILY_EXPLAINERS: list[Callable[[], str]] = []
+"""Explainers of the kernel families planned per launch outside any Program (paged attention: one spec per launch
+shape); each returns its kernels' text, or "" when none ran. :func:`explain` appends what they return."""
+
+
 def explain(what: Program | Sequence[Program], mode: str | None = None) -> Explanation:
     """Explain one Program or several (the pieces of one model), plus the program cache's counts.
 
@@ -102,7 +107,8 @@ def explain(what: Program | Sequence[Program], mode: str | None = None) -> Expla
     if not programs or not all(isinstance(p, Program) for p in programs):
         raise TypeError(f"compiler.explain takes a Program (or a list of them), got {type(what).__name__}; "
                         "for a model compiled with torch.compile(backend='spyre') use spyre_lab.explain(model)")
-    text = "\n\n".join(explain_program(p, mode) for p in programs)
+    families = [text for text in (f() for f in KERNEL_FAMILY_EXPLAINERS) if text]
+    text = "\n\n".join([*(explain_program(p, mode) for p in programs), *families])
     stats = cache.stats()
     return Explanation(f"{text}\n  program cache: {stats['hits']} hits, {stats['misses']} misses, "
                        f"{stats['compiles']} compiles")

@@ -186,7 +186,9 @@ class ModelRunner:
         once per layout: a view is an offset into the same DRAM, so a step launches nothing but the transfer,
         and the tensors of a `ModelInput` hold their values until the next step with the same layout is
         prepared. The additive mask (model dtype, not an integer) is built and copied only for a platform
-        whose attention reads it (``Platform.needs_attn_bias``)."""
+        whose attention reads it (``Platform.needs_attn_bias``); a decode step on a platform with
+        ``decode_key_mask`` gets the boolean key mask instead (``AttentionMetadata.key_mask``, also given as
+        ``attn_bias``: SDPA reads either form, so attention written against the additive mask still works)."""
         max_query = query_index.shape[1] if isinstance(query_index, torch.Tensor) else len(query_index[0])
         out_index = [s * max_query + o for s, o in zip(_ints(token_seq), _ints(token_offset), strict=True)]
         fields = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slots),
@@ -197,8 +199,12 @@ class ModelRunner:
         flat: list[int] = []
         layout = tuple((name, _append_flat(flat, values)) for name, values in fields)
         views = self._staged(layout, torch.tensor(flat, dtype=torch.long))
-        attn_bias = None
-        if self.platform.needs_attn_bias:
+        attn_bias = key_mask = None
+        if max_query == 1 and self.platform.decode_key_mask:        # one query per sequence, at its last position
+            num_keys = len(tables[0]) * self.block_size
+            key_mask = attn_bias = (torch.arange(num_keys).view(1, 1, 1, -1)
+                                    <= torch.as_tensor(query_positions).view(-1, 1, 1, 1)).to(self.device)
+        elif self.platform.needs_attn_bias:
             attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
                                     self.dtype).to(self.device)
         meta = AttentionMetadata(
@@ -208,6 +214,7 @@ class ModelRunner:
             attn_bias=attn_bias,
             out_index=views["out_index"],
             seq_query_lens=views.get("seq_query_lens"),
+            key_mask=key_mask,
         )
         return ModelInput(views["input_ids"], views["positions"], meta, views["logits_indices"], bucket)
 

@@ -25,7 +25,7 @@ whose kernels are :class:`LoadedKernel` s. Each device kernel's numerics are the
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -307,3 +307,78 @@ class BindingPlan:
             fresh=[(s, tuple(buffers[s].shape), buffers[s].dtype) for s in made if s in visible],
             intermediates=place_intermediates(private, area.slots, index),
             mutated=frozenset(target for target, _ in program.mutations))
+
+
+@dataclass(eq=False)
+class LoadedFamilyKernel:
+    """A launch of a compiler kernel family planned per launch shape (paged attention: its work depends on the
+    cache blocks each sequence reads), as the runtime runs it. ``spec`` is the compiler's ``KernelSpec`` for the
+    coming launch, set by :meth:`LoadedFamilyLaunch.launch`; its time and per-core events are that spec's
+    simulation, as a :class:`LoadedKernel`'s are. ``numerics(spec, operands)`` is the family's own routine (it
+    walks block tables: there is no node group to interpret)."""
+
+    name: str
+    address_slots: tuple[str, ...]
+    output_slots: tuple[str, ...]
+    numerics: Callable[[KernelSpec, Operands], None]
+    mode: str = "analytic"
+    spec: KernelSpec | None = None
+    host: bool = False
+    _timed: tuple[KernelSpec, float, Trace | None, dict[str, Any]] | None = field(default=None, repr=False)
+
+    def _time(self) -> tuple[KernelSpec, float, Trace | None, dict[str, Any]]:
+        if self._timed is None or self._timed[0] is not self.spec:
+            sim = self.spec.simulate(self.mode)
+            args = {"rule": self.spec.rule, "kernel": self.spec.name, **getattr(self.spec, "launch_args", {}),
+                    "dram_bytes": int(sim.dram_bytes), "bottleneck": sim.bottleneck, "cores": len(sim.active_cores)}
+            self._timed = (self.spec, sim.time_us, sim.core_trace(self.spec.name), args)
+        return self._timed
+
+    @property
+    def time_us(self) -> float:
+        return self._time()[1] if self.spec is not None else 0.0
+
+    @property
+    def timing(self) -> str:
+        return f"simulated, {self.mode}"
+
+    @property
+    def sim_trace(self) -> Trace | None:
+        return self._time()[2] if self.spec is not None else None
+
+    @property
+    def args(self) -> dict[str, Any]:
+        return self._time()[3] if self.spec is not None else {}
+
+    def run(self, operands: Operands) -> None:
+        self.numerics(self.spec, operands)
+
+
+@dataclass(eq=False)
+class LoadedFamilyLaunch:
+    """One :class:`LoadedFamilyKernel` as a launchable (no write-backs: the kernel writes its in-place operands
+    itself). Made once and kept by its caller, so the runtime binds its correction area once; each launch
+    only sets the launch shape's spec and patches the addresses."""
+
+    kernel: LoadedFamilyKernel
+    num_nodes: int = 1
+
+    @property
+    def name(self) -> str:
+        return self.kernel.name
+
+    @property
+    def kernels(self) -> list[LoadedFamilyKernel]:
+        return self._kernels
+
+    @property
+    def mutations(self) -> list[tuple[str, Read]]:
+        return []
+
+    def __post_init__(self) -> None:
+        self._kernels = [self.kernel]
+
+    def launch(self, spec: KernelSpec, bindings: dict[str, torch.Tensor], stream: Stream | None = None) -> None:
+        """Launch the kernel as planned by ``spec`` on ``bindings`` (slot -> spyre tensor)."""
+        self.kernel.spec = spec
+        launch(self, bindings, stream=stream)

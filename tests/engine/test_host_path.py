@@ -18,7 +18,7 @@ import torch
 from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.tiling_paged_attention import paged_online_attention
+from spyre_lab.compiler.paged_attention_numerics import paged_online_attention
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import causal_bias
 from spyre_lab.engine.sequence import Sequence
@@ -110,6 +110,8 @@ def _reference(runner, seqs: list[Sequence], decode: bool) -> dict[str, torch.Te
            "block_tables": torch.tensor(tables), "query_index": query_index, "out_index": out_index,
            "logits_indices": ends, "seq_query_lens": torch.tensor(lens)}
     ref["attn_bias"] = causal_bias(query_positions, width * bs, runner.dtype)
+    if decode and runner.platform.decode_key_mask:              # the key mask: True where the bias is 0
+        ref["attn_bias"] = ref["key_mask"] = ref["attn_bias"] == 0
     return ref
 
 
@@ -118,7 +120,7 @@ def _fields(model_input) -> dict[str, torch.Tensor | None]:
     return {"input_ids": model_input.input_ids, "positions": model_input.positions,
             "slot_mapping": meta.slot_mapping, "block_tables": meta.block_tables, "query_index": meta.query_index,
             "out_index": meta.out_index, "logits_indices": model_input.logits_indices,
-            "seq_query_lens": meta.seq_query_lens, "attn_bias": meta.attn_bias}
+            "seq_query_lens": meta.seq_query_lens, "attn_bias": meta.attn_bias, "key_mask": meta.key_mask}
 
 
 @pytest.mark.parametrize("platform", ["cpu", "kernel_on", "kernel_off"])
@@ -131,7 +133,8 @@ def test_the_model_sees_what_a_field_by_field_build_gives(platform, decode, requ
     for name, value in _fields(model_input).items():
         if value is None:       # only what the platform's attention reads is built
             assert ((name == "seq_query_lens" and not runner.platform.needs_seq_query_lens)
-                    or (name == "attn_bias" and not runner.platform.needs_attn_bias)), name
+                    or (name == "attn_bias" and not runner.platform.needs_attn_bias)
+                    or (name == "key_mask" and not (decode and runner.platform.decode_key_mask))), name
             continue
         assert value.device.type == runner.device.type, name
         expected = reference[name]
@@ -215,7 +218,7 @@ def test_a_launch_writes_only_its_slots_and_matches_the_whole_cache_path(seed):
     before = host_view(dev[3])                 # a view of the K cache's host mirror, taken before the launch
     launch = paged_kernel.layer_launch(7, heads, kv, d, scale)
     out = launch(*dev)
-    k_ref, v_ref, out_ref = _whole_cache_path(*case[:-1], sizes, launch.kernel.current)
+    k_ref, v_ref, out_ref = _whole_cache_path(*case[:-1], sizes, launch.spec)
     assert torch.equal(dev[3].cpu(), k_ref) and torch.equal(dev[4].cpu(), v_ref)
     assert torch.equal(out.cpu(), out_ref)
     changed = (dev[3].cpu() != k_cache).flatten(2).any(-1).flatten()      # per cache slot
@@ -274,7 +277,7 @@ def _every_tile_updated(query, k_cache, v_cache, tables, query_index, seq_lens, 
                         tile_blocks):
     """`paged_online_attention` as first written: each chunk starts from (max -inf, sum 0, accumulator 0) and every
     tile goes through the full online update; keys past a query or past the context are masked separately."""
-    from spyre_lab.compiler.tiling_paged_attention import _online_step, context_blocks, merge_partials
+    from spyre_lab.compiler.paged_attention_numerics import _online_step, context_blocks, merge_partials
 
     tokens_all, bs, d = query.shape[0], k_cache.shape[1], k_cache.shape[3]
     heads = query.shape[-1] // d

@@ -114,6 +114,12 @@ def test_the_launch_shows_its_name_and_args_in_the_step_trace(kernel_on):
     assert "simulated" in args["timing"] and events[0].dur_us > 0
     text = kernel_on.llm_engine.platform.explain_attention()
     assert all(f"paged attention L{i}:" in text for i in range(LAYERS)) and "cache blocks read" in text
+    import spyre_lab
+
+    whole = spyre_lab.explain(kernel_on.llm_engine.model)     # the compiled pieces, then the paged-attention family
+    assert "Paged-attention kernels (compiler.paged_attention)" in whole
+    assert all(f"paged attention L{i}:" in whole for i in range(LAYERS)) and whole.index("Program ") < whole.index(
+        "Paged-attention kernels")
     from spyre_lab.viz.timeline import layer_of_kernels
 
     kernels = [e for e in step.device_trace.events if e.args.get("kind") == "Compute"]
@@ -215,5 +221,5 @@ def test_padding_rows_of_a_decode_batch_attend_to_nothing(kernel_on):
         kernel_on.generate(PROMPTS[:1], GREEDY, use_tqdm=False)
     attn = next(m for m in kernel_on.llm_engine.model.modules() if isinstance(m, KernelAttention))
     launch = paged_kernel.layer_launch(attn.layer_index, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
-    seqs = launch.kernel.current.plan.shape.seqs             # its last launch: this run's last decode step
+    seqs = launch.spec.shape.seqs             # its last launch: this run's last decode step
     assert len(seqs) == 3 and seqs[1:] == ((0, 0), (0, 0)) and seqs[0][1] == 1

@@ -35,12 +35,17 @@ class AttentionMetadata:
     block_tables: torch.Tensor  # [B, max_blocks] int64: block ids of each sequence (padded with the scratch block)
     query_index: torch.Tensor  # [B, Q] int64: flat token index of each sequence's queries (padding -> 0)
     # [B, 1, Q, L] model dtype: 0 where a query may see a key (key pos <= query pos), -inf else; None when the
-    # platform's attention does not read it (a paged-attention kernel bounds its loops by seq_query_lens)
+    # platform's attention does not read it (a paged-attention kernel bounds its loops by seq_query_lens); at a
+    # decode step on a platform with ``decode_key_mask``, the boolean ``key_mask`` (SDPA reads both forms)
     attn_bias: torch.Tensor | None
     out_index: torch.Tensor  # [T] int64: where each flat token's query sits among the B*Q queries (b * Q + q)
     # [B, 2] int64 per sequence: keys its context covers (this step's included) and this step's real queries
     # (the last positions of the context); what a kernel walking the block tables needs for its loop bounds
     seq_query_lens: torch.Tensor | None = None
+    # [B, 1, 1, L] bool, decode steps only (one query per sequence, at its last position), on a platform that asks
+    # for it (``Platform.decode_key_mask``): True for the keys a sequence's context covers. It replaces ``attn_bias``
+    # there: no [B, 1, Q, L] float mask to build and add, and the pages are gathered with one ``index_select``
+    key_mask: torch.Tensor | None = None
 
 
 def causal_bias(query_positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -79,6 +84,8 @@ def paged_attention(
     value = value.view(num_tokens, num_kv_heads, head_dim)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+    if meta.key_mask is not None:
+        return _decode_attention(query, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
 
     keys = k_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, d]
     values = v_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)
@@ -90,3 +97,18 @@ def paged_attention(
     out = out.transpose(1, 2).reshape(-1, num_heads * head_dim)  # [B * Q, heads * d]
     return out[meta.out_index]  # back to the step's flat tokens [T, heads * d]
 
+
+
+def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
+                      num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
+    """A decode step's attention: token ``b`` is sequence ``b``'s one query, so queries and outputs need no index;
+    pages come in one ``index_select`` over the flattened block tables, the query heads that share a KV head are
+    that head's query rows (no K/V repeated per query head), and the boolean key mask (keys the context covers)
+    is the only mask: the same softmax as the causal path, for about half its host time on tiny-granite."""
+    batch = query.shape[0]
+    blocks = meta.block_tables.flatten()
+    keys = k_cache.index_select(0, blocks).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)   # [B, kv, L, d]
+    values = v_cache.index_select(0, blocks).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
+    queries = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)   # a KV head's group as rows
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask, scale=scale)
+    return out.view(batch, num_heads * head_dim)

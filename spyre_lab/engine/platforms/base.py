@@ -70,6 +70,10 @@ class Platform:
     #: ``layers.attention``); a platform whose attention bounds its loops by ``seq_query_lens`` instead sets False,
     #: and the model runner neither builds nor copies the mask
     needs_attn_bias: bool = True
+    #: its attention takes a decode step's boolean key mask (``AttentionMetadata.key_mask``, keys each sequence's
+    #: context covers) instead of the additive mask: ``layers.attention``'s decode path; the model runner then builds
+    #: that [B, 1, 1, L] mask for decode steps and no [B, 1, Q, L] float mask
+    decode_key_mask: bool = False
 
     def __init__(
         self,

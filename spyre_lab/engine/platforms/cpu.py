@@ -15,3 +15,4 @@ class CpuPlatform(Platform):
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
     dispatch_mode: str = "eager"
+    decode_key_mask: bool = True
