@@ -11,7 +11,8 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
    those (a loop-carried buffer slot, a staged pipeline). A core's DRAM ops run at the average
    rate its longer stream (loads or stores) gets when every core's stream starts together and
    shares DRAM equally, each capped by its DMA engine, the smallest finishing first
-   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike. A store issued after
+   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike, ``dram`` being the
+   card's rate at the kernel's read/write mix (the bus turns around between reads and writes). A store issued after
    its core's last load has landed runs in the drain, when only the cores that end with a store
    still use DRAM (the one core of a K-split group that writes the result). LX is assumed big enough
    for loads to run ahead, which the double-buffered kernels a compiler emits ensure; the event
@@ -335,9 +336,12 @@ def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, 
     Water-filling: all streams start together and share DRAM equally (each capped by a DMA
     engine); when the smallest one is done, the rest share what it leaves. So a core that streams
     less than the others finishes early, and the biggest one runs faster at the end. A stream
-    whose loads are broadcast draws only ``drawn[c]`` of DRAM per byte it moves.
+    whose loads are broadcast draws only ``drawn[c]`` of DRAM per byte it moves. DRAM runs at the
+    rate of the kernel's read/write mix (``cfg.dram_bytes_per_cycle_at``): its streams overlap in time.
     """
-    dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle
+    reads = sum((loads[c] + stores[c]) * drawn[c] - stores[c] for c in loads)
+    writes = sum(stores.values())
+    dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle_at(reads, writes)
     volumes = sorted((max(loads[c], stores[c]), c) for c in loads if loads[c] or stores[c])
     rates: dict[int, float] = {}
     clock = moved = 0.0
