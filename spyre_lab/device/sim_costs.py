@@ -17,7 +17,6 @@ rates, and so a learner can ask "what does this one op cost?" directly.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from spyre_lab.device.config import SpyreConfig
@@ -43,12 +42,13 @@ def _pad(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def matmul_cycles(m: int, n: int, k: int, cfg: SpyreConfig) -> int:
-    """PT cycles for an ``m x n x k`` tile matmul, dims padded to the PE array shape."""
+def matmul_cycles(m: int, n: int, k: int, cfg: SpyreConfig) -> float:
+    """PT cycles for an ``m x n x k`` tile matmul: whole cycles at the peak (dims padded to the PE array
+    shape), stretched by the fraction of the peak the arrays sustain."""
     if min(m, n, k) <= 0:
         return 0
     work = _pad(m, cfg.pe_rows) * _pad(n, cfg.pe_cols) * _pad(k, cfg.pe_lanes)
-    return math.ceil(work / cfg.sustained_macs_per_cycle_per_core - 1e-9)
+    return -(-work // cfg.macs_per_cycle_per_core) / cfg.pt_sustained_fraction
 
 
 def sfu_cycles(elements: int, cfg: SpyreConfig, transcendental: bool = False) -> int:
