@@ -28,6 +28,11 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
     rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
     rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
+    rep.add_argument("--machine", choices=("measured", "datasheet"), default=None,
+                     help="the modeled card: measured (fitted to the real one, the default) or datasheet (peak numbers)")
+    fid = sub.add_parser("fidelity", help="the model against measured and reference kernel times, on both machines")
+    fid.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.fidelity/1)")
+    fid.add_argument("--markdown", action="store_true", help="print the Markdown of docs/fidelity.md")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from spyre_lab.demo import run_demo
@@ -46,11 +51,29 @@ def main(argv: list[str] | None = None) -> int:
 
         write_report(args.out, run=not args.no_run)
         return 0
+    if args.command == "reproduce" and args.machine:
+        from spyre_lab.device.config import SPYRE
+
+        if args.machine != SPYRE.name:  # every layer binds its default card at import: run afresh on the other one
+            return _rerun_on(args.machine, argv if argv is not None else sys.argv[1:])
+    if args.command == "fidelity":
+        from spyre_lab.studies.fidelity import main as fidelity_main
+
+        return fidelity_main(args.json, args.markdown)
     if args.command == "reproduce":
         from spyre_lab.studies.reproduce import main as reproduce_main
 
         return reproduce_main(args.json, args.markdown, args.sweep, args.full_depth, args.portable)
     return 2
+
+
+def _rerun_on(machine: str, argv: list[str]) -> int:
+    """This command again in a fresh interpreter whose default card is ``machine`` (``$SPYRE_LAB_MACHINE``)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, SPYRE_LAB_MACHINE=machine)
+    return subprocess.run([sys.executable, "-m", "spyre_lab.cli", *argv], env=env, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -274,15 +275,29 @@ class SpyreConfig:
         )
 
 
-SPYRE = SpyreConfig()
+MEASURED = SpyreConfig()
 """The Spyre card as it runs (preset ``measured``): DRAM, PT and launch numbers fitted to measured kernels."""
 
 DATASHEET = SpyreConfig(name="datasheet", dram_bandwidth=204.8e9, dram_balanced_fraction=1.0,
                         pt_sustained_fraction=1.0, kernel_launch_cycles=6000)
 """The Spyre card by its peak numbers (preset ``datasheet``): 204.8 GB/s either way, the full PT peak, a 4 us launch."""
 
-PRESETS: dict[str, SpyreConfig] = {"measured": SPYRE, "datasheet": DATASHEET}
+PRESETS: dict[str, SpyreConfig] = {"measured": MEASURED, "datasheet": DATASHEET}
 MACHINES: tuple[str, ...] = tuple(PRESETS)
+
+MACHINE_ENV = "SPYRE_LAB_MACHINE"
+"""Environment variable naming the preset every layer defaults to (``measured`` when unset); read once at import."""
+
+
+def _default_machine() -> SpyreConfig:
+    name = os.environ.get(MACHINE_ENV) or "measured"
+    if name not in PRESETS:
+        raise ValueError(f"{MACHINE_ENV}={name!r} names no SpyreConfig preset; use one of {list(MACHINES)} or unset it")
+    return PRESETS[name]
+
+
+SPYRE = _default_machine()
+"""The card every layer uses unless told otherwise: ``measured``, or the preset ``$SPYRE_LAB_MACHINE`` names."""
 
 
 def get_config(name: str = "measured") -> SpyreConfig:

@@ -255,7 +255,7 @@ def source_fingerprint() -> str:
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    digest = hashlib.sha256(SCHEMA.encode())
+    digest = hashlib.sha256(SCHEMA.encode() + SPYRE.name.encode())  # the machine the results were computed on
     files = [root / "__init__.py"] + [p for sub in FINGERPRINTED for p in (root / sub).rglob("*.py")]
     for path in sorted(files):
         digest.update(str(path.relative_to(root)).encode())
