@@ -29,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--full-depth", action="store_true", help="run all 40 layers instead of extending 2 and 3")
     rep.add_argument("--portable", action="store_true", help="also measure portable vs native layers (wall clock)")
     rep.add_argument("--machine", choices=("measured", "datasheet"), default=None,
-                     help="the modeled card: measured (fitted to the real one, the default) or datasheet (peak numbers)")
+                     help="the modeled card: measured (fitted to the real one, default) or datasheet (peak numbers)")
     fid = sub.add_parser("fidelity", help="the model against measured and reference kernel times, on both machines")
     fid.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.fidelity/1)")
     fid.add_argument("--markdown", action="store_true", help="print the Markdown of docs/fidelity.md")

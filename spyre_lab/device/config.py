@@ -159,7 +159,7 @@ class SpyreConfig:
         if not 0.5 < self.dram_balanced_fraction <= 1:
             raise ValueError(
                 f"SpyreConfig.dram_balanced_fraction must be in (0.5, 1], got {self.dram_balanced_fraction}: turning "
-                "the bus around cannot speed DRAM up, nor cost more than the transfers themselves; 1 means no turnaround"
+                "the bus around cannot speed DRAM up, nor cost more than the transfers; 1 means no turnaround"
             )
         if self.stick_bytes & (self.stick_bytes - 1):
             raise ValueError(f"SpyreConfig.stick_bytes must be a power of two, got {self.stick_bytes}")
