@@ -230,12 +230,12 @@ class DataflowView(View):
     def lx_occupancy(self) -> tuple[np.ndarray, np.ndarray]:
         """(times, bytes) of the selected core's LX in use, as a step function over the window."""
         tl = self.timeline()
-        claims = [(e.start_us, e.start_us + float(e.args["lx_held_us"]), int(e.args.get("buffer_bytes", 0)))
+        claims = [(e.start_us, float(e.args["lx_held_us"]), int(e.args.get("buffer_bytes", 0)))
                   for e in (tl.events[i] for i in tl.by_core.get(self.core, [])) if "lx_held_us" in e.args]
         if not claims:
             return np.zeros(0), np.zeros(0)
-        arr = np.array(claims, dtype=float)
-        t = np.round(np.concatenate([arr[:, 0], arr[:, 1]]), 6)   # saved traces keep 6 decimals
+        arr = np.round(np.array(claims, dtype=float), 6)   # saved traces keep 6 decimals of start and hold alike
+        t = np.round(np.concatenate([arr[:, 0], arr[:, 0] + arr[:, 1]]), 6)
         delta = np.concatenate([arr[:, 2], -arr[:, 2]])
         order = np.lexsort((delta, t))       # at equal times, releases before claims
         return t[order], np.cumsum(delta[order])
