@@ -66,9 +66,6 @@ def test_controls_move_the_markers(program):
     view.controls["include_launch"].value = False
     after = {t.meta["kernel"]: t.y[0] for t in fw.data if t.meta}
     assert after == pytest.approx(before)
-    datasheet = Roofline(compile_graph(program.fn if hasattr(program, "fn") else _roofline_graph, _inputs(),
-                                       cfg=DATASHEET)).fig_widget
-    with_launch = {t.meta["kernel"]: t.y[0] for t in datasheet.data if t.meta}
     datasheet_view = Roofline(compile_graph(_roofline_graph, _inputs(), cfg=DATASHEET))
     with_launch = {t.meta["kernel"]: t.y[0] for t in datasheet_view.fig_widget.data if t.meta}
     datasheet_view.controls["include_launch"].value = False
