@@ -37,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
 
     add_serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (with vLLM's /metrics) for MODEL"))
     add_route_arguments(sub.add_parser("route", help="an llm-d-style router in front of engine replicas"))
+    rep.add_argument("--machine", choices=("measured", "datasheet"), default=None,
+                     help="the modeled card: datasheet (peak numbers, default) or measured (fitted to the real card)")
+    fid = sub.add_parser("fidelity", help="the model against measured and reference kernel times, on both machines")
+    fid.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.fidelity/1)")
+    fid.add_argument("--markdown", action="store_true", help="print the Markdown of docs/fidelity.md")
     args = parser.parse_args(argv)
     if args.command in ("serve", "route"):
         from spyre_lab.serving.cli_args import main as serving_main
@@ -59,12 +64,30 @@ def main(argv: list[str] | None = None) -> int:
 
         write_report(args.out, run=not args.no_run)
         return 0
+    if args.command == "reproduce" and args.machine:
+        from spyre_lab.device.config import SPYRE
+
+        if args.machine != SPYRE.name:  # every layer binds its default card at import: run afresh on the other one
+            return _rerun_on(args.machine, argv if argv is not None else sys.argv[1:])
+    if args.command == "fidelity":
+        from spyre_lab.studies.fidelity import main as fidelity_main
+
+        return fidelity_main(args.json, args.markdown)
     if args.command == "reproduce":
         from spyre_lab.studies.reproduce import main as reproduce_main
 
-        options = {k: v for k, v in vars(args).items() if k != "command"}   # every flag is a keyword of main
+        options = {k: v for k, v in vars(args).items() if k not in ("command", "machine")}   # flags = keywords
         return reproduce_main(**options)
     return 2
+
+
+def _rerun_on(machine: str, argv: list[str]) -> int:
+    """This command again in a fresh interpreter whose default card is ``machine`` (``$SPYRE_LAB_MACHINE``)."""
+    import os
+    import subprocess
+
+    env = dict(os.environ, SPYRE_LAB_MACHINE=machine)
+    return subprocess.run([sys.executable, "-m", "spyre_lab.cli", *argv], env=env, check=False).returncode
 
 
 if __name__ == "__main__":

@@ -3,13 +3,21 @@
 Why one dataclass: a learner changes a number (``cfg.replace(cores=8)``) and every layer above,
 from the simulator to the compiler's cost model to the engine's stats, sees the same machine.
 Each field names its source. "official" is an IBM product figure, "code" is a constant in the
-open torch-spyre stack, "estimate" is ours, with the reasoning next to it.
+open torch-spyre stack, "measured" is fitted to kernels timed on the card (torch-spyre's analytical
+cost model, ``docs/source/compiler/cost_model.md``), "estimate" is ours, with the reasoning next to it.
+
+Two named machines share every mechanism and differ only in numbers: ``datasheet`` (the peak figures, still
+the default :data:`SPYRE`) and ``measured`` (the card as it runs, fitted to torch-spyre's hardware-fitted cost
+model). ``measured`` is closer on every category but the one-core softmax ladder, the lesson of tutorial 05,
+so it becomes the default only once a mechanism explains that ladder. ``SpyreConfig.preset("measured")`` is one
+switch away; ``docs/fidelity.md`` shows how far each is from the reference times.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 from dataclasses import dataclass
 
 import torch
@@ -50,7 +58,7 @@ class SpyreConfig:
     Use :meth:`replace` for experiments: ``SPYRE.replace(cores=8, dram_bandwidth=100e9)``.
     """
 
-    name: str = "spyre"
+    name: str = "datasheet"
 
     # --- compute ---------------------------------------------------------------------------
     # official: 32 cores per card (torch-spyre docs architecture/spyre_accelerator.md).
@@ -70,6 +78,9 @@ class SpyreConfig:
     # estimate: a transcendental (exp, rsqrt, sigmoid, ...) costs this many SFU passes
     # (ktir-cpu's latency model uses x4).
     transcendental_factor: int = 4
+    # measured: the PT arrays sustain about 1140 MAC/ns per core on real matmuls against the datasheet's
+    # 1536 (torch-spyre cost model, mac_peak_per_core_ns): 1140 / 1536 of the peak. datasheet: 1.0.
+    pt_sustained_fraction: float = 1.0
     # estimate: not published. 1.5 GHz is the clock that turns the cost model's 98.304 TFLOP/s
     # into the documented array shape (see pe_lanes).
     clock_hz: float = 1.5e9
@@ -86,8 +97,14 @@ class SpyreConfig:
     dram_bytes: int = 128 * GiB
     # code: the compiler's address map is 7 segments x 16 GiB = 112 GiB usable.
     dram_usable_bytes: int = 112 * GiB
-    # code: 204.8 GB/s aggregate LPDDR5 bandwidth (torch-spyre work_division.py).
+    # measured: about 150 GB/s when traffic runs one way (read-only or write-only kernels), the card's
+    # DRAM peak in torch-spyre's fitted cost model (bw_peak_gbps). datasheet: 204.8 GB/s (work_division.py).
     dram_bandwidth: float = 204.8e9
+    # measured: about 105 GB/s = 0.7 x the peak when reads and writes are balanced: the shared bus turns
+    # around between them (torch-spyre cost model, rw_turnaround_ns_per_byte, solved from a balanced copy).
+    # The rate at any read/write mix follows, see dram_bandwidth_at(). datasheet: 1.0 (no turnaround).
+    # A fraction, so that replace(dram_bandwidth=...) scales both rates.
+    dram_balanced_fraction: float = 1.0
     # estimate: one core's DMA engine moves at most one stick per cycle (128 B x 1.5 GHz =
     # 192 GB/s), so a single core cannot quite saturate DRAM alone.
     core_dma_bytes_per_cycle: int = 128
@@ -116,8 +133,10 @@ class SpyreConfig:
     host_correction_per_slot_us: float = 0.25
     # "rebuild" dispatch: rebuilding the execution graph on the host costs this per graph node.
     host_rebuild_per_node_us: float = 40.0
-    # device-side fixed cost to start one kernel bundle on all cores (program fetch, barrier);
-    # the torch-spyre softmax study attributes its gap to the ideal to such a per-bundle overhead.
+    # device-side fixed cost to start one kernel bundle on all cores (program fetch, barrier).
+    # measured: torch-spyre's cost model fits no fixed term to the profiler's kernel time (intercept ~0);
+    # the host-side launch costs above stay. datasheet: 6000 cycles (4 us, an estimate): the softmax
+    # study attributes its gap to the ideal speed-up to such a per-bundle overhead.
     kernel_launch_cycles: int = 6000
 
     def __post_init__(self) -> None:
@@ -137,6 +156,13 @@ class SpyreConfig:
         for field in non_negative:
             if getattr(self, field) < 0:
                 raise ValueError(f"SpyreConfig.{field} must not be negative, got {getattr(self, field)!r}")
+        if not 0 < self.pt_sustained_fraction <= 1:
+            raise ValueError(f"SpyreConfig.pt_sustained_fraction must be in (0, 1], got {self.pt_sustained_fraction}")
+        if not 0.5 < self.dram_balanced_fraction <= 1:
+            raise ValueError(
+                f"SpyreConfig.dram_balanced_fraction must be in (0.5, 1], got {self.dram_balanced_fraction}: turning "
+                "the bus around cannot speed DRAM up, nor cost more than the transfers; 1 means no turnaround"
+            )
         if self.stick_bytes & (self.stick_bytes - 1):
             raise ValueError(f"SpyreConfig.stick_bytes must be a power of two, got {self.stick_bytes}")
         if self.lx_bytes < self.stick_bytes:
@@ -154,6 +180,11 @@ class SpyreConfig:
         if self.core_span_bytes < self.stick_bytes:
             raise ValueError(f"SpyreConfig.core_span_bytes must hold at least one stick, got {self.core_span_bytes}")
 
+    @classmethod
+    def preset(cls, name: str) -> SpyreConfig:
+        """A named machine: ``"datasheet"`` (peak numbers, the default) or ``"measured"`` (the card as it runs)."""
+        return get_config(name)
+
     def replace(self, **changes: object) -> SpyreConfig:
         """A copy with some numbers changed, validated like the original."""
         unknown = set(changes) - {f.name for f in dataclasses.fields(self)}
@@ -170,6 +201,36 @@ class SpyreConfig:
     @property
     def macs_per_cycle_per_core(self) -> int:
         return self.corelets_per_core * self.pe_rows * self.pe_cols * self.pe_lanes
+
+    @property
+    def sustained_macs_per_cycle_per_core(self) -> float:
+        """MACs one core's PT arrays complete per cycle on a real matmul (the peak times ``pt_sustained_fraction``)."""
+        return self.macs_per_cycle_per_core * self.pt_sustained_fraction
+
+    @property
+    def dram_turnaround_cycles_per_byte(self) -> float:
+        """Extra DRAM cycles per byte of read/write overlap: 0 when the balanced rate equals the peak.
+
+        With reads ``R`` and writes ``W`` in flight, DRAM takes ``(R + W) / peak + turnaround * min(R, W)``:
+        one-way traffic runs at the peak, balanced traffic at ``dram_balanced_bandwidth``.
+        """
+        return (2 / self.dram_balanced_bandwidth - 2 / self.dram_bandwidth) * self.clock_hz
+
+    @property
+    def dram_balanced_bandwidth(self) -> float:
+        """DRAM bytes per second when reads and writes are in flight alike (105 GB/s on ``measured``)."""
+        return self.dram_bandwidth * self.dram_balanced_fraction
+
+    def dram_bytes_per_cycle_at(self, read: float, write: float) -> float:
+        """DRAM bytes per cycle the whole card moves when ``read`` and ``write`` (any units) share it."""
+        if read <= 0 or write <= 0:
+            return self.dram_bytes_per_cycle
+        overlap = min(read, write) / (read + write)
+        return 1.0 / (1.0 / self.dram_bytes_per_cycle + self.dram_turnaround_cycles_per_byte * overlap)
+
+    def dram_bandwidth_at(self, read: float, write: float) -> float:
+        """DRAM bytes per second at a read/write mix (150 GB/s one way, 105 GB/s balanced on ``measured``)."""
+        return self.dram_bytes_per_cycle_at(read, write) * self.clock_hz
 
     @property
     def sfu_elems_per_cycle_per_core(self) -> int:
@@ -210,18 +271,38 @@ class SpyreConfig:
             f"({self.pe_rows}x{self.pe_cols} PE, {self.macs_per_cycle_per_core} MAC/cycle/core), "
             f"{self.clock_hz / 1e9:.2f} GHz (estimate), peak {self.peak_flops / 1e12:.1f} TFLOP/s fp16, "
             f"LX {self.lx_bytes // KiB} KiB/core (planner {self.lx_budget_bytes:,} B), "
-            f"DRAM {self.dram_usable_bytes // GiB} GiB usable @ {self.dram_bandwidth / 1e9:.1f} GB/s, "
+            f"DRAM {self.dram_usable_bytes // GiB} GiB usable @ {self.dram_bandwidth / 1e9:.1f} GB/s one way, "
+            f"{self.dram_balanced_bandwidth / 1e9:.1f} GB/s read+write, PT sustains {self.pt_sustained_fraction:.0%}, "
             f"ring {self.ring_bytes_per_cycle} B/cycle/dir, PCIe {self.pcie_bandwidth / 1e9:.0f} GB/s (estimate)"
         )
 
 
-SPYRE = SpyreConfig()
-"""The documented Spyre card (PCIe Gen5 x16, 75 W, 5 nm)."""
+MEASURED = SpyreConfig(name="measured", dram_bandwidth=150e9, dram_balanced_fraction=105 / 150,
+                        pt_sustained_fraction=1140 / 1536, kernel_launch_cycles=0)
+"""The Spyre card as it runs (preset ``measured``): DRAM, PT and launch numbers fitted to measured kernels."""
 
-PRESETS: dict[str, SpyreConfig] = {"spyre": SPYRE}
+DATASHEET = SpyreConfig()
+"""The Spyre card by its peak numbers (preset ``datasheet``): 204.8 GB/s either way, the full PT peak, a 4 us launch."""
+
+PRESETS: dict[str, SpyreConfig] = {"measured": MEASURED, "datasheet": DATASHEET}
+MACHINES: tuple[str, ...] = tuple(PRESETS)
+
+MACHINE_ENV = "SPYRE_LAB_MACHINE"
+"""Environment variable naming the preset every layer defaults to (``datasheet`` when unset); read once at import."""
 
 
-def get_config(name: str = "spyre") -> SpyreConfig:
+def _default_machine() -> SpyreConfig:
+    name = os.environ.get(MACHINE_ENV) or "datasheet"
+    if name not in PRESETS:
+        raise ValueError(f"{MACHINE_ENV}={name!r} names no SpyreConfig preset; use one of {list(MACHINES)} or unset it")
+    return PRESETS[name]
+
+
+SPYRE = _default_machine()
+"""The card every layer uses unless told otherwise: ``datasheet``, or the preset ``$SPYRE_LAB_MACHINE`` names."""
+
+
+def get_config(name: str = "datasheet") -> SpyreConfig:
     """A preset by name; the error lists the presets that exist."""
     try:
         return PRESETS[name]

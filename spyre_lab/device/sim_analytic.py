@@ -11,7 +11,8 @@ Two bounds, both computed in a single O(ops + deps) pass per core; the core take
    those (a loop-carried buffer slot, a staged pipeline). A core's DRAM ops run at the average
    rate its longer stream (loads or stores) gets when every core's stream starts together and
    shares DRAM equally, each capped by its DMA engine, the smallest finishing first
-   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike. A store issued after
+   (water-filling): ``min(dma, dram / n)`` when ``n`` cores stream alike, ``dram`` being the
+   card's rate at the kernel's read/write mix (the bus turns around between reads and writes). A store issued after
    its core's last load has landed runs in the drain, when only the cores that end with a store
    still use DRAM (the one core of a K-split group that writes the result). LX is assumed big enough
    for loads to run ahead, which the double-buffered kernels a compiler emits ensure; the event
@@ -73,7 +74,7 @@ def run_analytic(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_even
     active = [c for c, p in enumerate(programs) if p.ops]
     same_as = _same_programs(kernel, active)
     loads, stores, last_load, senders, ringless, drawn = _survey(kernel, active, same_as, cfg)
-    rates, stretch = _dram_rates(loads, stores, drawn, cfg)
+    rates, stretch = _dram_rates(loads, stores, drawn, _stream_mix(kernel, active, same_as, last_load, cfg), cfg)
     drain_rate = _drain_rate(kernel, stores, last_load, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
@@ -327,7 +328,38 @@ def _drain_rate(kernel: TileProgram, stores: dict[int, int], last_load: dict[int
     return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / max(1, draining))
 
 
-def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, float],
+def _stream_mix(kernel: TileProgram, active: list[int], same_as: dict[int, int], last_load: dict[int, int],
+                cfg: SpyreConfig) -> float:
+    """DRAM's rate (bytes per cycle) at the read/write mix its streams make while they overlap.
+
+    The bus turns around only for reads and writes in flight together: a store while its core still
+    loads overlaps the core's next loads, which move as many bytes meanwhile (one transfer each at the
+    same fair rate) but draw only their broadcast weight from DRAM. A store after the core's last load
+    runs in the drain, one way. Overlap over all bytes gives the rate, as ``cfg.dram_bytes_per_cycle_at``.
+    """
+    moved = overlap = 0.0
+    for c in active:
+        if same_as[c] != c:
+            continue
+        twins = sum(1 for d in active if same_as[d] == c)
+        reads = writes = weights = 0.0
+        loads = 0
+        for i, op in enumerate(kernel.programs[c].ops):
+            if op.kind is _LOAD:
+                weight = op.dram_weight(cfg.dram_broadcast_cores)
+                reads += op.nbytes * weight
+                weights += weight
+                loads += 1
+            elif op.kind is _STORE:
+                moved += twins * op.nbytes
+                writes += op.nbytes if i < last_load[c] else 0
+        moved += twins * reads
+        overlap += twins * min(reads, writes * weights / loads) if loads else 0.0
+    per_byte = overlap / moved if moved else 0.0
+    return 1.0 / (1.0 / cfg.dram_bytes_per_cycle + cfg.dram_turnaround_cycles_per_byte * per_byte)
+
+
+def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, float], dram: float,
                 cfg: SpyreConfig) -> tuple[dict[int, float], float]:
     """Per core, the average rate its longer DRAM stream gets; and how much slower every transfer must go
     for the card's DRAM to move all the kernel's bytes (1 if it keeps up).
@@ -335,9 +367,10 @@ def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, 
     Water-filling: all streams start together and share DRAM equally (each capped by a DMA
     engine); when the smallest one is done, the rest share what it leaves. So a core that streams
     less than the others finishes early, and the biggest one runs faster at the end. A stream
-    whose loads are broadcast draws only ``drawn[c]`` of DRAM per byte it moves.
+    whose loads are broadcast draws only ``drawn[c]`` of DRAM per byte it moves. DRAM runs at the
+    rate of the read/write mix of the overlapping streams (``cfg.dram_bytes_per_cycle_at``, see :func:`_stream_mix`).
     """
-    dma, dram = float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle
+    dma = float(cfg.core_dma_bytes_per_cycle)
     volumes = sorted((max(loads[c], stores[c]), c) for c in loads if loads[c] or stores[c])
     rates: dict[int, float] = {}
     clock = moved = 0.0

@@ -3,15 +3,16 @@
 Kept apart from the simulators so the event and analytic modes cannot drift apart on the basic
 rates, and so a learner can ask "what does this one op cost?" directly.
 
-* PT (matmul): ``ceil(m' * n' * k' / macs_per_cycle_per_core)`` where each dim is padded up to the
-  PE array's shape (rows to ``pe_rows``, columns to ``pe_cols``, depth to ``pe_lanes``). The
+* PT (matmul): ``ceil(m' * n' * k' / sustained_macs_per_cycle_per_core)`` where each dim is padded up to
+  the PE array's shape (rows to ``pe_rows``, columns to ``pe_cols``, depth to ``pe_lanes``), at the
+  rate the arrays sustain (``pt_sustained_fraction`` of the peak). The
   padding is the shape-efficiency term: an array that is fed 1 row (a decode GEMV) does the work
   of 8, which is why splitting M down to a few rows per core starves the PT unit.
 * SFU: ``ceil(elements / sfu_elems_per_cycle_per_core)``; a transcendental (``special``) op costs
   ``transcendental_factor`` passes.
 * Ring send: ``nbytes / ring_bytes_per_cycle + hops * ring_hop_cycles``.
-* DRAM (load, store): no fixed cost; their time depends on how many transfers share DRAM, see
-  :func:`dram_rate`.
+* DRAM (load, store): no fixed cost; their time depends on how many transfers share DRAM and on
+  how reads and writes mix (the bus turns around between them), see :func:`dram_rate`.
 """
 
 from __future__ import annotations
@@ -41,12 +42,13 @@ def _pad(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def matmul_cycles(m: int, n: int, k: int, cfg: SpyreConfig) -> int:
-    """PT cycles for an ``m x n x k`` tile matmul, dims padded to the PE array shape."""
+def matmul_cycles(m: int, n: int, k: int, cfg: SpyreConfig) -> float:
+    """PT cycles for an ``m x n x k`` tile matmul: whole cycles at the peak (dims padded to the PE array
+    shape), stretched by the fraction of the peak the arrays sustain."""
     if min(m, n, k) <= 0:
         return 0
     work = _pad(m, cfg.pe_rows) * _pad(n, cfg.pe_cols) * _pad(k, cfg.pe_lanes)
-    return -(-work // cfg.macs_per_cycle_per_core)
+    return -(-work // cfg.macs_per_cycle_per_core) / cfg.pt_sustained_fraction
 
 
 def sfu_cycles(elements: int, cfg: SpyreConfig, transcendental: bool = False) -> int:
@@ -60,11 +62,18 @@ def ring_cycles(nbytes: int, hops: int, cfg: SpyreConfig) -> float:
     return nbytes / cfg.ring_bytes_per_cycle + hops * cfg.ring_hop_cycles
 
 
-def dram_rate(transfers_in_flight: int, cfg: SpyreConfig) -> float:
-    """Bytes per cycle each in-flight DRAM transfer gets: a fair share of DRAM, capped by one DMA engine."""
-    if transfers_in_flight <= 0:
-        raise ValueError(f"dram_rate needs at least one transfer in flight, got {transfers_in_flight}")
-    return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / transfers_in_flight)
+def dram_rate(reads_in_flight: float, writes_in_flight: float, cfg: SpyreConfig) -> float:
+    """Bytes per cycle each in-flight DRAM transfer gets: a fair share of DRAM, capped by one DMA engine.
+
+    DRAM's own rate depends on the mix: ``cfg.dram_bytes_per_cycle_at(reads, writes)`` (the peak one way,
+    ``dram_balanced_bandwidth`` when reads and writes are in flight alike). Counts may be fractional: a
+    load broadcast to ``share`` cores counts as ``1/share`` of a transfer.
+    """
+    transfers = reads_in_flight + writes_in_flight
+    if transfers <= 0:
+        raise ValueError(f"dram_rate needs at least one transfer in flight, got {transfers}")
+    return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle_at(reads_in_flight, writes_in_flight)
+               / transfers)
 
 
 def fixed_cycles(kind: OpKind, m: int, n: int, k: int, elements: int, nbytes: int, hops: int,

@@ -7,9 +7,10 @@ orders the ops: loads run ahead into free LX space and stall when it is full, so
 multi-buffering emerge from the dependencies the compiler emits and the LX capacity.
 
 DRAM is one shared resource. Every in-flight load or store progresses at
-``min(core_dma_bytes_per_cycle, dram_bytes_per_cycle / transfers_in_flight)`` (processor sharing,
-where a load broadcast to ``share`` cores counts as ``1/share`` of a transfer,
-re-evaluated whenever a transfer starts or ends). Because all transfers share one rate, one
+``min(core_dma_bytes_per_cycle, 1 / (reads + writes) / peak + turnaround * min(reads, writes)))``
+(processor sharing of a bus that turns around between reads and writes, see
+:func:`~spyre_lab.device.sim_costs.dram_rate`; a load broadcast to ``share`` cores counts as
+``1/share`` of a transfer; re-evaluated whenever a transfer starts or ends). Because all transfers share one rate, one
 "virtual service" counter tracks them all: a transfer started when the counter read ``S`` with
 ``b`` bytes finishes when it reads ``S + b``; a heap keyed on that value gives the next finisher
 in O(log n), however often the rate changes.
@@ -165,9 +166,10 @@ def _simulate(kernel: TileProgram, graph: _Graph, timing: _Timing, cfg: SpyreCon
     xfers: list[tuple[float, int]] = []  # DRAM transfers: (virtual service at completion, op)
     service = rate = 0.0
     inflight = 0  # transfers in flight
-    drawing = 0.0  # their summed DRAM weights: each gets min(dma_cap, dram_bpc / drawing)
+    reading = writing = 0.0  # their summed DRAM weights, loads and stores: see sim_costs.dram_rate
     dma_cap = float(cfg.core_dma_bytes_per_cycle)
-    dram_bpc = cfg.dram_bytes_per_cycle
+    per_byte = 1.0 / cfg.dram_bytes_per_cycle
+    turnaround = cfg.dram_turnaround_cycles_per_byte
     for g in range(total):
         if deps_left[g] == 0:
             ready[core_of[g]][unit[g]].append(g)  # ascending ids are already a heap
@@ -214,8 +216,12 @@ def _simulate(kernel: TileProgram, graph: _Graph, timing: _Timing, cfg: SpyreCon
                     if u in (LOAD, STORE):
                         heappush(xfers, (service + cost[g], g))
                         inflight += 1
-                        drawing += weight[g]
-                        rate = min(dma_cap, dram_bpc / drawing)
+                        if u == LOAD:
+                            reading += weight[g]
+                        else:
+                            writing += weight[g]
+                        rate = min(dma_cap, 1.0 / (per_byte * (reading + writing)
+                                                   + turnaround * min(reading, writing)))
                     else:
                         heappush(events, (t + cost[g], g))
                     break
@@ -244,10 +250,14 @@ def _simulate(kernel: TileProgram, graph: _Graph, timing: _Timing, cfg: SpyreCon
                 g = heappop(xfers)[1]
                 completed.append(g)
                 inflight -= 1
-                drawing -= weight[g]
+                if unit[g] == LOAD:
+                    reading -= weight[g]
+                else:
+                    writing -= weight[g]
             if not inflight:
-                drawing = 0.0  # no float residue across idle periods
-            rate = min(dma_cap, dram_bpc / drawing) if inflight else 0.0
+                reading = writing = 0.0  # no float residue across idle periods
+            rate = (min(dma_cap, 1.0 / (per_byte * (reading + writing) + turnaround * min(reading, writing)))
+                    if inflight else 0.0)
 
         # 3. retire: free the unit, wake dependents, release buffers whose last user is done
         for g in completed:

@@ -256,7 +256,7 @@ def main(json: bool = False, markdown: bool = False, sweep: bool = False, full_d
 
 def source_fingerprint() -> str:
     """A hash of the source the results depend on: a cached result is reused only while none of it has changed."""
-    return _fingerprint(SCHEMA)
+    return _fingerprint(SCHEMA + SPYRE.name)   # the machine the results were computed on
 
 
 def cached_reproduce(sweep: bool = True, cache_dir: str | None = None, progress: bool = False, depth: str = "probe",

@@ -135,12 +135,12 @@ def max_buckets(t: np.ndarray, y: np.ndarray, buckets: int) -> tuple[np.ndarray,
 
 def lx_occupancy(tl: LaneTimeline, core: int) -> tuple[np.ndarray, np.ndarray]:
     """(times, bytes) of ``core``'s LX in use, as a step function (a claim lasts its ``lx_held_us``)."""
-    claims = [(e.start_us, e.start_us + float(e.args["lx_held_us"]), int(e.args.get("buffer_bytes", 0)))
+    claims = [(e.start_us, float(e.args["lx_held_us"]), int(e.args.get("buffer_bytes", 0)))
               for e in (tl.events[i] for i in tl.by_core.get(core, [])) if "lx_held_us" in e.args]
     if not claims:
         return np.zeros(0), np.zeros(0)
-    arr = np.array(claims, dtype=float)
-    t = np.round(np.concatenate([arr[:, 0], arr[:, 1]]), 6)   # saved traces keep 6 decimals
+    arr = np.round(np.array(claims, dtype=float), 6)   # saved traces keep 6 decimals of start and hold alike
+    t = np.round(np.concatenate([arr[:, 0], arr[:, 0] + arr[:, 1]]), 6)
     delta = np.concatenate([arr[:, 2], -arr[:, 2]])
     order = np.lexsort((delta, t))       # at equal times, releases before claims
     return t[order], np.cumsum(delta[order])

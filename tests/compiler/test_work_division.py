@@ -146,7 +146,7 @@ def test_cost_terms_follow_the_formula():
     c = matmul_cost(1, 4, 8, 1, 1, 1024, 4096, 4096, SPYRE)
     mac_per_us = SPYRE.macs_per_cycle_per_core * SPYRE.clock_hz / 1e6
     assert c.compute_us == pytest.approx(1024 * 4096 * 4096 / 32 / mac_per_us)  # 256 rows: PT fully efficient
-    assert c.hbm_us == pytest.approx((1024 * 4096 + 4096 * 4096 + 1024 * 4096) * 2 / 204.8e9 * 1e6)
+    assert c.hbm_us == pytest.approx((1024 * 4096 + 4096 * 4096 + 1024 * 4096) * 2 / SPYRE.dram_bandwidth * 1e6)
     assert c.psum_us == 0 and c.tiebreak_us == 0
     thin = matmul_cost(1, 32, 1, 1, 1, 128, 64, 64, SPYRE)  # 4 rows per core: half a PT pass
     assert thin.tiebreak_us == pytest.approx(math.log2(8 / 0.5) * 50)

@@ -27,7 +27,8 @@ def back_to_baseline(view):
     for rule in FUSION_RULES:
         setattr(view, f"fuse_{rule}", True)
     view.work_division, view.dispatch, view.phase = "planned", "aot_patch", "prefill"
-    view.cores, view.lx_kib, view.dram_gbs = 32, 2048, 204.8
+    base = view.baseline_setting  # the default card (measured: 150 GB/s one way)
+    view.cores, view.lx_kib, view.dram_gbs = base.cores, base.lx_kib, base.dram_gbs
 
 
 def _bars(fig):
