@@ -49,7 +49,8 @@ class _Tokens:
         self.take(close)
         return out
 
-    # expr := term (('+'|'-') term)* ; term := factor (('*'|floordiv|ceildiv|mod) factor)* ; factor := -f | n | name | (e)
+    # expr := term (('+'|'-') term)*; term := factor (('*'|floordiv|ceildiv|mod) factor)*;
+    # factor := -factor | int | name | (expr)
     def expr(self, known: set[str]) -> Expr:
         left = self.term(known)
         while self.peek() in ("+", "-"):

@@ -5,19 +5,18 @@ from __future__ import annotations
 import math
 import operator
 import struct
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from spyre_lab.ktir.affine import parse_map, parse_set
 from spyre_lab.ktir.errors import KTIRUnsupported
 from spyre_lab.ktir.memory import AccessTile, MemoryView, Pointer, load, order_of, store
+from spyre_lab.ktir.syntax import Op
 from spyre_lab.ktir.types import shaped
 from spyre_lab.ktir.values import Recorded, TVal
 
-if TYPE_CHECKING:
-    from spyre_lab.ktir.interpret import Core
-    from spyre_lab.ktir.syntax import Op
+Core = Any  # spyre_lab.ktir.interpret.Core, which imports this module
 
 INT_OPS = {
     "arith.addi": operator.add, "arith.subi": operator.sub, "arith.muli": operator.mul,
@@ -260,7 +259,7 @@ def memory_view(core: Core, op: Op) -> MemoryView:
     if not isinstance(ptr, Pointer):
         raise KTIRUnsupported(op.name, op.line, "the base must be a pointer argument (plus index offsets)")
     sizes, strides = (_index_list(core, op, key) for key in ("sizes", "strides"))
-    shape, dtype = shaped(_result_type(op), op.line)
+    _, dtype = shaped(_result_type(op), op.line)
     space = "".join(t.text for t in op.attrs.get("memory_space", []))
     coords = op.attrs.get("coordinate_set")
     return MemoryView(ptr, tuple(sizes), tuple(strides), _set(core, coords, op) if coords else None, dtype,
@@ -369,3 +368,17 @@ HANDLERS = {
     "ktdp.load": do_load, "ktdp.store": do_store,
     "affine.apply": affine_apply, "affine.min": affine_apply, "affine.max": affine_apply,
 }
+
+
+def broadcast(core: Core, op: Op) -> TVal:
+    """``linalg.broadcast ins(%a) outs(%init) dimensions = [..]``: ``dimensions`` are the output's added dims.
+
+    Free: the SFU reads a broadcast operand in place, so no tile op is recorded."""
+    src, init = (_tv(core, v, op) for v in op.values()[:2])
+    t = src.t
+    for d in sorted(_int_list(op, "dimensions")):
+        t = t.unsqueeze(d)
+    return TVal(t.expand(init.t.shape).to(init.t.dtype).contiguous(), src.deps)
+
+
+HANDLERS["linalg.broadcast"] = broadcast

@@ -59,7 +59,7 @@ def tokenize(text: str) -> list[Token]:
             end = text.find("\n", pos)
             pos = n if end < 0 else end
             continue
-        for kind, pattern in _SIMPLE:
+        for kind, pattern in _SIMPLE:  # noqa: B007 - the matching kind is used after the loop
             m = pattern.match(text, pos)
             if m:
                 break

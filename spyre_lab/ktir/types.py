@@ -1,4 +1,4 @@
-"""KTIR types (``tensor<1x64xf16>``, ``memref<64x64xf16>``, ``!ktdp.access_tile<8x32xindex>``, ``f16``) -> shape + dtype."""
+"""KTIR types (``tensor<1x64xf16>``, ``memref<...>``, ``!ktdp.access_tile<8x32xindex>``, ``f16``) -> shape, dtype."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import re
 
 import torch
 
+from spyre_lab.compiler.ktir_writer import NAMES, type_text
 from spyre_lab.ktir.errors import KTIRUnsupported
 
 DTYPES: dict[str, torch.dtype] = {
@@ -13,7 +14,7 @@ DTYPES: dict[str, torch.dtype] = {
     "i1": torch.bool, "i8": torch.int8, "i16": torch.int16, "i32": torch.int32, "i64": torch.int64,
     "index": torch.int64,
 }
-NAMES = {v: k for k, v in DTYPES.items() if k != "index"}
+__all__ = ["DTYPES", "NAMES", "scalar", "shaped", "type_text"]
 
 
 def shaped(text: str, line: int) -> tuple[tuple[int, ...], torch.dtype]:
@@ -36,6 +37,3 @@ def scalar(text: str, line: int) -> torch.dtype:
         raise KTIRUnsupported(text, line, f"element types are {sorted(DTYPES)}")
     return DTYPES[text]
 
-
-def type_text(shape: tuple[int, ...], dtype: torch.dtype, head: str = "tensor") -> str:
-    return f"{head}<{'x'.join(str(d) for d in shape)}x{NAMES[dtype]}>"
