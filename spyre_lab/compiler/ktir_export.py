@@ -28,7 +28,7 @@ BINARY = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": 
           "maximum": "arith.maximumf", "minimum": "arith.minimumf"}
 UNARY = {"exp": ["math.exp"], "log": ["math.log"], "sqrt": ["math.sqrt"], "rsqrt": ["math.rsqrt"],
          "tanh": ["math.tanh"], "neg": ["arith.negf"], "abs": ["math.absf"], "erf": ["math.erf"],
-         "copy": [], "cast": []}
+         "copy": [], "restickify": []}
 REDUCE = {"sum": "arith.addf", "mean": "arith.addf", "amax": "arith.maximumf", "amin": "arith.minimumf"}
 REDUCE_INIT = {"sum": "0.0", "mean": "0.0", "amax": "0xFC00", "amin": "0x7C00"}
 
@@ -51,14 +51,44 @@ class _Base:
         produced = {n.output for n in nodes}
         self.inputs = [b for b in spec.address_slots if b not in produced]
         self.outputs = [b for b in spec.address_slots if b in produced]
-        for b, op in spec.operands.items():
-            if op.strides and b in spec.address_slots:
-                raise KTIRUnsupported("export", 0, f"kernel {spec.name} reads {b} through a view (strides "
-                                                   f"{op.strides}); views are not written out yet")
+        for b in self.outputs:
+            if spec.operands[b].strides:
+                raise KTIRUnsupported("export", 0, f"kernel {spec.name} writes {b} through a view; not written out yet")
         self.busy = [c for c, s in enumerate(spec.slices) if s]
         if self.busy != list(range(len(self.busy))):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name}: busy cores {self.busy} are not 0..n-1")
         self.ptr = {b: f"%{_ident(b)}" for b in spec.address_slots}
+
+    def view_of(self, b: str, order: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[str, ...]]:
+        """(sizes, strides, offset, axes) of ``b``'s memory view, its axes in the kernel's dim ``order``.
+
+        A read through a free view (transpose, expand, reshape) is its own memory view: the view's strides
+        over the base buffer, permuted so the loaded tile's dims follow the kernel's; size-1 axes drop out."""
+        op = self.spec.operands[b]
+        strides = list(op.strides)
+        if not strides:
+            acc = 1
+            for n in reversed(op.shape):
+                strides.insert(0, acc)
+                acc *= n
+        axes = []
+        for a, n, st in zip(op.axes, op.shape, strides):
+            if a is None and n > 1:
+                raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} has an axis of {n} that runs along "
+                                                   "no kernel dim")
+            if a is not None:
+                axes.append((order.index(a), a, n, st))
+        if len({a for _, a, _, _ in axes}) != len(axes):
+            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} runs two axes along one dim")
+        axes.sort()
+        if not axes:
+            return (1,), (1,), op.offset, ()
+        return (tuple(n for _, _, n, _ in axes), tuple(st for _, _, _, st in axes), op.offset,
+                tuple(a for _, a, _, _ in axes))
+
+    def make_view(self, b: str, dtype: torch.dtype, order: Sequence[str]) -> str:
+        shape, strides, offset, _ = self.view_of(b, order)
+        return self.w.memory_view(self.ptr[b], shape, dtype, _ident(b), strides or (1,), offset)
 
     def header(self) -> list[str]:
         args = ", ".join(f"{self.ptr[b]}: index" for b in self.spec.address_slots)
@@ -124,14 +154,14 @@ class _RowWriter(_Base):
             if not isinstance(n, (Pointwise, Reduction)) or list(n.dims) != self.dims:
                 raise KTIRUnsupported("export", 0, f"kernel {spec.name}: node {n.name} ({n.op}) runs over "
                                                    f"{dict(n.dims)}, not the kernel's {dict(spec.dims)}")
+        self.dtypes, self.shapes = _dtypes(spec, self.nodes, self.inputs)
         reduced = {d for n in self.nodes if isinstance(n, Reduction) for d in n.reduction_dims}
         starts = self.slice_starts(self.dims)
         tile = {d: spec.dims[d] if d in reduced else self.tile_size(d) for d in self.dims}
         if any(self.chunk[d] != spec.dims[d] for d in reduced):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} splits a reduced dim across cores; the "
                                                "partial results would meet over the ring (not written out yet)")
-        views = {b: w.memory_view(self.ptr[b], self._shape(b), self._dtype(b), _ident(b))
-                 for b in [*self.inputs, *self.outputs]}
+        views = {b: self.make_view(b, self._dtype(b), self.dims) for b in [*self.inputs, *self.outputs]}
         loops = [d for d in self.dims if tile[d] < self.chunk[d]]
         at = dict(starts)
         for d in loops:
@@ -155,21 +185,16 @@ class _RowWriter(_Base):
 
     # --- buffers ---------------------------------------------------------------------------------
     def _shape(self, b: str) -> tuple[int, ...]:
-        return tuple(self.spec.buffers[b].shape) if b in self.spec.buffers else tuple(self.spec.operands[b].shape)
+        return self.view_of(b, self.dims)[0]
 
     def _dtype(self, b: str) -> torch.dtype:
-        dtype = self.spec.buffers[b].dtype if b in self.spec.buffers else torch.float16
+        dtype = self.dtypes[b]
         if dtype not in NAMES or not dtype.is_floating_point:
             raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} is {dtype}; floats only")
         return dtype
 
-    def _axes(self, b: str) -> tuple[str | None, ...]:
-        axes = self.spec.operands[b].axes
-        named = [a for a in axes if a is not None]
-        if named != [d for d in self.dims if d in named]:
-            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b}'s axes {axes} run out of the kernel's "
-                                               "dim order (a transposed read)")
-        return axes
+    def _axes(self, b: str) -> tuple[str, ...]:
+        return self.view_of(b, self.dims)[3]
 
     def _full(self, present: tuple[bool, ...]) -> tuple[int, ...]:
         return tuple(self.tile[d] if p else 1 for d, p in zip(self.dims, present))
@@ -177,9 +202,9 @@ class _RowWriter(_Base):
     def _load(self, b: str, view: str, at: dict[str, str]) -> tuple[str, tuple[bool, ...]]:
         w, dtype = self.w, self._dtype(b)
         axes, shape = self._axes(b), self._shape(b)
-        tile = [self.tile[a] if a is not None else 1 for a in axes]
-        idx = [at[a] if a is not None else w.index(0) for a in axes]
-        acc = w.access(view, shape, dtype, idx, tile, _ident(b))
+        tile = [self.tile[a] for a in axes] or [1]
+        idx = [at[a] for a in axes] or [w.index(0)]
+        acc = w.access(view, shape or (1,), dtype, idx, tile, _ident(b))
         name = w.fresh(_ident(b))
         w.line(f"{name} = ktdp.load {acc} : {w.tile_type(tile)} -> {type_text(tuple(tile), dtype)}")
         present = tuple(d in axes for d in self.dims)
@@ -194,7 +219,7 @@ class _RowWriter(_Base):
     def _store(self, b: str, value: tuple[str, tuple[bool, ...]], view: str, at: dict[str, str]) -> None:
         w, dtype = self.w, self._dtype(b)
         axes, shape = self._axes(b), self._shape(b)
-        tile = [self.tile[a] if a is not None else 1 for a in axes]
+        tile = [self.tile[a] for a in axes] or [1]
         name, present = value
         full = self._full(present)
         if tuple(tile) != full:
@@ -202,12 +227,12 @@ class _RowWriter(_Base):
             w.line(f"{flat} = tensor.collapse_shape {name} [[{', '.join(str(i) for i in range(len(full)))}]] : "
                    f"{type_text(full, dtype)} into {type_text(tuple(tile), dtype)}")
             name = flat
-        acc = w.access(view, shape, dtype, [at[a] if a is not None else w.index(0) for a in axes], tile, _ident(b))
+        acc = w.access(view, shape or (1,), dtype, [at[a] for a in axes] or [w.index(0)], tile, _ident(b))
         w.line(f"ktdp.store {name}, {acc} : {type_text(tuple(tile), dtype)}, {w.tile_type(tile)}")
 
     # --- compute ---------------------------------------------------------------------------------
     def _node(self, n: IRNode, values: dict) -> tuple[str, tuple[bool, ...]]:
-        dtype = self._dtype(n.output) if n.output in self.spec.buffers else torch.float16
+        dtype = self._dtype(n.output)
         args = [values[b] for b in n.inputs]
         if isinstance(n, Reduction):
             return self._reduce(n, args[0], dtype)
@@ -215,19 +240,28 @@ class _RowWriter(_Base):
             value = args[0]
             for opname in UNARY[n.op]:
                 value = self._emit(opname, [value], dtype, n)
-            _check(n, lambda x: _torch_unary(n.op, x))
+            _check(n, lambda x: _torch_unary(n.op, x), self._probes(n))
             return value
+        if n.op == "cast" and len(args) == 1:
+            return self._cast(n, args[0], dtype)
+        if n.op == "pow" and len(args) == 1:
+            return self._pow(n, args[0], dtype)
         if n.op in ("sigmoid", "silu"):
             return self._sigmoid(n, args[0], dtype)
         if n.op in BINARY and len(args) == 2:
-            _check(n, lambda x, y: _torch_binary(n.op, x, y))
+            _check(n, lambda x, y: _torch_binary(n.op, x, y), self._probes(n))
             return self._emit(BINARY[n.op], args, dtype, n)
         if n.op in BINARY and len(args) == 1:
-            c, swapped = _scalar_of(n)
+            c, swapped = _scalar_of(n, self._probes(n)[0])
             k = self._splat(c, args[0][1], dtype)
             return self._emit(BINARY[n.op], [k, args[0]] if swapped else [args[0], k], dtype, n)
         raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: op {n.op} with {len(args)} tensor inputs is "
                                            "not written out yet")
+
+    def _probes(self, n: IRNode) -> list[torch.Tensor]:
+        """Random values in [0.5, 1.5) shaped and typed like the node's inputs, to check what it computes."""
+        g = torch.Generator().manual_seed(len(self.w.lines))
+        return [(torch.rand(self.shapes[b], generator=g) + 0.5).to(self.dtypes[b]) for b in n.inputs]
 
     def _splat(self, c: float, present: tuple[bool, ...], dtype: torch.dtype) -> tuple[str, tuple[bool, ...]]:
         w = self.w
@@ -257,7 +291,7 @@ class _RowWriter(_Base):
         init, out = w.fresh("bcast_init"), w.fresh(f"{name[1:]}_b")
         full = self._full(present)
         w.line(f"{init} = tensor.empty() : {type_text(full, dtype)}")
-        added = [i for i, (h, p) in enumerate(zip(have, present)) if p and not h]
+        added = [i for i, h in enumerate(have) if not h]
         w.line(f"{out} = linalg.broadcast ins({flat} : {type_text(src, dtype)}) outs({init} : "
                f"{type_text(full, dtype)}) dimensions = {added}")
         return out
@@ -269,24 +303,46 @@ class _RowWriter(_Base):
         name, have = arg
         red = [i for i, d in enumerate(self.dims) if d in n.reduction_dims]
         kept = tuple(h and i not in red for i, h in enumerate(have))
-        out_shape = tuple(self.tile[d] for i, d in enumerate(self.dims) if have[i] and i not in red)
+        full_in = self._full(have)
+        out_shape = tuple(full_in[i] for i in range(len(self.dims)) if i not in red)
         init_s, init = w.fresh("init"), w.fresh("init_t")
         w.line(f"{init_s} = arith.constant {REDUCE_INIT[n.op]} : {NAMES[dtype]}")
         w.line(f"{init} = tensor.splat {init_s} : {type_text(out_shape, dtype)}")
         r = w.fresh(_ident(n.output))
-        src = [i for i, h in enumerate(have) if h]
-        dims = [src.index(i) for i in red if have[i]]
-        w.line(f"{r} = linalg.reduce {{ {REDUCE[n.op]} }} ins({name} : {type_text(self._full(have), dtype)}) "
-               f"outs({init} : {type_text(out_shape, dtype)}) dimensions = {dims}")
+        w.line(f"{r} = linalg.reduce {{ {REDUCE[n.op]} }} ins({name} : {type_text(full_in, dtype)}) "
+               f"outs({init} : {type_text(out_shape, dtype)}) dimensions = {red}")
         full = self._full(kept)
         nd = w.fresh(f"{_ident(n.output)}_nd")
-        w.line(f"{nd} = tensor.expand_shape {r} {_collapse_groups(kept)} output_shape {list(full)} : "
+        groups = _collapse_groups(tuple(i not in red for i in range(len(self.dims))))
+        w.line(f"{nd} = tensor.expand_shape {r} {groups} output_shape {list(full)} : "
                f"{type_text(out_shape, dtype)} into {type_text(full, dtype)}")
         value = (nd, kept)
         if n.op == "mean":
             count = math.prod(self.spec.dims[d] for d in n.reduction_dims)
             value = self._emit("arith.divf", [value, self._splat(float(count), kept, dtype)], dtype, n)
         return value
+
+    def _cast(self, n: IRNode, arg, dtype):
+        src = self._dtype(n.inputs[0])
+        if src == dtype:
+            return arg
+        _check(n, lambda x: x.to(dtype), self._probes(n))
+        name, present = arg
+        full = self._full(present)
+        out = self.w.fresh(_ident(n.output))
+        op = "arith.extf" if src.itemsize < dtype.itemsize else "arith.truncf"
+        self.w.line(f"{out} = {op} {name} : {type_text(full, src)} to {type_text(full, dtype)}")
+        return out, present
+
+    def _pow(self, n: IRNode, arg, dtype):
+        x = self._probes(n)[0]
+        two = float(_probe(n, torch.full_like(x, 2.0)).flatten()[0])
+        c = math.log2(two) if two > 0 else float("nan")
+        if not (c == c and _same(_probe(n, x), x.float().pow(round(c, 6)))):
+            raise KTIRUnsupported("export", 0, f"node {n.name} (pow) is not x ** c")
+        if round(c, 6) == 2.0:
+            return self._emit("arith.mulf", [arg, arg], dtype, n)
+        return self._emit("math.powf", [arg, self._splat(round(c, 6), arg[1], dtype)], dtype, n)
 
     def _sigmoid(self, n: IRNode, arg, dtype):
         """sigmoid(x) = 1 / (1 + exp(-x)); silu(x) = x * sigmoid(x)."""
@@ -322,8 +378,8 @@ class _MatmulWriter(_Base):
         tm, tn = self.tile_size("M"), self.tile_size("N")
         tk = max(1, min(spec.tiles.get("K", spec.dims["K"]), spec.dims["K"]))
         dt = spec.buffers[c].dtype
-        views = {x: w.memory_view(self.ptr[x], spec.buffers[x].shape, spec.buffers[x].dtype, _ident(x))
-                 for x in (a, b, c)}
+        views = {x: self.make_view(x, spec.buffers[x].dtype, ("B", "M", "K", "N")) for x in (a, b, c)}
+        shape = {x: self.view_of(x, ("B", "M", "K", "N"))[0] for x in (a, b, c)}
         mi, ni = w.fresh("m_i"), w.fresh("n_i")
         m_end, n_end = w.fresh("m_end"), w.fresh("n_end")
         w.line(f"{m_end} = arith.addi {starts['M']}, {w.index(self.chunk['M'])} : index")
@@ -340,8 +396,8 @@ class _MatmulWriter(_Base):
         ki, acc, out = w.fresh("k_i"), w.fresh("acc"), w.fresh("acc_out")
         w.line(f"{out} = scf.for {ki} = {k0} to {k_end} step {w.index(tk)} iter_args({acc} = {acc0}) -> ({acc_t}) {{")
         w.depth += 1
-        ta = w.access(views[a], spec.buffers[a].shape, spec.buffers[a].dtype, [mi, ki], [tm, tk], _ident(a))
-        tb = w.access(views[b], spec.buffers[b].shape, spec.buffers[b].dtype, [ki, ni], [tk, tn], _ident(b))
+        ta = w.access(views[a], shape[a], spec.buffers[a].dtype, [mi, ki], [tm, tk], _ident(a))
+        tb = w.access(views[b], shape[b], spec.buffers[b].dtype, [ki, ni], [tk, tn], _ident(b))
         va, vb, mm = w.fresh(_ident(a)), w.fresh(_ident(b)), w.fresh("partial")
         w.line(f"{va} = ktdp.load {ta} : {w.tile_type([tm, tk])} -> {type_text((tm, tk), spec.buffers[a].dtype)}")
         w.line(f"{vb} = ktdp.load {tb} : {w.tile_type([tk, tn])} -> {type_text((tk, tn), spec.buffers[b].dtype)}")
@@ -352,12 +408,21 @@ class _MatmulWriter(_Base):
         w.line("}")
         res = w.fresh(_ident(c))
         w.line(f"{res} = arith.truncf {out} : {acc_t} to {type_text((tm, tn), dt)}")
-        tc = w.access(views[c], spec.buffers[c].shape, dt, [mi, ni], [tm, tn], _ident(c))
+        tc = w.access(views[c], shape[c], dt, [mi, ni], [tm, tn], _ident(c))
         w.line(f"ktdp.store {res}, {tc} : {type_text((tm, tn), dt)}, {w.tile_type([tm, tn])}")
         for _ in range(2):
             w.line("scf.yield")
             w.depth -= 1
             w.line("}")
+
+
+def _dtypes(spec: KernelSpec, nodes: Sequence[IRNode], inputs: Sequence[str]
+            ) -> tuple[dict[str, torch.dtype], dict[str, tuple[int, ...]]]:
+    """Every buffer's dtype and shape: DRAM buffers say theirs; an intermediate's is what its node returns."""
+    probe = {b: torch.ones(spec.buffers[b].shape, dtype=spec.buffers[b].dtype) for b in inputs}
+    for n in nodes:
+        probe[n.output] = _probe(n, *[probe[b] for b in n.inputs]).to(n.compute(*[probe[b] for b in n.inputs]).dtype)
+    return {b: t.dtype for b, t in probe.items()}, {b: tuple(t.shape) for b, t in probe.items()}
 
 
 def _collapse_groups(present: tuple[bool, ...]) -> str:
@@ -395,36 +460,48 @@ def _torch_binary(op: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _probe(n: IRNode, *tensors: torch.Tensor) -> torch.Tensor:
-    return n.compute(*tensors).float()
-
-
-def _check(n: IRNode, fn) -> None:
-    """The node must compute what its op name says (no scalar or flag hidden in its compute)."""
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.rand(4, 8, generator=g) + 0.5 for _ in n.inputs]
     try:
-        got = _probe(n, *xs)
-    except Exception as e:  # a compute that wants other shapes cannot be probed: refuse rather than guess
+        return n.compute(*tensors).float()
+    except Exception as e:  # a compute that refuses probe values cannot be checked: refuse rather than guess
         raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) cannot be checked on probe values: {e}") from e
-    if got.shape != fn(*xs).shape or not torch.allclose(got, fn(*xs).float(), rtol=1e-3, atol=1e-3):
+
+
+def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal values; a node that reads through a reshape returns them in another shape (or order)."""
+    want = want.float()
+    if got.shape == want.shape and torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        return True
+    if got.numel() != want.numel():
+        return False
+    return torch.allclose(got.flatten().sort().values, want.flatten().sort().values, rtol=1e-3, atol=1e-3)
+
+
+def _check(n: IRNode, fn, probes: Sequence[torch.Tensor]) -> None:
+    """The node must compute what its op name says (no scalar or flag hidden in its compute).
+
+    Inputs read through a view (a reshape, a broadcast) may not combine in their base shapes; those nodes
+    are checked by the round trip's numerics instead (tests/ktir/test_round_trip.py)."""
+    try:
+        want = fn(*[p.float() for p in probes])
+    except RuntimeError:
+        return
+    if not _same(_probe(n, *probes), want):
         raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) computes something other than plain {n.op} "
                                            "(a folded scalar or flag); not written out yet")
 
 
-def _scalar_of(n: IRNode) -> tuple[float, bool]:
+def _scalar_of(n: IRNode, probe: torch.Tensor) -> tuple[float, bool]:
     """The scalar folded into a one-input add/sub/mul/div, and whether it is the left operand."""
-    one = torch.ones(4, 8)
-    probe = float(_probe(n, one)[0, 0]) if n.op != "div" else None
-    g = torch.Generator().manual_seed(1)
-    x = torch.rand(4, 8, generator=g) + 0.5
-    got = _probe(n, x)
-    guesses = {"add": [(probe - 1.0, False)], "mul": [(probe, False)],
-               "sub": [(1.0 - probe, False), (probe + 1.0, True)] if probe is not None else [],
-               "div": [(1.0 / float(_probe(n, one)[0, 0]), False), (float(_probe(n, one)[0, 0]), True)],
-               "maximum": [(probe, False)], "minimum": [(probe, False)]}.get(n.op, [])
+    at = torch.ones_like(probe) if n.op in ("mul", "div") else torch.zeros_like(probe)
+    first = float(_probe(n, at).flatten()[0])
+    got = _probe(n, probe)
+    guesses = {"add": [(first, False)], "mul": [(first, False)], "sub": [(-first, False), (first, True)],
+               "div": [(1.0 / first if first else float("inf"), False), (first, True)],
+               "maximum": [(first, False)], "minimum": [(first, False)]}.get(n.op, [])
+    x = probe.float()
     for c, swapped in guesses:
         k = torch.full_like(x, c)
         want = _torch_binary(n.op, k, x) if swapped else _torch_binary(n.op, x, k)
-        if torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        if _same(got, want):
             return c, swapped
     raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")

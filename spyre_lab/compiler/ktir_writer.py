@@ -51,12 +51,20 @@ class Writer:
             self.consts[value] = name
         return self.consts[value]
 
-    def memory_view(self, ptr: str, shape: Sequence[int], dtype: torch.dtype, hint: str) -> str:
-        strides, acc = [], 1
-        for n in reversed(shape):
-            strides.append(acc)
-            acc *= n
-        strides.reverse()
+    def memory_view(self, ptr: str, shape: Sequence[int], dtype: torch.dtype, hint: str,
+                    strides: Sequence[int] = (), offset: int = 0) -> str:
+        """A view of ``shape`` over the buffer at ``ptr`` (+ ``offset`` elements); row-major unless ``strides``."""
+        if not strides:
+            acc, rev = 1, []
+            for n in reversed(shape):
+                rev.append(acc)
+                acc *= n
+            strides = rev[::-1]
+        strides = list(strides)
+        if offset:
+            base = self.fresh(f"{hint}_base")
+            self.line(f"{base} = arith.addi {ptr}, {self.index(offset)} : index")
+            ptr = base
         name = self.fresh(f"{hint}_view")
         self.line(f"{name} = ktdp.construct_memory_view {ptr}, sizes: {list(shape)}, strides: {strides} {{")
         self.line(f"  coordinate_set = {box_set(shape)}, memory_space = #ktdp.memory_space<global>")

@@ -37,6 +37,7 @@ UNARY_SPECIAL = {
     "math.sqrt": torch.sqrt, "math.rsqrt": torch.rsqrt, "math.tanh": torch.tanh, "math.erf": torch.erf,
     "math.sin": torch.sin, "math.cos": torch.cos,
 }
+BINARY_SPECIAL = {"math.powf": torch.pow}
 COMBINERS = {"arith.addf": "sum", "arith.addi": "sum", "arith.maximumf": "amax", "arith.maxnumf": "amax",
              "arith.minimumf": "amin", "arith.minnumf": "amin", "arith.mulf": "prod"}
 PREDICATES = {"eq": operator.eq, "ne": operator.ne, "slt": operator.lt, "sle": operator.le, "sgt": operator.gt,
@@ -67,8 +68,16 @@ def _vector(core: Core, op: Op, t: torch.Tensor, deps: frozenset[int], special: 
     out_bytes = math.prod(t.shape[:-1]) * -(-row // per) * sb if t.dim() else sb
     idx = core.run.add(Recorded("special" if special else "vector", f"{op.name.split('.')[-1]} L{op.line}",
                                 tuple(sorted(deps)), f"{op.results[0] if op.results else 'v'}@{op.line}",
-                                out_bytes, elements=elements or max(1, t.numel()), line=op.line))
+                                out_bytes, elements=elements or stick_elements(t, sb), line=op.line))
     return TVal(t, frozenset({idx}))
+
+
+def stick_elements(t: torch.Tensor, stick_bytes: int) -> int:
+    """Elements the SFU passes over: it works on whole sticks, so the innermost dim counts padded to a stick."""
+    if t.dim() == 0:
+        return 1
+    per = max(1, stick_bytes // t.element_size())
+    return max(1, math.prod(t.shape[:-1]) * -(-t.shape[-1] // per) * per)
 
 
 def _tv(core: Core, name: str, op: Op) -> TVal:
@@ -128,6 +137,11 @@ def float_binary(core: Core, op: Op) -> TVal:
     out = FLOAT_OPS[op.name](a.t, b.t)
     dtype = a.t.dtype if a.t.dim() else b.t.dtype
     return _vector(core, op, out.to(dtype), a.deps | b.deps)
+
+
+def special_binary(core: Core, op: Op) -> TVal:
+    a, b = (_tv(core, v, op) for v in op.values()[:2])
+    return _vector(core, op, BINARY_SPECIAL[op.name](a.t, b.t).to(a.t.dtype), a.deps | b.deps, special=True)
 
 
 def unary(core: Core, op: Op) -> TVal:
@@ -217,7 +231,7 @@ def reduce(core: Core, op: Op) -> TVal:
     r = r.reshape(init.t.shape)
     both = {"sum": lambda: r + init.t.float(), "amax": lambda: torch.maximum(r, init.t.float()),
             "amin": lambda: torch.minimum(r, init.t.float()), "prod": lambda: r * init.t.float()}[kind]()
-    return _vector(core, op, both.to(init.t.dtype), src.deps | init.deps, elements=max(1, src.t.numel()))
+    return _vector(core, op, both.to(init.t.dtype), src.deps | init.deps, elements=stick_elements(src.t, core.stick_bytes))
 
 
 def _int_list(op: Op, key: str) -> list[int]:
@@ -358,7 +372,7 @@ HANDLERS = {
     "arith.constant": constant, "ktdp.get_compute_tile_id": tile_id,
     **{name: int_binary for name in INT_OPS}, **{name: float_binary for name in FLOAT_OPS},
     **{name: unary for name in (*UNARY_VECTOR, *UNARY_SPECIAL)},
-    "arith.extf": cast, "arith.truncf": cast, "arith.sitofp": cast, "arith.index_cast": cast,
+    "math.powf": special_binary, "arith.extf": cast, "arith.truncf": cast, "arith.sitofp": cast, "arith.index_cast": cast,
     "arith.cmpi": cmp, "arith.cmpf": cmp, "arith.select": select,
     "tensor.splat": splat, "tensor.extract": extract, "tensor.empty": empty,
     "tensor.expand_shape": reshape, "tensor.collapse_shape": reshape, "linalg.fill": fill,
