@@ -82,6 +82,12 @@ class KTIRFunction:
 
         return simulate(self.tile_program(cfg, **named), cfg, mode=mode, trace=mode == "event")
 
+    def saved_program(self, cfg: SpyreConfig = SPYRE, mode: str = "analytic", **named: object) -> dict:
+        """This kernel as a saved program dict: open it in ``Roofline`` or ``WorkDivisionView``."""
+        from spyre_lab.ktir.saved import saved_program
+
+        return saved_program(self.name, self.tile_program(cfg, **named), self.grid, cfg, mode)
+
     def _bind(self, inputs: Sequence[object], named: Mapping[str, object]) -> dict[str, object]:
         names = [a[1:] for a, _ in self.args]
         if len(inputs) > len(names):

@@ -81,7 +81,7 @@ class _Reader:
 
     def op_name_ahead(self) -> bool:
         t = self.peek()
-        return t is not None and t.kind == "ident" and ("." in t.text or t.text in _BARE_OPS)
+        return t is not None and t.kind == "ident" and "<" not in t.text and ("." in t.text or t.text in _BARE_OPS)
 
     # --- blocks and ops -----------------------------------------------------------------------
     def block(self, top: bool = False) -> tuple[list[Op], dict[str, Token]]:
