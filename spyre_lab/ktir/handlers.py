@@ -331,7 +331,12 @@ def do_load(core: Core, op: Op) -> TVal:
     tile = core.get(op.values()[0], op)
     if not isinstance(tile, AccessTile):
         raise KTIRUnsupported(op.name, op.line, "loads an access tile (ktdp.construct_access_tile)")
+    declared, dtype = shaped(_result_type(op), op.line)
+    if declared != tile.result_shape():
+        raise KTIRUnsupported(op.name, op.line, f"declares {list(declared)} but the access tile is "
+                                                f"{list(tile.result_shape())}")
     t, nbytes, key = load(tile, core.buffers, core.stick_bytes)
+    t = t.to(dtype)
     if nbytes == 0:
         return TVal(t)
     idx = core.run.add(Recorded("load", f"load {tile.view.pointer.buffer} L{op.line}", (),
