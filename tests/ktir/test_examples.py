@@ -7,6 +7,7 @@ import torch
 
 from spyre_lab.compiler.examples import rms_norm
 from spyre_lab.device.config import SPYRE
+from spyre_lab.device.isa import OpKind
 from spyre_lab.ktir.examples import NAMES, load_example
 
 G = torch.Generator().manual_seed(0)
@@ -74,6 +75,8 @@ def test_example_opens_in_the_views() -> None:
 
     fn = load_example("matmul_2d").main
     saved = fn.saved_program()
-    assert saved["launches"][0]["modeled"]["flops"] == 2 * 128 * 256 * 256
+    matmul_flops = fn.tile_program().total("flops", OpKind.MATMUL)
+    assert matmul_flops == 2 * 128 * 256 * 256
+    assert saved["launches"][0]["modeled"]["flops"] >= matmul_flops
     for view in (DataflowView(fn.tile_program()), Roofline(saved), WorkDivisionView(saved)):
         assert view.figure.data
