@@ -21,6 +21,7 @@ import torch
 
 from spyre_lab.compiler.ir import IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_probe import check_node, probe, same_values, scalar_of, torch_binary, torch_unary
 from spyre_lab.compiler.ktir_writer import NAMES, Writer, type_text
 
 KernelSpec = Any  # compiler.kernel_spec.KernelSpec; not imported, since kernel_spec.to_ktir imports this module
@@ -241,7 +242,7 @@ class _RowWriter(_Base):
             for opname in UNARY[n.op]:
                 value = self._emit(opname, [value], dtype, n)
             if UNARY[n.op]:  # a copy moves values through views the memory views already spell out
-                _check(n, lambda x: _torch_unary(n.op, x), self._probes(n))
+                check_node(n, lambda x: torch_unary(n.op, x), self._probes(n))
             return value
         if n.op == "cast" and len(args) == 1:
             return self._cast(n, args[0], dtype)
@@ -250,10 +251,10 @@ class _RowWriter(_Base):
         if n.op in ("sigmoid", "silu"):
             return self._sigmoid(n, args[0], dtype)
         if n.op in BINARY and len(args) == 2:
-            _check(n, lambda x, y: _torch_binary(n.op, x, y), self._probes(n))
+            check_node(n, lambda x, y: torch_binary(n.op, x, y), self._probes(n))
             return self._emit(BINARY[n.op], args, dtype, n)
         if n.op in BINARY and len(args) == 1:
-            c, swapped = _scalar_of(n, self._probes(n)[0])
+            c, swapped = scalar_of(n, self._probes(n)[0])
             k = self._splat(c, args[0][1], dtype)
             return self._emit(BINARY[n.op], [k, args[0]] if swapped else [args[0], k], dtype, n)
         raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: op {n.op} with {len(args)} tensor inputs is "
@@ -327,7 +328,7 @@ class _RowWriter(_Base):
         src = self._dtype(n.inputs[0])
         if src == dtype:
             return arg
-        _check(n, lambda x: x.to(dtype), self._probes(n))
+        check_node(n, lambda x: x.to(dtype), self._probes(n))
         name, present = arg
         full = self._full(present)
         out = self.w.fresh(_ident(n.output))
@@ -337,9 +338,9 @@ class _RowWriter(_Base):
 
     def _pow(self, n: IRNode, arg, dtype):
         x = self._probes(n)[0]
-        two = float(_probe(n, torch.full_like(x, 2.0)).flatten()[0])
+        two = float(probe(n, torch.full_like(x, 2.0)).flatten()[0])
         c = math.log2(two) if two > 0 else float("nan")
-        if not (c == c and _same(_probe(n, x), x.float().pow(round(c, 6)))):
+        if not (c == c and same_values(probe(n, x), x.float().pow(round(c, 6)))):
             raise KTIRUnsupported("export", 0, f"node {n.name} (pow) is not x ** c")
         if round(c, 6) == 2.0:
             return self._emit("arith.mulf", [arg, arg], dtype, n)
@@ -420,10 +421,11 @@ class _MatmulWriter(_Base):
 def _dtypes(spec: KernelSpec, nodes: Sequence[IRNode], inputs: Sequence[str]
             ) -> tuple[dict[str, torch.dtype], dict[str, tuple[int, ...]]]:
     """Every buffer's dtype and shape: DRAM buffers say theirs; an intermediate's is what its node returns."""
-    probe = {b: torch.ones(spec.buffers[b].shape, dtype=spec.buffers[b].dtype) for b in inputs}
+    values = {b: torch.ones(spec.buffers[b].shape, dtype=spec.buffers[b].dtype) for b in inputs}
     for n in nodes:
-        probe[n.output] = _probe(n, *[probe[b] for b in n.inputs]).to(n.compute(*[probe[b] for b in n.inputs]).dtype)
-    return {b: t.dtype for b, t in probe.items()}, {b: tuple(t.shape) for b, t in probe.items()}
+        args = [values[b] for b in n.inputs]
+        values[n.output] = probe(n, *args).to(n.compute(*args).dtype)
+    return {b: t.dtype for b, t in values.items()}, {b: tuple(t.shape) for b, t in values.items()}
 
 
 def _collapse_groups(present: tuple[bool, ...]) -> str:
@@ -448,61 +450,3 @@ def _ident(name: str) -> str:
 def _float(c: float) -> str:
     text = repr(float(c))
     return text if "e" in text or "." in text else text + ".0"
-
-
-def _torch_unary(op: str, x: torch.Tensor) -> torch.Tensor:
-    return {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "tanh": torch.tanh,
-            "neg": torch.neg, "abs": torch.abs, "erf": torch.erf}.get(op, lambda t: t)(x)
-
-
-def _torch_binary(op: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
-            "minimum": torch.minimum}[op](x, y)
-
-
-def _probe(n: IRNode, *tensors: torch.Tensor) -> torch.Tensor:
-    try:
-        return n.compute(*tensors).float()
-    except Exception as e:  # a compute that refuses probe values cannot be checked: refuse rather than guess
-        raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) cannot be checked on probe values: {e}") from e
-
-
-def _same(got: torch.Tensor, want: torch.Tensor) -> bool:
-    """Equal values; a node that reads through a reshape returns them in another shape (or order)."""
-    want = want.float()
-    if got.shape == want.shape and torch.allclose(got, want, rtol=1e-3, atol=1e-3):
-        return True
-    if got.numel() != want.numel():
-        return False
-    return torch.allclose(got.flatten().sort().values, want.flatten().sort().values, rtol=1e-3, atol=1e-3)
-
-
-def _check(n: IRNode, fn, probes: Sequence[torch.Tensor]) -> None:
-    """The node must compute what its op name says (no scalar or flag hidden in its compute).
-
-    Inputs read through a view (a reshape, a broadcast) may not combine in their base shapes; those nodes
-    are checked by the round trip's numerics instead (tests/ktir/test_round_trip.py)."""
-    try:
-        want = fn(*[p.float() for p in probes])
-    except RuntimeError:
-        return
-    if not _same(_probe(n, *probes), want):
-        raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) computes something other than plain {n.op} "
-                                           "(a folded scalar or flag); not written out yet")
-
-
-def _scalar_of(n: IRNode, probe: torch.Tensor) -> tuple[float, bool]:
-    """The scalar folded into a one-input add/sub/mul/div, and whether it is the left operand."""
-    at = torch.ones_like(probe) if n.op in ("mul", "div") else torch.zeros_like(probe)
-    first = float(_probe(n, at).flatten()[0])
-    got = _probe(n, probe)
-    guesses = {"add": [(first, False)], "mul": [(first, False)], "sub": [(-first, False), (first, True)],
-               "div": [(1.0 / first if first else float("inf"), False), (first, True)],
-               "maximum": [(first, False)], "minimum": [(first, False)]}.get(n.op, [])
-    x = probe.float()
-    for c, swapped in guesses:
-        k = torch.full_like(x, c)
-        want = _torch_binary(n.op, k, x) if swapped else _torch_binary(n.op, x, k)
-        if _same(got, want):
-            return c, swapped
-    raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")

@@ -231,7 +231,8 @@ def reduce(core: Core, op: Op) -> TVal:
     r = r.reshape(init.t.shape)
     both = {"sum": lambda: r + init.t.float(), "amax": lambda: torch.maximum(r, init.t.float()),
             "amin": lambda: torch.minimum(r, init.t.float()), "prod": lambda: r * init.t.float()}[kind]()
-    return _vector(core, op, both.to(init.t.dtype), src.deps | init.deps, elements=stick_elements(src.t, core.stick_bytes))
+    return _vector(core, op, both.to(init.t.dtype), src.deps | init.deps,
+                   elements=stick_elements(src.t, core.stick_bytes))
 
 
 def _int_list(op: Op, key: str) -> list[int]:
@@ -377,7 +378,8 @@ HANDLERS = {
     "arith.constant": constant, "ktdp.get_compute_tile_id": tile_id,
     **{name: int_binary for name in INT_OPS}, **{name: float_binary for name in FLOAT_OPS},
     **{name: unary for name in (*UNARY_VECTOR, *UNARY_SPECIAL)},
-    "math.powf": special_binary, "arith.extf": cast, "arith.truncf": cast, "arith.sitofp": cast, "arith.index_cast": cast,
+    "math.powf": special_binary, "arith.extf": cast, "arith.truncf": cast, "arith.sitofp": cast,
+    "arith.index_cast": cast,
     "arith.cmpi": cmp, "arith.cmpf": cmp, "arith.select": select,
     "tensor.splat": splat, "tensor.extract": extract, "tensor.empty": empty,
     "tensor.expand_shape": reshape, "tensor.collapse_shape": reshape, "linalg.fill": fill,
