@@ -53,3 +53,11 @@ def test_layer_norm_is_reported_not_written() -> None:
     x = torch.randn(48, 150, generator=torch.Generator().manual_seed(0)).half()
     records = round_trip(compile_graph(lambda t: F.layer_norm(t, t.shape[-1:]), [x]), [x])
     assert records and all("reduction var is not written out" in r.reason for r in records if not r.exported)
+
+
+def test_explain_shows_the_ktir_next_to_the_loopir() -> None:
+    from spyre_lab.compiler.explain import explain
+
+    x = torch.randn(48, 150, generator=torch.Generator().manual_seed(0)).half()
+    text = explain(compile_graph(lambda t: torch.softmax(t, -1), [x]), ktir=True)
+    assert "// LoopIR of" in text and "ktdp.get_compute_tile_id" in text and "linalg.reduce" in text
