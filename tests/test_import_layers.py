@@ -31,6 +31,7 @@ PACKAGE = "spyre_lab"
 LAYERS: dict[str, int] = {
     "device": 0,
     "compiler": 1,
+    "ktir": 1,
     "runtime": 2,
     "engine": 3,
     "viz": 4,

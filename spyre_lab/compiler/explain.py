@@ -97,7 +97,24 @@ KERNEL_FAMILY_EXPLAINERS: list[Callable[[], str]] = []
 shape); each returns its kernels' text, or "" when none ran. :func:`explain` appends what they return."""
 
 
-def explain(what: Program | Sequence[Program], mode: str | None = None) -> Explanation:
+def ktir_section(program: Program) -> str:
+    """Each planned kernel's LoopIR nodes, then its KTIR (or why it is not written out)."""
+    from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+
+    parts = [f"KTIR of {program.name}:"]
+    for launch, kernel in zip(program.launches, program.kernels):
+        if not isinstance(launch, KernelSpec):
+            continue
+        loopir = "\n".join(f"//   {n.output} = {n.op}({', '.join(n.inputs)}) over {dict(n.dims)}" for n in kernel.nodes)
+        try:
+            text = launch.to_ktir(kernel.nodes)
+        except KTIRUnsupported as e:
+            text = f"// not written as KTIR: {e}"
+        parts.append(f"// LoopIR of {launch.name}:\n{loopir}\n{text}")
+    return "\n\n".join(parts)
+
+
+def explain(what: Program | Sequence[Program], mode: str | None = None, ktir: bool = False) -> Explanation:
     """Explain one Program or several (the pieces of one model), plus the program cache's counts.
 
     ``spyre_lab.explain(model)`` finds the Programs compiled for a ``torch.compile``d model and lands here."""
@@ -108,7 +125,8 @@ def explain(what: Program | Sequence[Program], mode: str | None = None) -> Expla
         raise TypeError(f"compiler.explain takes a Program (or a list of them), got {type(what).__name__}; "
                         "for a model compiled with torch.compile(backend='spyre') use spyre_lab.explain(model)")
     families = [text for text in (f() for f in KERNEL_FAMILY_EXPLAINERS) if text]
-    text = "\n\n".join([*(explain_program(p, mode) for p in programs), *families])
+    per_program = (explain_program(p, mode) + (f"\n\n{ktir_section(p)}" if ktir else "") for p in programs)
+    text = "\n\n".join([*per_program, *families])
     stats = cache.stats()
     return Explanation(f"{text}\n  program cache: {stats['hits']} hits, {stats['misses']} misses, "
                        f"{stats['compiles']} compiles")

@@ -99,6 +99,13 @@ class KernelSpec:
             lines.append(f"  partial results of split {d.split_reduction_dim} meet over the ring, {hops} hop(s) apart")
         return "\n".join(lines)
 
+    def to_ktir(self, nodes: Sequence[Any] = ()) -> str:
+        """This kernel as KTIR text (one ``func.func``); ``nodes`` are its LoopIR nodes (``program.kernels[i].nodes``),
+        which hold the compute a KernelSpec alone does not. Raises ``KTIRUnsupported`` for a form not written out."""
+        from spyre_lab.compiler.ktir_export import kernel_to_ktir
+
+        return kernel_to_ktir(self, nodes)
+
     # --- SuperDSC-like document ----------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
         """A SuperDSC-shaped description: core folding, work slices, data stages, buffers, addresses, ops."""

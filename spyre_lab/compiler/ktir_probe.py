@@ -1,0 +1,73 @@
+"""Reading a LoopIR node's compute back: is it the plain op its name says, and which scalar did it fold in.
+
+The compiler keeps each node's exact torch computation, not a symbolic one; the KTIR writer needs the op and
+its operands. Evaluating the node on probe values answers both, and a node that matches no plain form is
+refused (KTIRUnsupported) rather than written as something else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from spyre_lab.compiler.ir import IRNode
+from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+
+
+def torch_unary(op: str, x: torch.Tensor) -> torch.Tensor:
+    return {"exp": torch.exp, "log": torch.log, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt, "tanh": torch.tanh,
+            "neg": torch.neg, "abs": torch.abs, "erf": torch.erf}.get(op, lambda t: t)(x)
+
+
+def torch_binary(op: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return {"add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "maximum": torch.maximum,
+            "minimum": torch.minimum}[op](x, y)
+
+
+def probe(n: IRNode, *tensors: torch.Tensor) -> torch.Tensor:
+    try:
+        return n.compute(*tensors).float()
+    except Exception as e:  # a compute that refuses probe values cannot be checked: refuse rather than guess
+        raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) cannot be checked on probe values: {e}") from e
+
+
+def same_values(got: torch.Tensor, want: torch.Tensor) -> bool:
+    """Equal values; a node that reads through a reshape returns them in another shape (or order)."""
+    want = want.float()
+    if got.shape == want.shape and torch.allclose(got, want, rtol=1e-3, atol=1e-3):
+        return True
+    if got.numel() != want.numel():
+        return False
+    return torch.allclose(got.flatten().sort().values, want.flatten().sort().values, rtol=1e-3, atol=1e-3)
+
+
+def check_node(n: IRNode, fn, probes: Sequence[torch.Tensor]) -> None:
+    """The node must compute what its op name says (no scalar or flag hidden in its compute).
+
+    Inputs read through a view (a reshape, a broadcast) may not combine in their base shapes; those nodes
+    are checked by the round trip's numerics instead (tests/ktir/test_round_trip.py)."""
+    try:
+        want = fn(*[p.float() for p in probes])
+    except RuntimeError:
+        return
+    if not same_values(probe(n, *probes), want):
+        raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) computes something other than plain {n.op} "
+                                           "(a folded scalar or flag); not written out yet")
+
+
+def scalar_of(n: IRNode, sample: torch.Tensor) -> tuple[float, bool]:
+    """The scalar folded into a one-input add/sub/mul/div, and whether it is the left operand."""
+    at = torch.ones_like(sample) if n.op in ("mul", "div") else torch.zeros_like(sample)
+    first = float(probe(n, at).flatten()[0])
+    got = probe(n, sample)
+    guesses = {"add": [(first, False)], "mul": [(first, False)], "sub": [(-first, False), (first, True)],
+               "div": [(1.0 / first if first else float("inf"), False), (first, True)],
+               "maximum": [(first, False)], "minimum": [(first, False)]}.get(n.op, [])
+    x = sample.float()
+    for c, swapped in guesses:
+        k = torch.full_like(x, c)
+        want = torch_binary(n.op, k, x) if swapped else torch_binary(n.op, x, k)
+        if same_values(got, want):
+            return c, swapped
+    raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")

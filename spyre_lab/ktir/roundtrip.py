@@ -1,0 +1,68 @@
+"""Export every kernel of a compiled Program to KTIR, read it back, and hold the two side by side.
+
+For each planned kernel: the KTIR text (``KernelSpec.to_ktir``), the kernel re-imported and run on the
+values the compiled program feeds it (each LoopIR node's own torch computation gives them), its outputs
+against the node computations', and its modeled time against the compiled kernel's in both timing modes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from spyre_lab.compiler.kernel_spec import KernelSpec
+from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.program import Program
+from spyre_lab.device.sim import simulate
+from spyre_lab.ktir.module import load
+
+
+@dataclass
+class KernelRoundTrip:
+    kernel: str
+    rule: str
+    text: str | None                 # the KTIR, or None when the kernel is not written out
+    reason: str = ""                 # why not (the KTIRUnsupported message)
+    max_abs_error: float = 0.0       # imported KTIR's outputs vs the compiled kernel's node computations
+    compiled_us: dict[str, float] | None = None
+    ktir_us: dict[str, float] | None = None
+
+    @property
+    def exported(self) -> bool:
+        return self.text is not None
+
+
+def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence[str] = ("analytic", "event")
+               ) -> list[KernelRoundTrip]:
+    """One record per device kernel of ``program`` run on ``inputs`` (host fallbacks are skipped)."""
+    env: dict[str, torch.Tensor] = dict(zip(program.inputs, inputs))
+    env.update(program.constants)
+    records = []
+    for launch, kernel in zip(program.launches, program.kernels):
+        before = dict(env)
+        for node in kernel.nodes:
+            env[node.output] = node.compute(*[env[b] for b in node.inputs])
+        if not isinstance(launch, KernelSpec):
+            continue
+        try:
+            text = launch.to_ktir(kernel.nodes)
+        except KTIRUnsupported as e:
+            records.append(KernelRoundTrip(launch.name, launch.rule, None, str(e)))
+            continue
+        fn = load(text).main
+        args = [before[b] if b in before else torch.zeros(program.buffers[b].shape, dtype=program.buffers[b].dtype)
+                for b in launch.address_slots]
+        result = fn.run(*args, cfg=launch.cfg)
+        err = 0.0
+        for (arg, _), b in zip(fn.args, launch.address_slots):
+            if b in before:
+                continue
+            got = result.outputs[arg[1:]].reshape(env[b].shape).float()
+            err = max(err, float((got - env[b].float()).abs().max()) if got.numel() else 0.0)
+        records.append(KernelRoundTrip(
+            launch.name, launch.rule, text, max_abs_error=err,
+            compiled_us={m: launch.simulate(m).time_us for m in modes},
+            ktir_us={m: simulate(result.program, launch.cfg, mode=m, trace=False).time_us for m in modes}))
+    return records
