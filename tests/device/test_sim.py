@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from spyre_lab.device.config import DATASHEET, SPYRE
+from spyre_lab.device.config import DATASHEET, MEASURED, SPYRE
 from spyre_lab.device.isa import CoreOps, LXOverflowError, TileProgram
 from spyre_lab.device.kernels import elementwise_kernel, matmul_kernel, softmax_kernel, sum_kernel
 from spyre_lab.device.sim import simulate
@@ -40,16 +40,17 @@ def test_dram_bound_time_scales_with_bytes_over_bandwidth():
 def test_dram_turns_around_between_reads_and_writes(mode):
     """On the measured machine one-way traffic runs near 150 GB/s and a balanced copy near 105 GB/s."""
     def rate_gbs(kernel):
-        r = simulate(kernel, mode=mode, trace=False)
+        r = simulate(kernel, MEASURED, mode=mode, trace=False)
         return (r.bytes_loaded + r.bytes_stored) / (r.time_us - r.launch_us) / 1e3
-    read_only = rate_gbs(sum_kernel(1 << 24, 32))
-    copy = rate_gbs(elementwise_kernel(1 << 24, 32, inputs=1, tile_bytes=16 * 1024))
-    add = rate_gbs(elementwise_kernel(1 << 24, 32, inputs=2, tile_bytes=16 * 1024))
+    read_only = rate_gbs(sum_kernel(1 << 24, 32, MEASURED))
+    copy = rate_gbs(elementwise_kernel(1 << 24, 32, MEASURED, inputs=1, tile_bytes=16 * 1024))
+    add = rate_gbs(elementwise_kernel(1 << 24, 32, MEASURED, inputs=2, tile_bytes=16 * 1024))
     assert read_only == pytest.approx(150, rel=0.05)
     assert copy == pytest.approx(105, rel=0.07)
     assert copy < add < read_only  # two reads per write: the bus turns around less often
     same = DATASHEET.replace(kernel_launch_cycles=0)
-    assert SPYRE.dram_bandwidth_at(1, 0) == SPYRE.dram_bandwidth and same.dram_bandwidth_at(1, 1) == same.dram_bandwidth
+    assert MEASURED.dram_bandwidth_at(1, 0) == MEASURED.dram_bandwidth
+    assert same.dram_bandwidth_at(1, 1) == same.dram_bandwidth
 
 
 # --- compute-bound matmul -------------------------------------------------------------------------
@@ -369,7 +370,7 @@ def test_cores_doing_the_same_work_share_their_ops():
 
 
 def test_builders_reject_bad_shapes_by_name():
-    with pytest.raises(ValueError, match="needs 64 cores but measured has 32"):
+    with pytest.raises(ValueError, match=f"needs 64 cores but {SPYRE.name} has 32"):
         matmul_kernel(1024, 1024, 1024, 4, 4, 4)
     with pytest.raises(ValueError, match="elements must be a positive integer"):
         elementwise_kernel(0, 1)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spyre_lab.compiler.backend import compile_graph
-from spyre_lab.device.config import DATASHEET
+from spyre_lab.device.config import DATASHEET, MEASURED
 from spyre_lab.viz import Roofline
 from spyre_lab.viz.roofline import sfu_peak_flops
 from spyre_lab.viz.style import kernel_color
@@ -58,7 +58,8 @@ def test_ceilings_and_markers(program):
     go.Figure(fig.to_plotly_json())                       # built unvalidated; plotly's validators agree
 
 
-def test_controls_move_the_markers(program):
+def test_controls_move_the_markers():
+    program = compile_graph(_roofline_graph, _inputs(), cfg=MEASURED)
     assert program.cfg.kernel_launch_cycles == 0  # the measured card has no fixed device cost per kernel
     view = Roofline(program)
     fw = view.fig_widget
