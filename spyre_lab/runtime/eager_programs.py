@@ -6,8 +6,8 @@ dropped first). When the compiler takes the op whole and its program agrees with
 (:mod:`~spyre_lab.runtime.one_op_compile`), the launch runs the compiler's Program, timed by the
 simulator; otherwise a reference kernel computes with torch on the host mirror of the operands it finds
 through its patched addresses, timed by a roofline (:func:`~spyre_lab.device.roofline.roofline_us`)
-and labelled so. Either way it is one launch through the JobPlan path (correction, H2D of the blob,
-Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~spyre_lab.runtime.fallback`).
+and labelled so. Either way it is one launch through the one launch route, :mod:`~spyre_lab.runtime.launch`
+(correction, H2D of the blob, Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~spyre_lab.runtime.fallback`).
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_index
 from spyre_lab.runtime.fallback import run_on_host
-from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
+from spyre_lab.runtime.launch.kernels import LoadedFunction, Operands
+from spyre_lab.runtime.launch.options import is_timing_only
+from spyre_lab.runtime.launch.route import launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
 from spyre_lab.runtime.op_schema import packet_name, rewrap_numbers, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
-from spyre_lab.runtime.streams import TIMELINE, current_stream
+from spyre_lab.runtime.stream import current_stream
 from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre, resize
+from spyre_lab.runtime.timeline import TIMELINE
 
 DEVICE_OPS = frozenset({
     # pointwise arithmetic and math
@@ -123,11 +126,11 @@ class _NeedsHost(Exception):
 
 @dataclass(eq=False)
 class EagerProgram:
-    """A one-kernel program for one op signature (a :class:`~spyre_lab.runtime.jobplan.Launchable`): what it
+    """A one-kernel program for one op signature (a :class:`~spyre_lab.runtime.launch.kernels.LaunchProgram`): what it
     reads, writes and allocates."""
 
     name: str
-    kernels: list[FunctionKernel]
+    kernels: list[LoadedFunction]
     input_leaves: list[int]                  # leaf positions of spyre inputs, slot in<i>
     mutated_leaves: list[int]                # leaf positions written in place (subset of input_leaves)
     out_meta: tuple[list[tuple[str, int]], Any]  # ("arg", leaf) / ("new", j) per output leaf, and the out spec
@@ -332,7 +335,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
     held = _held_constants(leaves, written)
     compute = _make_compute(op, held, spec, input_leaves, written, markers, out_spec)
-    kernel = FunctionKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
+    kernel = LoadedFunction(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
     out_args = set(written_leaves(op, leaves, spec, only_out=True))
     compiled = None
     if set(written) != out_args:

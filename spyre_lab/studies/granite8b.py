@@ -186,7 +186,7 @@ def build_model(config: ModelConfig, platform: object, dtype: torch.dtype = torc
 
 @contextlib.contextmanager
 def _runtime(step: StepConfig) -> Iterator[None]:
-    from spyre_lab.runtime.jobplan import RuntimeOptions, set_default_options, timing_only
+    from spyre_lab.runtime.launch import RuntimeOptions, set_default_options, timing_only
 
     previous = set_default_options(RuntimeOptions(dispatch=step.dispatch, overlap=step.overlap))
     try:
@@ -228,7 +228,8 @@ class EngineProbe:
 
     def time(self, kind: str, size: int, repeats: int = 2) -> StepTiming:
         """One bucket's step: the first run compiles it, the last is the steady state that is reported."""
-        from spyre_lab.runtime.streams import recording, reset_time
+        from spyre_lab.runtime.stream import reset_time
+        from spyre_lab.runtime.timeline import recording
 
         timing = None
         with _runtime(self.step), torch.inference_mode():

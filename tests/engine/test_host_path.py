@@ -27,8 +27,8 @@ try:
     from spyre_lab.engine.platforms import paged_kernel
     from spyre_lab.engine.platforms.paged_attention_op import KernelAttention, is_paged_attention
     from spyre_lab.engine.platforms.spyre import SpyrePlatform
-    from spyre_lab.runtime.streams import recording
     from spyre_lab.runtime.tensor import SpyreRangeError, buffer_of, host_view
+    from spyre_lab.runtime.timeline import recording
 except ImportError as error:  # the runtime layer is optional for the engine
     pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
 

@@ -13,7 +13,7 @@ import torch
 
 import spyre_lab.runtime  # noqa: F401  (registers the device even with autoload switched off)
 from spyre_lab.runtime import fallback, tensor
-from spyre_lab.runtime.streams import reset_time
+from spyre_lab.runtime.stream import reset_time
 
 
 @pytest.fixture(autouse=True)

@@ -39,7 +39,7 @@ from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.sim import simulate
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import Operands, launch
+from spyre_lab.runtime.launch import Operands, launch
 from spyre_lab.runtime.tensor import empty_spyre, host_view
 
 SLOTS = ("query", "key", "value", "k_cache", "v_cache", "slot_mapping", "block_tables", "query_index",
