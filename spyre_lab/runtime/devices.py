@@ -64,6 +64,8 @@ class SpyreDevice:
         # what the card keeps for each launched program (its CorrectionArea), forgotten by a reset and with the
         # program: a cache that belongs to the card lives on it
         self.correction_areas: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # per dtype, the 0-element tensor new spyre tensors of this card are cloned from (they hold no DRAM)
+        self.seed_tensors: dict[torch.dtype, torch.Tensor] = {}
         self._reserve_null_stick()
 
     def _reserve_null_stick(self) -> None:

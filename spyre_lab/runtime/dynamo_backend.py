@@ -200,6 +200,12 @@ def last_result() -> ExecutionResult | None:
     return _last_result
 
 
+def forget_last_result() -> None:
+    """No compiled-graph call seen yet (:func:`spyre_lab.runtime.process_state.reset`)."""
+    global _last_result
+    _last_result = None
+
+
 def explain(obj: object, mode: str | None = None) -> Explanation:
     """Explain a Program, a CompiledGraph, or a module or function compiled with ``torch.compile(backend="spyre")``:
     graph -> kernels -> work division -> LX plan -> modeled times, plus the program cache's counts."""

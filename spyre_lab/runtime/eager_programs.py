@@ -7,7 +7,8 @@ dropped first). When the compiler takes the op whole and its program agrees with
 simulator; otherwise a reference kernel computes with torch on the host mirror of the operands it finds
 through its patched addresses, timed by a roofline (:func:`~spyre_lab.device.roofline.roofline_us`)
 and labelled so. Either way it is one launch through the one launch route, :mod:`~spyre_lab.runtime.launch`
-(correction, H2D of the blob, Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~spyre_lab.runtime.fallback`).
+(correction, H2D of the blob, Compute), exactly like compiled work. Everything else runs on the CPU
+(:mod:`~spyre_lab.runtime.fallback`).
 """
 
 from __future__ import annotations
@@ -155,6 +156,11 @@ PROGRAM_CACHE_SIZE = 1024
 
 def program_cache_size() -> int:
     return len(_PROGRAMS)
+
+
+def cached_programs() -> list[EagerProgram]:
+    """The one-op programs kept now, least recently used first."""
+    return list(_PROGRAMS.values())
 
 
 def _shape_of_call(args: tuple, kwargs: dict) -> tuple:

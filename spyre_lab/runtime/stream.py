@@ -36,7 +36,13 @@ class StreamTable:
         self.cursors: dict[tuple[int, bool], Iterator[int]] = {}
 
     def reset(self) -> None:
-        self.__init__()
+        """Every stream's queue empty at time zero, each card back on its default stream, the pools' cursors at
+        their first ids. The streams themselves are kept: whoever holds one keeps the one the table has."""
+        for s in self.streams.values():
+            s.ready_us = 0.0
+        self.current.clear()
+        self.entered.clear()
+        self.cursors.clear()
 
 
 STREAMS = StreamTable()

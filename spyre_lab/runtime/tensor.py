@@ -313,22 +313,18 @@ def buffer_layout(shape: tuple[int, ...], host_dtype: torch.dtype, stick_bytes: 
 
 
 # --- making tensors ---------------------------------------------------------------------------
-_SEEDS: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-
-
 def _seed_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
     """A 0-element PrivateUse1 tensor on ``spyre:index`` to clone fresh TensorImpls from.
 
     ``torch._C._acc.create_empty_tensor`` only makes ``spyre:0`` tensors; for other indices a CPU
     tensor's DLPack capsule is relabelled as an external device (kDLExtDev = PrivateUse1).
     """
-    key = (index, dtype)
-    seed = _SEEDS.get(key)
+    seeds = get_device(index).seed_tensors                 # kept by the card
+    seed = seeds.get(dtype)
     if seed is None:
         # made inside inference_mode, the seed (and every tensor aliased from it later) would be an inference tensor
         with torch.inference_mode(False):
-            seed = _new_seed(index, dtype)
-        _SEEDS[key] = seed
+            seed = seeds[dtype] = _new_seed(index, dtype)
     return seed
 
 
