@@ -35,6 +35,9 @@ _EXPORTS = {
     "last_trace": "spyre_lab.runtime.timeline",
     "recording": "spyre_lab.runtime.timeline",
     "configure": "spyre_lab.runtime.devices",
+    "SpyreUsageError": "spyre_lab.runtime.errors",
+    "SpyreDtypeError": "spyre_lab.runtime.errors",
+    "SpyreRangeError": "spyre_lab.runtime.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -28,6 +28,7 @@ from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_index
+from spyre_lab.runtime.errors import SpyreUsageError
 from spyre_lab.runtime.fallback import run_on_host
 from spyre_lab.runtime.launch.kernels import LoadedFunction, Operands
 from spyre_lab.runtime.launch.options import is_timing_only
@@ -36,7 +37,7 @@ from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
 from spyre_lab.runtime.op_schema import packet_name, rewrap_numbers, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
 from spyre_lab.runtime.stream import current_stream
-from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre, resize
+from spyre_lab.runtime.tensor import device_nbytes, empty_spyre, resize
 from spyre_lab.runtime.timeline import TIMELINE
 
 DEVICE_OPS = frozenset({

@@ -20,10 +20,10 @@ from typing import Any
 import torch
 
 from spyre_lab.runtime.eager_programs import DEVICE_OPS, launch_eager
+from spyre_lab.runtime.errors import SpyreUsageError
 from spyre_lab.runtime.host_memory_limit import host_out_of_memory
 from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
-from spyre_lab.runtime.tensor import SpyreUsageError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 aten = torch.ops.aten

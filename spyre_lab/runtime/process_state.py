@@ -86,7 +86,7 @@ STATE: tuple[Held, ...] = (
     Held(f"{R}.devices", "_CURRENT", "this thread's current card", "clock", _current_card),
     # warnings
     Held(f"{R}.fallback", "_warned_ops", "ops whose CPU-fallback warning was given", "warnings", _clear),
-    Held(f"{R}.tensor", "_warned_dtypes", "dtypes whose storage-policy warning was given", "warnings", _clear),
+    Held(f"{R}.dtype_policy", "_warned_dtypes", "dtypes whose storage-policy warning was given", "warnings", _clear),
     Held(f"{C}.lowering", "_WARNED", "graph ops whose host-fallback warning was given", "warnings", _clear),
     # records
     Held(f"{R}.launch.plan", "LAST_PLAN", "the JobPlan submitted last", "records", _reset),

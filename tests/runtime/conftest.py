@@ -1,5 +1,6 @@
 """Shared fixtures for the spyre runtime tests: a clean modeled clock and fresh warning state (both through
-:func:`spyre_lab.runtime.process_state.reset`); the number of cards is set for the whole suite in ``tests/conftest.py``."""
+:func:`spyre_lab.runtime.process_state.reset`); the number of cards is set for the whole suite in
+``tests/conftest.py``."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import os
 import warnings
 
 import pytest
-
 import torch
 
 import spyre_lab.runtime  # noqa: F401  (registers the device even with autoload switched off)

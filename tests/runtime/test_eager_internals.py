@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import torch
 
-from spyre_lab.runtime import eager_programs, one_op_compile, ops, process_state
+from spyre_lab.runtime import one_op_compile, ops, process_state
 
 RUNTIME = pathlib.Path(ops.__file__).parent
 
