@@ -120,9 +120,8 @@ STATE: tuple[Held, ...] = (
     Held(f"{R}.devices", "_CONFIG", "the SpyreConfig every card is made with (runtime.configure)", "kept"),
     # kept: registrations and live objects
     Held(f"{R}.devices", "_RESET_HOOKS", "what runs after a card reset", "kept"),
-    Held(f"{R}.registration", "_LIBRARIES", "the torch.library registrations of the backend", "kept"),
-    Held(f"{R}.ops", "_SPARSE_FALLBACKS", "torch.library registration of the sparse fallbacks", "kept"),
-    Held(f"{R}.ops", "_DIRECT", "torch.library registration of the structured ops", "kept"),
+    Held(f"{R}.kernel_table", "_INSTALLED", "every kernel registered with torch, per stage, and its libraries",
+         "kept"),
     Held(f"{R}.fallback", "_collectors", "the open collect_fallbacks() blocks", "kept"),
     Held(f"{R}.host_memory", "_PINNED", "pinned host storages alive now (held weakly)", "kept"),
     Held(f"{R}.tensor", "_ROW_MIRRORS", "per live device buffer, its row-write mirror (held weakly)", "kept"),
