@@ -38,6 +38,7 @@ _EXPORTS = {
     "SpyreUsageError": "spyre_lab.runtime.errors",
     "SpyreDtypeError": "spyre_lab.runtime.errors",
     "SpyreRangeError": "spyre_lab.runtime.errors",
+    "SpyreInferenceOnlyError": "spyre_lab.runtime.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -21,17 +21,13 @@ import torch
 
 from spyre_lab.runtime import kernel_table
 from spyre_lab.runtime.eager_programs import DEVICE_OPS, launch_eager
-from spyre_lab.runtime.errors import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreInferenceOnlyError, SpyreUsageError
 from spyre_lab.runtime.host_memory_limit import host_out_of_memory
 from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 aten = torch.ops.aten
-
-
-class SpyreInferenceOnlyError(RuntimeError):
-    """Raised when autograd tries to run a backward pass through spyre tensors."""
 
 
 # --- entry point --------------------------------------------------------------------------------
