@@ -18,7 +18,8 @@ STILL_OVER: set[str] = {
     "compiler/codegen.py", "compiler/fusion.py", "compiler/work_division.py", "compiler/lowering.py",
     "compiler/tiling_paged_attention.py", "viz/timeline.py", "viz/dataflow.py", "viz/work_division.py",
     # functions (path::qualified name); the event simulator's fast loop is held equal to its reference instead
-    "compiler/tiling_rows.py::emit_rows", "viz/layout.py::LayoutView.build", "device/sim_analytic.py::_schedule", "device/sim_event.py::_simulate",
+    "compiler/tiling_rows.py::emit_rows", "viz/layout.py::LayoutView.build", "device/sim_analytic.py::_schedule",
+    "device/sim_event.py::_simulate",
 }
 
 
