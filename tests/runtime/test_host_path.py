@@ -78,12 +78,12 @@ def test_the_launch_image_is_built_once_per_program_and_card_and_reused():
     program, binds = Chain(), _binds()
     launch(program, binds)
     area = correction_area(program, torch.spyre.get_device(0))
-    record, prepared = area.record(program), area.prepared(torch.spyre.current_stream(), "aot_patch")
+    record, prepared = area.record(program), area.queued(torch.spyre.current_stream(), "aot_patch")
     for _ in range(3):
         launch(program, binds)
     assert correction_area(program, torch.spyre.get_device(0)) is area
     assert area.record(program) is record and last_plan() is record
-    assert area.prepared(torch.spyre.current_stream(), "aot_patch") is prepared
+    assert area.queued(torch.spyre.current_stream(), "aot_patch") is prepared
     assert area.launches == 4
 
 
