@@ -311,8 +311,8 @@ def _eager_paged_us(batch: int, context: int, block_size: int) -> tuple[float, i
 
     from spyre_lab.engine.layers.attention import AttentionMetadata, causal_bias
     from spyre_lab.engine.platforms.paged_attention_op import grouped_paged_attention
-    from spyre_lab.runtime.jobplan import timing_only
-    from spyre_lab.runtime.streams import recording
+    from spyre_lab.runtime.launch import timing_only
+    from spyre_lab.runtime.timeline import recording
 
     blocks = math.ceil((context + 1) / block_size)
     num_blocks = batch * blocks

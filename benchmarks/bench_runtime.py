@@ -16,8 +16,8 @@ from sections import chosen, parser
 
 import spyre_lab.runtime  # noqa: F401  (registers the device when autoload is off)
 from spyre_lab.runtime import recording
-from spyre_lab.runtime.jobplan import FunctionKernel, RuntimeOptions, launch
-from spyre_lab.runtime.streams import TIMELINE
+from spyre_lab.runtime.launch import LoadedFunction, RuntimeOptions, launch
+from spyre_lab.runtime.timeline import TIMELINE
 
 
 def wall_us(fn, repeat: int) -> float:
@@ -99,7 +99,7 @@ class ChainProgram:
             return lambda ops: ops.write(dst, ops[src] + 1)
 
         names = ["x", *[f"t{i}" for i in range(n)]]
-        self.kernels = [FunctionKernel(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
+        self.kernels = [LoadedFunction(f"k{i}", [names[i], names[i + 1]], step(names[i], names[i + 1]), time_us)
                         for i in range(n)]
         self.slots = names
 

@@ -14,8 +14,8 @@ import torch  # noqa: F401  (imported for its side effect)
 __version__ = "0.1.0"
 
 _LAZY = {
-    "last_trace": ("spyre_lab.runtime.streams", "last_trace"),
-    "recording": ("spyre_lab.runtime.streams", "recording"),
+    "last_trace": ("spyre_lab.runtime.timeline", "last_trace"),
+    "recording": ("spyre_lab.runtime.timeline", "recording"),
     "explain": ("spyre_lab.runtime.dynamo_backend", "explain"),
     "SpyreConfig": ("spyre_lab.device.config", "SpyreConfig"),
     "SPYRE": ("spyre_lab.device.config", "SPYRE"),

@@ -31,10 +31,26 @@ class CacheStats:
         return {"hits": self.hits, "misses": self.misses, "compiles": self.compiles}
 
 
-_lock = threading.Lock()
-_stats = CacheStats()
-_programs: OrderedDict[str, Any] = OrderedDict()
-_seen_graphs: dict[str, list[str]] = {}     # lineage digest -> signatures compiled for it
+class ProgramCache:
+    """The process's compiled Programs (least recently used dropped past ``MAX_ENTRIES``), the input signatures
+    each graph lineage was compiled for, and the hit/miss/compile counts; listed with the rest of the process
+    state in :mod:`spyre_lab.runtime.process_state`."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.stats = CacheStats()
+        self.programs: OrderedDict[str, Any] = OrderedDict()
+        self.seen_graphs: dict[str, list[str]] = {}     # lineage digest -> signatures compiled for it
+
+    def clear(self) -> None:
+        """Forget every program and reset the counters."""
+        with self.lock:
+            self.programs.clear()
+            self.seen_graphs.clear()
+            self.stats.hits = self.stats.misses = self.stats.compiles = 0
+
+
+PROGRAM_CACHE = ProgramCache()
 MAX_ENTRIES = 256
 
 
@@ -89,29 +105,31 @@ def cache_key(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any], opti
 
 
 def lookup(key: str) -> Any | None:
-    with _lock:
-        program = _programs.get(key)
+    cache = PROGRAM_CACHE
+    with cache.lock:
+        program = cache.programs.get(key)
         if program is None:
-            _stats.misses += 1
+            cache.stats.misses += 1
             return None
-        _stats.hits += 1
-        _programs.move_to_end(key)
+        cache.stats.hits += 1
+        cache.programs.move_to_end(key)
         return program
 
 
 def store(key: str, lineage: str, signature: str, program: Any, keep_alive: Any = None) -> str:
     """Remember a freshly compiled program; returns the note explain() shows (first compile or recompile)."""
-    with _lock:
-        _stats.compiles += 1
-        before = _seen_graphs.setdefault(lineage, [])
+    cache = PROGRAM_CACHE
+    with cache.lock:
+        cache.stats.compiles += 1
+        before = cache.seen_graphs.setdefault(lineage, [])
         note = "compiled (first time this graph was seen)"
         if before and signature not in before:
             note = (f"recompiled: new input shapes {_shapes(signature)} (this graph was compiled before for "
                     f"{_shapes(before[-1])}; Spyre programs are static, so each shape gets its own program)")
         before.append(signature)
-        _programs[key] = (program, keep_alive)
-        while len(_programs) > MAX_ENTRIES:
-            _programs.popitem(last=False)
+        cache.programs[key] = (program, keep_alive)
+        while len(cache.programs) > MAX_ENTRIES:
+            cache.programs.popitem(last=False)
         return note
 
 
@@ -123,19 +141,16 @@ def get(key: str) -> Any | None:
 def peek(key: str) -> tuple[Any, Any] | None:
     """The ``(program, keep_alive)`` stored under ``key`` (keep_alive: the function it was compiled from), or None;
     counts no hit or miss, so a view can look up what compiled without changing ``stats()``."""
-    with _lock:
-        return _programs.get(key)
+    with PROGRAM_CACHE.lock:
+        return PROGRAM_CACHE.programs.get(key)
 
 
 def stats() -> dict[str, int]:
     """Hits, misses and compiles since start (or the last ``clear()``)."""
-    with _lock:
-        return {**_stats.as_dict(), "entries": len(_programs)}
+    with PROGRAM_CACHE.lock:
+        return {**PROGRAM_CACHE.stats.as_dict(), "entries": len(PROGRAM_CACHE.programs)}
 
 
 def clear() -> None:
     """Forget every program and reset the counters."""
-    with _lock:
-        _programs.clear()
-        _seen_graphs.clear()
-        _stats.hits = _stats.misses = _stats.compiles = 0
+    PROGRAM_CACHE.clear()

@@ -45,7 +45,7 @@ from spyre_lab.compiler.op_tables import (
     decomposition_table,
 )
 from spyre_lab.compiler.same_tensor import SameTensorCache
-from spyre_lab.compiler.user_line import warn_at_user_line
+from spyre_lab.user_line import warn_at_user_line
 
 __all__ = ["Access", "Lowered", "LoweringError", "Read", "decomposition_table", "lower"]
 

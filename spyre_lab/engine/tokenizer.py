@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Protocol
 
-from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.engine.errors import ModelLoadError
+from spyre_lab.user_line import warn_at_user_line
 
 CHAR_TOKENIZER_TYPE = "spyre_lab.char"
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")

@@ -8,7 +8,7 @@ to switch that off).
 * :func:`last_trace`         the Trace of the last launch (eager op, copy or compiled program)
 * :func:`recording`          ``with recording() as trace:`` every modeled event of a block
 * :func:`last_plan`          the JobPlan submitted last (``last_plan().describe()``)
-* :func:`launch`             run a program through the JobPlan path (program correction, H2D, Compute)
+* :func:`launch`             run a program through the one launch route (program correction, H2D, Compute)
 * :func:`run_program`        launch a compiler ``Program`` on spyre tensors
 
 The public names are loaded on first use so that the autoload inside ``import torch`` stays small.
@@ -22,19 +22,23 @@ from typing import Any
 
 _EXPORTS = {
     "register": "spyre_lab.runtime.registration",
-    "JobPlan": "spyre_lab.runtime.jobplan",
-    "RuntimeOptions": "spyre_lab.runtime.jobplan",
-    "set_default_options": "spyre_lab.runtime.jobplan",
-    "StepKind": "spyre_lab.runtime.jobplan",
-    "launch": "spyre_lab.runtime.jobplan",
-    "last_plan": "spyre_lab.runtime.jobplan",
+    "JobPlan": "spyre_lab.runtime.launch",
+    "RuntimeOptions": "spyre_lab.runtime.launch",
+    "set_default_options": "spyre_lab.runtime.launch",
+    "StepKind": "spyre_lab.runtime.launch",
+    "launch": "spyre_lab.runtime.launch",
+    "last_plan": "spyre_lab.runtime.launch",
     "run_program": "spyre_lab.runtime.programs",
-    "plan_launch": "spyre_lab.runtime.jobplan",
-    "Event": "spyre_lab.runtime.streams",
-    "Stream": "spyre_lab.runtime.streams",
-    "last_trace": "spyre_lab.runtime.streams",
-    "recording": "spyre_lab.runtime.streams",
+    "plan_launch": "spyre_lab.runtime.launch",
+    "Event": "spyre_lab.runtime.event",
+    "Stream": "spyre_lab.runtime.stream",
+    "last_trace": "spyre_lab.runtime.timeline",
+    "recording": "spyre_lab.runtime.timeline",
     "configure": "spyre_lab.runtime.devices",
+    "SpyreUsageError": "spyre_lab.runtime.errors",
+    "SpyreDtypeError": "spyre_lab.runtime.errors",
+    "SpyreRangeError": "spyre_lab.runtime.errors",
+    "SpyreInferenceOnlyError": "spyre_lab.runtime.errors",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -44,7 +44,9 @@ def _cast(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-def _kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+def autocast_kernel(op: torch._ops.OpOverload) -> Callable[..., Any]:
+    """The AutocastPrivateUse1 kernel of ``op``: its floating spyre inputs cast to the autocast dtype, then ``op``."""
+
     def autocast_to_fp16(*args: Any, **kwargs: Any) -> Any:
         dtype = torch.get_autocast_dtype(BACKEND)
         with torch._C._ExcludeDispatchKeyGuard(_EXCLUDE_AUTOCAST):
@@ -62,9 +64,3 @@ def autocast_ops() -> list[torch._ops.OpOverload]:
         if packet is not None:
             found.extend(getattr(packet, overload) for overload in packet.overloads())
     return found
-
-
-def register(library: torch.library.Library) -> None:
-    """Register the autocast kernels on ``library`` (an ``aten`` IMPL library)."""
-    for op in autocast_ops():
-        library.impl(op, _kernel(op), AUTOCAST_KEY)

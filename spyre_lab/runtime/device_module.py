@@ -1,10 +1,11 @@
 """``torch.spyre``: the device module, shaped like ``torch.cuda`` where that makes sense.
 
-The cards themselves live in :mod:`spyre_lab.runtime.devices`, streams and events in
-:mod:`spyre_lab.runtime.streams`; this module is the ``torch.cuda``-shaped face over both.
+The cards themselves live in :mod:`spyre_lab.runtime.devices`, streams, events and the modeled clock in
+:mod:`~spyre_lab.runtime.stream`, :mod:`~spyre_lab.runtime.event` and :mod:`~spyre_lab.runtime.timeline`; this
+module is the ``torch.cuda``-shaped face over them.
 
 Memory numbers are real bookkeeping of the modeled DRAM (tensors only; loaded programs live in a
-separate program segment); times are modeled (see ``streams``). ``empty_cache()`` releases what the
+separate program segment); times are modeled (see ``timeline``). ``empty_cache()`` releases what the
 runtime keeps cached (one-op programs), never a live tensor, as ``torch.cuda.empty_cache`` does;
 ``reset_device()`` is the hard reset that frees everything on the card.
 """
@@ -26,16 +27,9 @@ from spyre_lab.runtime.devices import (  # noqa: F401  (re-exported: torch.spyre
     configure,
     get_device,
 )
-from spyre_lab.runtime.streams import (
-    TIMELINE,
-    Event,
-    Stream,
-    current_stream,
-    default_stream,
-    set_stream,
-    stream,
-    synchronize,
-)
+from spyre_lab.runtime.event import Event
+from spyre_lab.runtime.stream import Stream, current_stream, default_stream, set_stream, stream, synchronize
+from spyre_lab.runtime.timeline import TIMELINE
 
 __all__ = [
     "Event",

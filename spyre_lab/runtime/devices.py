@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -60,6 +61,11 @@ class SpyreDevice:
         # address -> live buffer; every buffer leaves through free() (its tensor's storage or slot dies)
         self._buffers: dict[int, LiveBuffer] = {}
         self.generation = 0
+        # what the card keeps for each launched program (its CorrectionArea), forgotten by a reset and with the
+        # program: a cache that belongs to the card lives on it
+        self.correction_areas: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        # per dtype, the 0-element tensor new spyre tensors of this card are cloned from (they hold no DRAM)
+        self.seed_tensors: dict[torch.dtype, torch.Tensor] = {}
         self._reserve_null_stick()
 
     def _reserve_null_stick(self) -> None:
@@ -107,6 +113,7 @@ class SpyreDevice:
         self.generation += 1
         self.intermediates_peak_bytes = 0
         self._buffers.clear()
+        self.correction_areas.clear()
         self.memory.reset()
         self.program_memory.reset()
         self._reserve_null_stick()

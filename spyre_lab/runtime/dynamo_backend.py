@@ -32,9 +32,9 @@ from spyre_lab.compiler.explain import explain as explain_programs
 from spyre_lab.compiler.lowering import LoweringError
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.program import Program
-from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.runtime.programs import run_program
+from spyre_lab.user_line import warn_at_user_line
 
 ENTRY_POINT = "spyre_lab.runtime.dynamo_backend:spyre_backend"
 
@@ -198,6 +198,12 @@ def compiled_graphs() -> list[CompiledGraph]:
 def last_result() -> ExecutionResult | None:
     """The ExecutionResult (outputs, trace, kernel times) of the last compiled-graph call on CPU tensors."""
     return _last_result
+
+
+def forget_last_result() -> None:
+    """No compiled-graph call seen yet (:func:`spyre_lab.runtime.process_state.reset`)."""
+    global _last_result
+    _last_result = None
 
 
 def explain(obj: object, mode: str | None = None) -> Explanation:

@@ -6,8 +6,9 @@ dropped first). When the compiler takes the op whole and its program agrees with
 (:mod:`~spyre_lab.runtime.one_op_compile`), the launch runs the compiler's Program, timed by the
 simulator; otherwise a reference kernel computes with torch on the host mirror of the operands it finds
 through its patched addresses, timed by a roofline (:func:`~spyre_lab.device.roofline.roofline_us`)
-and labelled so. Either way it is one launch through the JobPlan path (correction, H2D of the blob,
-Compute), exactly like compiled work. Everything else runs on the CPU (:mod:`~spyre_lab.runtime.fallback`).
+and labelled so. Either way it is one launch through the one launch route, :mod:`~spyre_lab.runtime.launch`
+(correction, H2D of the blob, Compute), exactly like compiled work. Everything else runs on the CPU
+(:mod:`~spyre_lab.runtime.fallback`).
 """
 
 from __future__ import annotations
@@ -25,15 +26,19 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.roofline import roofline_us
 from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_index
+from spyre_lab.runtime.eager_roofline import op_roofline_us
+from spyre_lab.runtime.errors import SpyreUsageError
 from spyre_lab.runtime.fallback import run_on_host
-from spyre_lab.runtime.jobplan import FunctionKernel, Operands, is_timing_only, launch
+from spyre_lab.runtime.launch.kernels import LoadedFunction, Operands
+from spyre_lab.runtime.launch.options import is_timing_only
+from spyre_lab.runtime.launch.route import launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
 from spyre_lab.runtime.op_schema import packet_name, rewrap_numbers, to_cpu_kwargs, written_leaves
 from spyre_lab.runtime.programs import run_program
-from spyre_lab.runtime.streams import TIMELINE, current_stream
-from spyre_lab.runtime.tensor import SpyreUsageError, device_nbytes, empty_spyre, resize
+from spyre_lab.runtime.stream import current_stream
+from spyre_lab.runtime.tensor import empty_spyre, resize
+from spyre_lab.runtime.timeline import TIMELINE
 
 DEVICE_OPS = frozenset({
     # pointwise arithmetic and math
@@ -58,12 +63,6 @@ HOST_BY_DESIGN = frozenset({
     "_local_scalar_dense", "item",
 })
 """Ops whose output size (or type) depends on the data: the host computes them, without a warning."""
-
-_TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
-                             "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
-                             "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
-_MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "dot", "mv"})
-
 
 def device_of(op: torch._ops.OpOverload, leaves: list[Any], kwargs: dict, host_op: bool) -> int:
     """The card an op runs on. Its spyre operands must share one card; CPU operands are accepted as
@@ -123,11 +122,11 @@ class _NeedsHost(Exception):
 
 @dataclass(eq=False)
 class EagerProgram:
-    """A one-kernel program for one op signature (a :class:`~spyre_lab.runtime.jobplan.Launchable`): what it
+    """A one-kernel program for one op signature (a :class:`~spyre_lab.runtime.launch.kernels.LaunchProgram`): what it
     reads, writes and allocates."""
 
     name: str
-    kernels: list[FunctionKernel]
+    kernels: list[LoadedFunction]
     input_leaves: list[int]                  # leaf positions of spyre inputs, slot in<i>
     mutated_leaves: list[int]                # leaf positions written in place (subset of input_leaves)
     out_meta: tuple[list[tuple[str, int]], Any]  # ("arg", leaf) / ("new", j) per output leaf, and the out spec
@@ -152,6 +151,11 @@ PROGRAM_CACHE_SIZE = 1024
 
 def program_cache_size() -> int:
     return len(_PROGRAMS)
+
+
+def cached_programs() -> list[EagerProgram]:
+    """The one-op programs kept now, least recently used first."""
+    return list(_PROGRAMS.values())
 
 
 def _shape_of_call(args: tuple, kwargs: dict) -> tuple:
@@ -332,7 +336,7 @@ def _build_program(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, cfg:
     slots = [f"in{k}" for k in range(len(input_leaves))] + [f"out{j}" for j in range(len(new_outputs))]
     held = _held_constants(leaves, written)
     compute = _make_compute(op, held, spec, input_leaves, written, markers, out_spec)
-    kernel = FunctionKernel(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
+    kernel = LoadedFunction(name, slots, compute, time_us, timing="roofline, no compiled program", args=detail)
     out_args = set(written_leaves(op, leaves, spec, only_out=True))
     compiled = None
     if set(written) != out_args:
@@ -414,40 +418,3 @@ def clear_program_cache() -> None:
 
 
 on_reset(clear_program_cache)
-
-
-# --- modeled device time of a one-op reference kernel ----------------------------------------------
-def op_roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor],
-                   cfg: SpyreConfig) -> tuple[float, dict[str, Any]]:
-    """Modeled time of one op as a device kernel: its operands' bytes in the device format, its work
-    (2 FLOPs per multiply-add on the PE arrays, else element passes on the SFUs), on the roofline.
-
-    A scatter (``index_copy``) reads its index and source and writes only the rows it indexes, a gather
-    (``index_select``) reads its index and only the rows it selects: the rest of the indexed tensor (a whole
-    KV cache) is never touched, so it is not counted."""
-    if name in _SCATTERS and len(inputs) == 3:
-        _target, index, source = inputs
-        inputs, outputs = [index, source], [source]
-    elif name in _GATHERS and len(inputs) == 2 and outputs:
-        _source, index = inputs
-        inputs = [index, outputs[0]]
-    nbytes = sum(device_nbytes(t) for t in (*inputs, *outputs))
-    if name in _MATMULS:
-        return roofline_us(nbytes, _matmul_flops(name, inputs, outputs), "pt", cfg)
-    elems = max([t.numel() for t in (*inputs, *outputs)] or [0])
-    passes = cfg.transcendental_factor if name in _TRANSCENDENTAL else 1
-    return roofline_us(nbytes, elems * passes, "sfu", cfg)
-
-
-_SCATTERS = frozenset({"index_copy"})
-_GATHERS = frozenset({"index_select"})
-
-
-def _matmul_flops(name: str, inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> int:
-    out = outputs[0] if outputs else inputs[0]
-    if name == "dot":
-        return 2 * inputs[0].numel()
-    operands = inputs[-2:] if name in ("mm", "bmm", "mv") else inputs[1:3]
-    k = operands[0].shape[-1] if operands[0].dim() else 1
-    return 2 * out.numel() * k
-

@@ -19,12 +19,12 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from spyre_lab.compiler.user_line import caller_frame, user_frame, warn_at_user_line, where
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import dma_us
 from spyre_lab.runtime.op_schema import rewrap_numbers, to_cpu_kwargs, written_leaves
-from spyre_lab.runtime.streams import TIMELINE, current_stream, pcie_lane
+from spyre_lab.runtime.stream import current_stream
 from spyre_lab.runtime.tensor import device_nbytes, from_host, host_view, resize, write_into
+from spyre_lab.runtime.timeline import TIMELINE, dma_us, pcie_lane
+from spyre_lab.user_line import caller_frame, user_frame, warn_at_user_line, where
 
 # estimates (documented nowhere): one host core doing the CPU fallback's work.
 # estimates (measured nowhere): one host core doing a fallback's work, plus its dispatch cost.

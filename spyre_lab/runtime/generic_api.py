@@ -137,7 +137,7 @@ def _load_tag(storage: Any) -> None:
 def _load_to_spyre(storage: Any, location: str) -> None:
     if location != BACKEND and not location.startswith(BACKEND + ":"):
         return None
-    from spyre_lab.runtime.tensor import SpyreUsageError
+    from spyre_lab.runtime.errors import SpyreUsageError
 
     raise SpyreUsageError(
         f"torch.load(..., map_location={location!r}) cannot put raw storages on the card: spyre keeps each tensor "
@@ -148,7 +148,7 @@ def _load_to_spyre(storage: Any, location: str) -> None:
 
 
 def _storage_error(what: str) -> Exception:
-    from spyre_lab.runtime.tensor import SpyreUsageError
+    from spyre_lab.runtime.errors import SpyreUsageError
 
     return SpyreUsageError(
         f"{what} cannot put a raw storage on the card: spyre keeps each tensor stickified for its shape and "

@@ -79,11 +79,3 @@ def to_copy(self: torch.Tensor, dtype: torch.dtype | None = None, layout: torch.
         out = torch.empty(self.shape, dtype=dtype, device=device, memory_format=memory_format)
     out.copy_(self, non_blocking=non_blocking)
     return _remember(out) if pinned else out
-
-
-def register(library: torch.library.Library) -> None:
-    """Register the three kernels on ``library`` (an ``aten`` IMPL library)."""
-    aten = torch.ops.aten
-    library.impl(aten._pin_memory.default, pin_memory, "CPU")
-    library.impl(aten.is_pinned.default, is_pinned, "CPU")
-    library.impl(aten._to_copy.default, to_copy, "PrivateUse1")

@@ -16,7 +16,7 @@ import re
 import torch
 
 from spyre_lab.device.memory import DeviceOutOfMemoryError, format_bytes
-from spyre_lab.runtime.tensor import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreUsageError
 
 _HOST_ALLOCATOR_FAILED = re.compile(r"DefaultCPUAllocator: can't allocate memory: you tried to allocate (\d+) bytes")
 

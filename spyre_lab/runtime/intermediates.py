@@ -19,9 +19,10 @@ from dataclasses import dataclass
 
 import torch
 
+from spyre_lab.device.layout import contiguous_strides
 from spyre_lab.device.memory import DeviceOutOfMemoryError, FreeList, format_bytes
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.tensor import DeviceBuffer, DeviceSlot, buffer_layout
+from spyre_lab.runtime.tensor import DeviceBuffer, buffer_layout, storage_numel, torch_device
 
 
 @dataclass(frozen=True)
@@ -112,3 +113,42 @@ def place_intermediates(private: Sequence[tuple[str, tuple[int, ...], torch.dtyp
     pool = IntermediatesPool(placements, slots, claims)
     device.intermediates_peak_bytes = max(device.intermediates_peak_bytes, pool.peak_bytes)
     return pool
+
+
+class DeviceSlot:
+    """A DRAM buffer a compiled program keeps to itself (an intermediate between two of its kernels): placed in
+    the card's intermediates segment when the program is loaded (:mod:`~spyre_lab.runtime.intermediates`), bound
+    and patched like a tensor at every launch, but with no torch tensor around it, since nothing outside the
+    program ever sees it.
+
+    It answers what the launch path asks of a bound tensor: its card, dtype, size, stride and buffer."""
+
+    __slots__ = ("_size", "_stride", "buffer", "device", "dtype", "spyre_buffer")
+
+    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, address: int,
+                 exact: bool = False) -> None:
+        self._size = torch.Size(size)
+        self._stride = contiguous_strides(self._size)
+        self.dtype = dtype
+        self.device = torch_device(device_index)
+        self.buffer = self.spyre_buffer = DeviceBuffer(get_device(device_index), storage_numel(size, self._stride),
+                                                       dtype, self._size, exact=exact, placed_at=address)
+
+    def size(self) -> torch.Size:
+        return self._size
+
+    @property
+    def shape(self) -> torch.Size:
+        return self._size
+
+    def stride(self) -> tuple[int, ...]:
+        return self._stride
+
+    def storage_offset(self) -> int:
+        return 0
+
+    def numel(self) -> int:
+        return self.buffer.numel
+
+    def untyped_storage(self) -> DeviceSlot:
+        return self                           # ``buffer_of`` finds ``spyre_buffer`` here, as on a storage

@@ -20,7 +20,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.executor import execute
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedSpec
-from spyre_lab.runtime.jobplan import is_timing_only
+from spyre_lab.runtime.launch.options import is_timing_only
 from spyre_lab.runtime.op_schema import functional_variant, mutated_args, rewrap_numbers, to_cpu_kwargs
 
 _NOT_COMPILED: dict[str, str] = {}

@@ -19,18 +19,15 @@ from typing import Any
 
 import torch
 
+from spyre_lab.runtime import kernel_table
 from spyre_lab.runtime.eager_programs import DEVICE_OPS, launch_eager
+from spyre_lab.runtime.errors import SpyreInferenceOnlyError, SpyreUsageError
 from spyre_lab.runtime.host_memory_limit import host_out_of_memory
 from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
-from spyre_lab.runtime.tensor import SpyreUsageError
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 aten = torch.ops.aten
-
-
-class SpyreInferenceOnlyError(RuntimeError):
-    """Raised when autograd tries to run a backward pass through spyre tensors."""
 
 
 # --- entry point --------------------------------------------------------------------------------
@@ -94,15 +91,6 @@ def _convolution(*args: Any, **kwargs: Any) -> Any:
     return dispatch(aten.convolution.default, *args, **kwargs)
 
 
-# Registered when the eager machinery loads, i.e. on the first op on a spyre tensor, which precedes any of these
-# (a sparse or convolution call on spyre needs dense spyre tensors made first).
-_SPARSE_FALLBACKS = torch.library.Library("_", "IMPL")
-for _key in ("SparsePrivateUse1", "SparseCsrPrivateUse1"):
-    _SPARSE_FALLBACKS.fallback(_refuse_sparse, _key)
-_DIRECT = torch.library.Library("aten", "IMPL")
-_DIRECT.impl("convolution_overrideable", _convolution, "PrivateUse1")
-
-
 def _structured_functional_ops() -> list[torch._ops.OpOverload]:
     """The functional overloads of device ops that torch would run as ``empty`` + the ``out=`` op.
 
@@ -139,8 +127,10 @@ def _direct_kernel(op: torch._ops.OpOverload) -> Any:
 
 STRUCTURED_DIRECT = _structured_functional_ops()
 """Functional device ops registered as PrivateUse1 kernels of their own (see :func:`_structured_functional_ops`)."""
-for _op in STRUCTURED_DIRECT:
-    _DIRECT.impl(_op, _direct_kernel(_op), "PrivateUse1")
+# Registered when the eager machinery loads, i.e. on the first op on a spyre tensor, which precedes any of these
+# (a sparse or convolution call on spyre needs dense spyre tensors made first).
+kernel_table.install("first op", kernel_table.first_op_rows(
+    _refuse_sparse, _convolution, [(op, _direct_kernel(op)) for op in STRUCTURED_DIRECT]))
 
 
 def _view(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:

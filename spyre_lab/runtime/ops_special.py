@@ -15,8 +15,7 @@ import torch
 from spyre_lab.device.layout import contiguous_strides
 from spyre_lab.runtime.devices import device_index, get_device
 from spyre_lab.runtime.eager_programs import launch_eager
-from spyre_lab.runtime.jobplan import dma_us
-from spyre_lab.runtime.streams import TIMELINE, current_stream, pcie_lane
+from spyre_lab.runtime.stream import current_stream
 from spyre_lab.runtime.tensor import (
     SpyreUsageError,
     device_nbytes,
@@ -26,6 +25,7 @@ from spyre_lab.runtime.tensor import (
     resize,
     write_into,
 )
+from spyre_lab.runtime.timeline import TIMELINE, dma_us, pcie_lane
 
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 aten = torch.ops.aten

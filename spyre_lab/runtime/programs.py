@@ -8,10 +8,10 @@ does with it:
 * uploads the program's constants once per card (they live with the loaded program),
 * allocates a DRAM buffer for every output of this launch; the program's intermediates were placed once,
   by live range, in the card's intermediates segment (:mod:`~spyre_lab.runtime.intermediates`),
-* launches every kernel through the JobPlan path (HostCompute correction -> H2D of the blob ->
-  Compute), a host fallback as D2H -> HostCompute -> H2D,
-* lands the program's in-place updates (``program.mutations``) in the caller's tensors: the JobPlan
-  ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.jobplan.WriteBack`),
+* launches every kernel through the one launch route, :mod:`~spyre_lab.runtime.launch` (HostCompute correction ->
+  H2D of the blob -> Compute), a host fallback as D2H -> HostCompute -> H2D,
+* lands the program's in-place updates (``program.mutations``) in the caller's tensors: the launch
+  ends with one write-back kernel per mutated input (:class:`~spyre_lab.runtime.launch.correction.WriteBack`),
 * returns the outputs as spyre tensors: new tensors of this launch, or views of an input the program returns as
   a view (a constant output is copied: the loaded program keeps its constants, and a caller may write to what it
   gets back).
@@ -39,8 +39,8 @@ from spyre_lab.compiler.program import HostFallback, Launch, Program
 from spyre_lab.device.trace import Trace
 from spyre_lab.runtime.devices import get_device, spyre_index
 from spyre_lab.runtime.intermediates import IntermediatesPool, place_intermediates
-from spyre_lab.runtime.jobplan import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
-from spyre_lab.runtime.streams import Stream
+from spyre_lab.runtime.launch import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
+from spyre_lab.runtime.stream import Stream
 from spyre_lab.runtime.tensor import empty_spyre
 
 EXACT_INTERMEDIATE_DTYPES = (torch.float32,)
@@ -50,8 +50,9 @@ per 128-byte stick), which the compiler's decompositions use for norms, variance
 
 @dataclass(eq=False)
 class LoadedKernel:
-    """One launch of a compiler Program as the runtime runs it (a :class:`~spyre_lab.runtime.jobplan.RuntimeKernel`):
-    the compiler's numerics for its fused kernel, its modeled time from the simulator."""
+    """One launch of a compiler Program as the runtime runs it (a
+    :class:`~spyre_lab.runtime.launch.kernels.LaunchKernel`): the compiler's numerics for its fused kernel, its
+    modeled time from the simulator."""
 
     program: Program
     kernel: NodeGroup
@@ -135,7 +136,7 @@ def _splits_a_reduction(spec: KernelSpec) -> bool:
 
 @dataclass(eq=False)
 class LoadedProgram:
-    """A compiler Program as the runtime launches it (a :class:`~spyre_lab.runtime.jobplan.Launchable`): its
+    """A compiler Program as the runtime launches it (a :class:`~spyre_lab.runtime.launch.kernels.LaunchProgram`): its
     kernels timed in one mode, and its constants uploaded once per card."""
 
     program: Program

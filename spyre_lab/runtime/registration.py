@@ -4,10 +4,11 @@
 module / storage methods (``x.spyre()``, ``x.is_spyre``, ``module.spyre()``), installs
 ``torch.spyre`` and the Python device guard and hooks, and registers ONE boxed fallback kernel for
 the PrivateUse1 dispatch key (:func:`spyre_lab.runtime.ops.dispatch`), through which every ATen op
-on a spyre tensor passes. It also installs what keeps ordinary PyTorch habits working next to the
-device: fp16 autocast kernels (``autocast``), pinned host memory (``host_memory``) and the
-``torch.accelerator`` / ``torch.Generator`` / ``torch.load`` routes (``generic_api``), and the storage methods
-that would otherwise need a C++ allocator (``storages``: ``clone``, hence ``copy.deepcopy``).
+on a spyre tensor passes, with the other kernels of the first stage of the one table of torch registrations
+(:mod:`~spyre_lab.runtime.kernel_table`: direct kernels, fp16 autocast, pinned host memory). It also installs
+what keeps ordinary PyTorch habits working next to the device: the ``torch.accelerator`` / ``torch.Generator`` /
+``torch.load`` routes (``generic_api``), and the storage methods that would otherwise need a C++ allocator
+(``storages``: ``clone``, hence ``copy.deepcopy``).
 
 It runs on ``import torch`` through the ``torch.backends`` entry point (:func:`spyre_lab.runtime._autoload`).
 """
@@ -20,10 +21,9 @@ from typing import Any
 
 import torch
 
-from spyre_lab.runtime import autocast, generic_api, host_memory, storages
+from spyre_lab.runtime import generic_api, kernel_table, storages
 
 BACKEND = "spyre"
-_LIBRARIES: list[torch.library.Library] = []
 
 
 class SpyreHooks(torch._C._acc.PrivateUse1Hooks):
@@ -53,12 +53,12 @@ def _device_module() -> types.ModuleType:
 
 
 def is_registered() -> bool:
-    return bool(_LIBRARIES)
+    return kernel_table.is_installed("import")
 
 
 def register() -> None:
     """Register the spyre backend with torch (safe to call more than once)."""
-    if _LIBRARIES:
+    if is_registered():
         return
     if torch._C._get_privateuse1_backend_name() != BACKEND:
         torch.utils.rename_privateuse1_backend(BACKEND)
@@ -69,35 +69,9 @@ def register() -> None:
     torch._C._acc.register_python_privateuseone_hook(SpyreHooks())
     torch._C._acc.register_python_privateuseone_device_guard(SpyreDeviceGuard())
 
-    lib = torch.library.Library("_", "IMPL")  # fallbacks live in the global namespace "_"
-    lib.fallback(_dispatch, "PrivateUse1")
-    lib.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
-    direct = torch.library.Library("aten", "IMPL")
-    for op in (*DIRECT_KERNELS, *TRANSFER_KERNELS):
-        direct.impl(op, _kernel_for(op), "PrivateUse1")
-    autocast.register(direct)
-    host_memory.register(direct)
-    _LIBRARIES.extend((lib, direct))
+    kernel_table.install("import", kernel_table.import_rows(_dispatch, _kernel_for))
     storages.install()
     generic_api.install()
-
-
-DIRECT_KERNELS = (torch.ops.aten.native_layer_norm.default, torch.ops.aten.view.dtype, torch.ops.aten.rms_norm.default)
-"""Ops the dispatcher would otherwise decompose or run with a composite kernel before the backend
-fallback sees them; a direct PrivateUse1 registration keeps them whole, like the real stack's
-fused custom ops (a decomposed rms_norm would also round its fp32 intermediates to fp16)."""
-
-TRANSFER_KERNELS = (
-    torch.ops.aten.empty_strided.default,
-    torch.ops.aten.empty.memory_format,
-    torch.ops.aten._copy_from.default,
-    torch.ops.aten._copy_from_and_resize.default,
-)
-"""Allocation and host<->device copies, registered per op as well as through the fallback. torch reaches
-them with a TorchDispatchMode still on the stack (``torch.tensor(data, device="spyre")`` builds the real
-tensor with modes disabled, then lifts it into the mode): a per-op Python kernel is found again from
-there, a Python *fallback* is not (torch stops on an internal assert). This is what lets Dynamo's
-FakeTensorMode trace factory calls on the device, such as transformers' ``torch.tensor([], device=...)``."""
 
 
 def _dispatch_unwrapped(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:

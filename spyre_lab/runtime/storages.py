@@ -31,7 +31,7 @@ BACKEND = "spyre"
 
 
 def _usage_error(message: str) -> Exception:
-    from spyre_lab.runtime.tensor import SpyreUsageError
+    from spyre_lab.runtime.errors import SpyreUsageError
 
     return SpyreUsageError(message)
 

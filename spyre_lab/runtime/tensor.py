@@ -9,20 +9,10 @@ saved tensors share the storage, so they all find the same payload.
 The payload keeps the data the way the card does: stickified (:func:`~spyre_lab.device.layout.stickify`)
 in the device dtype, in an allocation of the device's DRAM model.
 
-**Dtype policy** (one rule for every source dtype). The card computes and stores floating point
-in fp16. A float32 / float64 / bfloat16 tensor keeps its dtype on the host side (type promotion
-and module code behave as on the CPU) but is *stored as fp16*, with one warning per dtype the
-first time one is allocated:
-
-* values are rounded to fp16 (11 significant bits, about 3 decimal digits; magnitudes below
-  6e-8 become 0), so ``.cpu()`` gives back the original dtype holding fp16 values;
-* a finite value beyond fp16's range (``|x| > 65504``) is never turned into inf: writing it
-  (a copy to the card, a fallback's result, a device kernel's result) raises
-  :class:`SpyreRangeError`, which names the largest value and the fix.
-
-Integers and bool are stored as the layout dictates (int64 as int32, refusing values beyond
-int32; bool as fp16 0/1). Complex dtypes and dtypes with no device format raise
-:class:`SpyreDtypeError`.
+**Dtype policy** (one rule for every source dtype, :mod:`~spyre_lab.runtime.dtype_policy`). The card computes
+and stores floating point in fp16: a float32 / float64 / bfloat16 tensor keeps its dtype on the host side but is
+stored as fp16 (one warning per dtype), and a finite value beyond fp16's range raises
+:class:`~spyre_lab.runtime.errors.SpyreRangeError` rather than becoming inf.
 
 A host mirror (the unstickified storage, flat) is cached per buffer and dropped on every write, so
 kernels that read the same buffer repeatedly do not unstickify it every time.
@@ -36,84 +26,21 @@ from collections.abc import Sequence
 
 import torch
 
-from spyre_lab.compiler.user_line import warn_at_user_line
 from spyre_lab.device.layout import StickLayout, contiguous_strides, stickify, unstickify
 from spyre_lab.device.layout import device_dtype as layout_device_dtype
 from spyre_lab.device.memory import Allocation
 from spyre_lab.runtime.devices import SpyreDevice, get_device
+from spyre_lab.runtime.dtype_policy import (
+    NARROWED_TO_FP16,
+    check_fits_fp16,
+    check_fits_int32,
+    storage_dtype,
+    warn_if_narrowed,
+)
+from spyre_lab.runtime.errors import SpyreDtypeError, SpyreRangeError, SpyreUsageError  # noqa: F401  (raised here)
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
-
-# Floating dtypes the card does not compute in: held as fp16 (the device dtype) instead.
-_NARROWED_TO_FP16 = (torch.float32, torch.float64, torch.bfloat16)
-_UNSUPPORTED = (torch.complex32, torch.complex64, torch.complex128)
-_warned_dtypes: set[torch.dtype] = set()
-
-
-class SpyreUsageError(RuntimeError):
-    """A spyre tensor was used in a way the modeled device cannot honour; the message says how to fix it."""
-
-
-class SpyreDtypeError(SpyreUsageError, TypeError):
-    """A dtype the card cannot hold (complex, int16, uint64, ...)."""
-
-
-class SpyreRangeError(SpyreUsageError, ValueError):
-    """Values that the fp16 storage of a non-fp16 floating tensor cannot hold (beyond +-65504)."""
-
-
-def storage_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype a host ``dtype`` is stored in on the card (before the layout's own narrowing)."""
-    if dtype in _UNSUPPORTED or dtype.is_complex:
-        raise SpyreDtypeError(
-            f"spyre has no complex dtypes (got {dtype}); keep complex tensors on the CPU or split real and "
-            "imaginary parts with torch.view_as_real before moving them"
-        )
-    stored = torch.float16 if dtype in _NARROWED_TO_FP16 else dtype
-    try:
-        layout_device_dtype(stored)
-    except TypeError as e:
-        raise SpyreDtypeError(f"spyre cannot hold {dtype} tensors: {e}; keep them on the CPU") from None
-    return stored
-
-
-FP16_MAX = torch.finfo(torch.float16).max
-
-
-def check_fits_fp16(values: torch.Tensor, stored: torch.Tensor) -> None:
-    """Refuse a write of ``values`` (a non-fp16 floating dtype) whose fp16 copy ``stored`` turned a
-    finite value into inf: the policy is an error, never a silent inf."""
-    overflow = torch.isinf(stored) & torch.isfinite(values)
-    if bool(overflow.any()):
-        largest = float(values[overflow].abs().max())
-        raise SpyreRangeError(
-            f"{values.dtype} values up to {largest:.6g} do not fit float16 (max {FP16_MAX:g}), the dtype spyre stores "
-            f"{values.dtype} tensors in; scale them into range (e.g. divide by a power of two) or keep this tensor "
-            "and the computation on the CPU"
-        )
-
-
-def check_fits_int32(values: torch.Tensor) -> None:
-    """Refuse int64 values the card's int32 storage cannot hold (checked when written, not when stickified)."""
-    if values.numel():
-        low, high = (int(v) for v in torch.aminmax(values))
-        info = torch.iinfo(torch.int32)
-        if low < info.min or high > info.max:
-            raise ValueError(f"int64 values in [{low}, {high}] do not fit the card's int32 storage "
-                             f"([{info.min}, {info.max}]); keep such tensors on the host")
-
-
-def warn_if_narrowed(dtype: torch.dtype) -> None:
-    """One warning per dtype the first time a tensor of ``dtype`` is stored as fp16 on the card."""
-    if dtype in _NARROWED_TO_FP16 and dtype not in _warned_dtypes:
-        _warned_dtypes.add(dtype)
-        warn_at_user_line(
-            f"spyre stores {dtype} tensors as float16 (the device dtype): values are rounded to fp16 (about 3 "
-            f"significant digits, magnitudes below 6e-8 become 0), values beyond +-{FP16_MAX:g} raise an error, and "
-            f".cpu() returns {dtype} holding those fp16 values. Use float16 tensors to silence this."
-        )
-
 
 _WINDOWS_KEPT = 8
 """Windows of one buffer's mirror kept for reuse (:meth:`DeviceBuffer.read_window`)."""
@@ -132,7 +59,7 @@ class DeviceBuffer:
         self.host_dtype = host_dtype
         shape = tuple(shape)
         self.layout = buffer_layout(shape, host_dtype, device.config.stick_bytes, exact)
-        if not exact and host_dtype in _NARROWED_TO_FP16:
+        if not exact and host_dtype in NARROWED_TO_FP16:
             warn_if_narrowed(host_dtype)
         self.generation = device.generation
         self._data: torch.Tensor | None = None  # materialised on first use: a copy-in writes it whole
@@ -212,7 +139,7 @@ class DeviceBuffer:
             return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
-        if self.layout.dtype == torch.float16 and self.host_dtype in _NARROWED_TO_FP16:
+        if self.layout.dtype == torch.float16 and self.host_dtype in NARROWED_TO_FP16:
             check_fits_fp16(source, staged)
         elif staged.dtype == torch.int64:
             check_fits_int32(staged)
@@ -274,7 +201,7 @@ class DeviceBuffer:
             self._replace_mirror(host)
             _ROW_MIRRORS[self] = weakref.ref(host)
         staged = values.to(self.layout.dtype)
-        if self.layout.dtype == torch.float16 and values.dtype in _NARROWED_TO_FP16:
+        if self.layout.dtype == torch.float16 and values.dtype in NARROWED_TO_FP16:
             check_fits_fp16(values, staged)
         elif staged.dtype == torch.int64:
             check_fits_int32(staged)
@@ -313,22 +240,18 @@ def buffer_layout(shape: tuple[int, ...], host_dtype: torch.dtype, stick_bytes: 
 
 
 # --- making tensors ---------------------------------------------------------------------------
-_SEEDS: dict[tuple[int, torch.dtype], torch.Tensor] = {}
-
-
 def _seed_tensor(index: int, dtype: torch.dtype) -> torch.Tensor:
     """A 0-element PrivateUse1 tensor on ``spyre:index`` to clone fresh TensorImpls from.
 
     ``torch._C._acc.create_empty_tensor`` only makes ``spyre:0`` tensors; for other indices a CPU
     tensor's DLPack capsule is relabelled as an external device (kDLExtDev = PrivateUse1).
     """
-    key = (index, dtype)
-    seed = _SEEDS.get(key)
+    seeds = get_device(index).seed_tensors                 # kept by the card
+    seed = seeds.get(dtype)
     if seed is None:
         # made inside inference_mode, the seed (and every tensor aliased from it later) would be an inference tensor
         with torch.inference_mode(False):
-            seed = _new_seed(index, dtype)
-        _SEEDS[key] = seed
+            seed = seeds[dtype] = _new_seed(index, dtype)
     return seed
 
 
@@ -362,7 +285,7 @@ def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.
     size, stride, numel, shape = _geometry(tuple(size), None if stride is None else tuple(stride))
     device = get_device(device_index)
     buffer = DeviceBuffer(device, numel, dtype, shape, exact=exact)
-    storage = torch._C._construct_storage_from_data_pointer(buffer.address, _torch_device(device_index),
+    storage = torch._C._construct_storage_from_data_pointer(buffer.address, torch_device(device_index),
                                                             numel * dtype.itemsize)
     tensor = _ALIAS(_META, _seed_tensor(device_index, dtype))
     _SET_STORAGE(_CPU, tensor, storage, 0, size, stride)
@@ -402,47 +325,8 @@ def _geometry(size: tuple[int, ...], stride: tuple[int, ...] | None
     return size, stride, numel, size if stride == contiguous else (numel,)
 
 
-class DeviceSlot:
-    """A DRAM buffer a compiled program keeps to itself (an intermediate between two of its kernels): placed in
-    the card's intermediates segment when the program is loaded (:mod:`~spyre_lab.runtime.intermediates`), bound
-    and patched like a tensor at every launch, but with no torch tensor around it, since nothing outside the
-    program ever sees it.
-
-    It answers what the launch path asks of a bound tensor: its card, dtype, size, stride and buffer."""
-
-    __slots__ = ("_size", "_stride", "buffer", "device", "dtype", "spyre_buffer")
-
-    def __init__(self, size: tuple[int, ...], dtype: torch.dtype, device_index: int, address: int,
-                 exact: bool = False) -> None:
-        self._size = torch.Size(size)
-        self._stride = contiguous_strides(self._size)
-        self.dtype = dtype
-        self.device = _torch_device(device_index)
-        self.buffer = self.spyre_buffer = DeviceBuffer(get_device(device_index), storage_numel(size, self._stride),
-                                                       dtype, self._size, exact=exact, placed_at=address)
-
-    def size(self) -> torch.Size:
-        return self._size
-
-    @property
-    def shape(self) -> torch.Size:
-        return self._size
-
-    def stride(self) -> tuple[int, ...]:
-        return self._stride
-
-    def storage_offset(self) -> int:
-        return 0
-
-    def numel(self) -> int:
-        return self.buffer.numel
-
-    def untyped_storage(self) -> DeviceSlot:
-        return self                           # ``buffer_of`` finds ``spyre_buffer`` here, as on a storage
-
-
 @functools.lru_cache(maxsize=64)
-def _torch_device(index: int) -> torch.device:
+def torch_device(index: int) -> torch.device:
     return torch.device("spyre", index)
 
 

@@ -193,7 +193,7 @@ def build_model(config: ModelConfig, platform: object, dtype: torch.dtype = torc
 
 @contextlib.contextmanager
 def _runtime(step: StepConfig) -> Iterator[None]:
-    from spyre_lab.runtime.jobplan import RuntimeOptions, set_default_options, timing_only
+    from spyre_lab.runtime.launch import RuntimeOptions, set_default_options, timing_only
 
     previous = set_default_options(RuntimeOptions(dispatch=step.dispatch, overlap=step.overlap))
     try:
@@ -238,7 +238,8 @@ class EngineProbe:
 
         ``step`` (default: the probe's own) may differ from the probe's in the runtime-only options only
         (``StepConfig.traced``): the same model and programs, launched with that dispatch and overlap."""
-        from spyre_lab.runtime.streams import recording, reset_time
+        from spyre_lab.runtime.stream import reset_time
+        from spyre_lab.runtime.timeline import recording
 
         step = step or self.step
         if step.traced() != self.step.traced():

@@ -3,7 +3,7 @@
 A step's trace holds, in order, everything the host did (``enqueue X``, graph rebuilds, waits, host
 fallbacks) and every step it put on the card's queues (program correction callbacks, PCIe copies, kernels).
 :class:`StepLog` keeps that sequence; :meth:`StepLog.retime` replays it with the rules of
-``runtime.streams.Stream.enqueue``: the host pays the launch cost and moves on, a queued step starts when the
+``runtime.stream.Stream.enqueue``: the host pays the launch cost and moves on, a queued step starts when the
 host has issued it, its stream is free and its unit (cores, PCIe in one direction, the callback thread) is
 free, and a wait moves the host clock to the stream's end. Durations are derived again from a
 :class:`~spyre_lab.device.config.SpyreConfig`:

@@ -132,13 +132,14 @@ class Outcome:
 def launch_trace(program: Program, inputs: Sequence[torch.Tensor], dispatch: str) -> Trace:
     """One launch of ``program`` on the card under ``dispatch``: its modeled events, host waits included.
 
-    The launch goes through the runtime's one launch path (``jobplan.launch``: real DRAM buffers, correction
+    The launch goes through the runtime's one launch path (``runtime.launch.launch``: real DRAM buffers, correction
     blobs, the same JobPlan steps as ``run_program``) in the runtime's ``timing_only()`` mode, which leaves each
     kernel's numerics out because no modeled time depends on them; that keeps a what-if change fast.
     """
-    from spyre_lab.runtime.jobplan import RuntimeOptions, launch, timing_only
+    from spyre_lab.runtime.launch import RuntimeOptions, launch, timing_only
     from spyre_lab.runtime.programs import load
-    from spyre_lab.runtime.streams import current_stream, recording, synchronize
+    from spyre_lab.runtime.stream import current_stream, synchronize
+    from spyre_lab.runtime.timeline import recording
 
     options = RuntimeOptions(dispatch=dispatch)  # type: ignore[arg-type]
     index = inputs[0].device.index or 0

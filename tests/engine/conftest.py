@@ -1,4 +1,5 @@
-"""Shared fixtures: small Hugging Face checkpoints saved by transformers (a reference we did not write)."""
+"""Shared fixtures: small Hugging Face checkpoints saved by transformers (a reference we did not write), and a
+modeled clock at zero for every test (:func:`spyre_lab.runtime.process_state.reset`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,15 @@ import torch
 # The models here are tiny: one intra-op thread is fastest, and on a shared machine a second
 # thread mostly spins waiting for a busy core (measured: 25x slower under load).
 torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def clean_clock():
+    """Every test starts at modeled time zero, on the default stream of spyre:0, whatever ran before it."""
+    from spyre_lab.runtime import process_state
+
+    process_state.reset("clock")
+    yield
 
 
 def save_hf_model(path, architecture: str = "granite", **overrides) -> str:

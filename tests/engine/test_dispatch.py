@@ -12,11 +12,7 @@ import torch
 from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.engine import LLM, SamplingParams
-
-try:
-    from spyre_lab.engine.platforms.spyre import SpyrePlatform
-except ImportError as error:  # the runtime layer is optional for the engine
-    pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
+from spyre_lab.engine.platforms.spyre import SpyrePlatform
 
 PROMPTS = ["count from 5 to 12:", "3 + 4 =", "letters from c to h:"]
 
@@ -37,19 +33,26 @@ def runs() -> dict[bool, tuple[LLM, list[list[int]]]]:
     return {flag: run(flag) for flag in (True, False)}
 
 
-def test_warmed_buckets_skip_dynamo(runs) -> None:
-    llm, _ = runs[True]
-    dispatch = llm.llm_engine.platform.dispatch
-    assert dispatch.buckets == [("decode", 1), ("decode", 3), ("prefill", 24)]
-    served = sum(1 for r in llm.stats.to_rows() if not r["kind"].startswith("warmup"))
-    assert dispatch.calls == {"dynamo": 3, "direct": served}       # the three warmup compiles, then none
+@pytest.fixture(scope="module")
+def after_the_run(runs) -> tuple[list, dict[str, int], dict[bool, list[dict]]]:
+    """The guard-free run's buckets and dispatch counts, and both runs' step rows, as the runs left them: taken
+    before any test uses the engines again (test_direct_call_equals_dynamo_call adds a call and steps of its own)."""
+    dispatch = runs[True][0].llm_engine.platform.dispatch
+    return list(dispatch.buckets), dict(dispatch.calls), {flag: llm.stats.to_rows() for flag, (llm, _) in runs.items()}
+
+
+def test_warmed_buckets_skip_dynamo(runs, after_the_run) -> None:
+    buckets, calls, rows = after_the_run
+    served = sum(1 for r in rows[True] if not r["kind"].startswith("warmup"))
+    assert buckets == [("decode", 1), ("decode", 3), ("prefill", 24)]
+    assert calls == {"dynamo": 3, "direct": served}                # the three warmup compiles, then none
     assert runs[False][0].llm_engine.platform.dispatch is None
 
 
-def test_same_run_with_and_without_guards(runs) -> None:
-    (on, tokens_on), (off, tokens_off) = runs[True], runs[False]
+def test_same_run_with_and_without_guards(runs, after_the_run) -> None:
+    (_, tokens_on), (_, tokens_off) = runs[True], runs[False]
     assert tokens_on == tokens_off
-    rows_on, rows_off = on.stats.to_rows(), off.stats.to_rows()
+    rows_on, rows_off = after_the_run[2][True], after_the_run[2][False]
     assert [r["kind"] for r in rows_on] == [r["kind"] for r in rows_off]
     # modeled times: equal up to the rounding of where on the process's modeled clock each step ran
     assert [r["device_ms_modeled"] for r in rows_on] == pytest.approx([r["device_ms_modeled"] for r in rows_off],
@@ -57,7 +60,7 @@ def test_same_run_with_and_without_guards(runs) -> None:
 
 
 @torch.inference_mode()
-def test_direct_call_equals_dynamo_call(runs) -> None:
+def test_direct_call_equals_dynamo_call(runs, after_the_run) -> None:
     llm, _ = runs[True]
     engine = llm.llm_engine
     platform, runner = engine.platform, engine.runner

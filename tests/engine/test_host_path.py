@@ -21,16 +21,12 @@ from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.compiler.paged_attention_numerics import paged_online_attention
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import causal_bias
+from spyre_lab.engine.platforms import paged_kernel
+from spyre_lab.engine.platforms.paged_attention_op import KernelAttention, is_paged_attention
+from spyre_lab.engine.platforms.spyre import SpyrePlatform
 from spyre_lab.engine.sequence import Sequence
-
-try:
-    from spyre_lab.engine.platforms import paged_kernel
-    from spyre_lab.engine.platforms.paged_attention_op import KernelAttention, is_paged_attention
-    from spyre_lab.engine.platforms.spyre import SpyrePlatform
-    from spyre_lab.runtime.streams import recording
-    from spyre_lab.runtime.tensor import SpyreRangeError, buffer_of, host_view
-except ImportError as error:  # the runtime layer is optional for the engine
-    pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
+from spyre_lab.runtime.tensor import SpyreRangeError, buffer_of, host_view
+from spyre_lab.runtime.timeline import recording
 
 BLOCK = 4
 

@@ -16,15 +16,11 @@ from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 from spyre_lab.compiler.options import CompileOptions
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import AttentionMetadata, causal_bias
-
-try:
-    from spyre_lab.engine.platforms import paged_kernel
-    from spyre_lab.engine.platforms.paged_attention_op import grouped_paged_attention
-    from spyre_lab.engine.platforms.spyre import SpyrePlatform
-    from spyre_lab.runtime import jobplan
-    from spyre_lab.runtime.streams import recording
-except ImportError as error:  # the runtime layer is optional for the engine
-    pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
+from spyre_lab.engine.platforms import paged_kernel
+from spyre_lab.engine.platforms.paged_attention_op import grouped_paged_attention
+from spyre_lab.engine.platforms.spyre import SpyrePlatform
+from spyre_lab.runtime.launch import timing_only
+from spyre_lab.runtime.timeline import recording
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8)
 PROMPTS = ["3 + 4 =", "count from 5 to 12:"]
@@ -192,7 +188,7 @@ def test_timing_only_times_the_launch_and_skips_its_numerics():
     query, key, value, k_cache, v_cache, meta, sizes = _case(seed=2)
     dev = [t.to("spyre") for t in (query, key, value, k_cache, v_cache)]
     smeta = _to(meta, "spyre")
-    with jobplan.timing_only(), recording() as trace:
+    with timing_only(), recording() as trace:
         _kernel(*dev, smeta, sizes, layer=0)
     (event,) = [e for e in trace.events if e.args.get("kind") == "Compute"]
     assert event.name == "paged attention L0" and event.dur_us > 0

@@ -14,13 +14,9 @@ from warning_checks import only_warnings
 
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.platforms.registry import available_platforms, resolve_platform
+from spyre_lab.engine.platforms.spyre import SpyrePlatform
 from spyre_lab.engine.sampling_params import SamplingParams as Params
 from spyre_lab.engine.sequence import Sequence
-
-try:
-    from spyre_lab.engine.platforms.spyre import SpyrePlatform
-except ImportError as error:  # the runtime layer is optional for the engine
-    pytest.skip(f"spyre runtime unavailable: {error}", allow_module_level=True)
 
 EXPECTED_WARNINGS = (
     r"spyre: aten\.embedding runs on the host CPU",            # the embedding gather, as in torch-spyre

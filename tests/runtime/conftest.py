@@ -1,4 +1,6 @@
-"""Shared fixtures for the spyre runtime tests: a clean modeled clock and fresh warning state."""
+"""Shared fixtures for the spyre runtime tests: a clean modeled clock and fresh warning state (both through
+:func:`spyre_lab.runtime.process_state.reset`); the number of cards is set for the whole suite in
+``tests/conftest.py``."""
 
 from __future__ import annotations
 
@@ -6,38 +8,27 @@ import os
 import warnings
 
 import pytest
-
-os.environ.setdefault("SPYRE_LAB_DEVICES", "2")
-
 import torch
 
 import spyre_lab.runtime  # noqa: F401  (registers the device even with autoload switched off)
-from spyre_lab.runtime import fallback, tensor
-from spyre_lab.runtime.streams import reset_time
+from spyre_lab.runtime import process_state
 
 
 @pytest.fixture(autouse=True)
 def clean_clock():
-    """Every test starts at modeled time zero on the default stream of spyre:0."""
-    reset_time()
-    torch.spyre.set_device(0)
+    """Every test starts at modeled time zero, on the default stream of spyre:0."""
+    process_state.reset("clock")
     yield
 
 
 @pytest.fixture
 def fresh_warnings():
-    """Forget which one-time warnings were already given, so a test can observe them."""
-    saved_ops, saved_dtypes = set(fallback._warned_ops), set(tensor._warned_dtypes)
-    saved_stats = dict(fallback._PROCESS_LOG.stats)   # a warning names its op's first call site: start afresh
-    fallback._warned_ops.clear()
-    tensor._warned_dtypes.clear()
-    fallback._PROCESS_LOG.stats.clear()
+    """Forget which one-time warnings were already given (and the fallback counts: a warning names its op's first
+    call site), so a test can observe them."""
+    process_state.reset("warnings", "records")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         yield
-    fallback._warned_ops.update(saved_ops)
-    tensor._warned_dtypes.update(saved_dtypes)
-    fallback._PROCESS_LOG.stats.update(saved_stats)
 
 
 def half(*shape: int, seed: int = 0) -> torch.Tensor:

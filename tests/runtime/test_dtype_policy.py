@@ -9,7 +9,9 @@ import warnings
 import pytest
 import torch
 
-from spyre_lab.runtime.tensor import FP16_MAX, SpyreDtypeError, SpyreRangeError, buffer_of
+from spyre_lab.runtime.dtype_policy import FP16_MAX
+from spyre_lab.runtime.errors import SpyreDtypeError, SpyreRangeError
+from spyre_lab.runtime.tensor import buffer_of
 
 DTYPES = [torch.float64, torch.float32, torch.bfloat16]
 

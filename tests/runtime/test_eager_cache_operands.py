@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from spyre_lab.runtime import eager_programs
-from spyre_lab.runtime.tensor import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreUsageError
 
 X = torch.tensor([-1.5, 0.5, 2.5, 4.0], dtype=torch.float16)
 MASK = torch.tensor([True, False, True, False])

@@ -8,7 +8,7 @@ import pathlib
 import pytest
 import torch
 
-from spyre_lab.runtime import eager_programs, one_op_compile, ops
+from spyre_lab.runtime import one_op_compile, ops, process_state
 
 RUNTIME = pathlib.Path(ops.__file__).parent
 
@@ -18,14 +18,13 @@ def test_a_compiler_failure_warns_with_its_reason_and_the_op_still_runs(monkeypa
         raise RuntimeError("lowering exploded")
 
     monkeypatch.setattr(one_op_compile, "compile_graph", broken)
-    monkeypatch.setattr(one_op_compile, "_NOT_COMPILED", {})
-    eager_programs.clear_program_cache()
+    process_state.reset("records", "caches")          # no op refused yet, no one-op program built
     x = torch.randn(3, 5).half()
     with pytest.warns(RuntimeWarning, match=r"no compiled one-op program for aten::tanh: the compiler raised "
                                             r"RuntimeError: lowering exploded.*reference kernel"):
         got = torch.tanh(x.to("spyre")).cpu()
     torch.testing.assert_close(got, torch.tanh(x))
-    eager_programs.clear_program_cache()
+    process_state.reset("records", "caches")          # forget the refusal the broken compiler caused
 
 
 def test_a_program_that_disagrees_with_the_cpu_is_refused_with_a_warning(monkeypatch):
@@ -35,13 +34,12 @@ def test_a_program_that_disagrees_with_the_cpu_is_refused_with_a_warning(monkeyp
         return real(lambda *t: fn(*t) + 1, examples, *args, **kwargs)
 
     monkeypatch.setattr(one_op_compile, "compile_graph", wrong_op)
-    monkeypatch.setattr(one_op_compile, "_NOT_COMPILED", {})
-    eager_programs.clear_program_cache()
+    process_state.reset("records", "caches")
     x = torch.randn(4, 6).half()
     with pytest.warns(RuntimeWarning, match=r"compiled program for aten::sigmoid disagrees with the CPU op"):
         got = torch.sigmoid(x.to("spyre")).cpu()
     torch.testing.assert_close(got, torch.sigmoid(x))      # the reference kernel ran: the value is right
-    eager_programs.clear_program_cache()
+    process_state.reset("records", "caches")
 
 
 def _imports(module: str) -> set[str]:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from warning_checks import only_warnings
 
 from spyre_lab.runtime import eager_programs, last_trace, one_op_compile
-from spyre_lab.runtime.tensor import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreUsageError
 
 
 def half(*shape: int, seed: int = 0) -> torch.Tensor:

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.runtime import jobplan, last_trace, recording
+from spyre_lab.runtime import last_trace, recording
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import FunctionKernel, StepKind, launch
+from spyre_lab.runtime.launch import LoadedFunction, StepKind, correction, correction_area, last_plan, launch
 from spyre_lab.runtime.tensor import buffer_of
 
 
@@ -17,8 +17,8 @@ class Chain:
 
     def __init__(self) -> None:
         self.name, self.num_nodes, self.mutations = "chain", 2, ()
-        self.kernels = [FunctionKernel("k0", ["x", "t"], lambda ops: ops.write("t", ops["x"] + 1), 5.0),
-                        FunctionKernel("k1", ["t", "y"], lambda ops: ops.write("y", ops["t"] + 1), 5.0)]
+        self.kernels = [LoadedFunction("k0", ["x", "t"], lambda ops: ops.write("t", ops["x"] + 1), 5.0),
+                        LoadedFunction("k1", ["t", "y"], lambda ops: ops.write("y", ops["t"] + 1), 5.0)]
 
 
 def _binds() -> dict[str, torch.Tensor]:
@@ -28,8 +28,8 @@ def _binds() -> dict[str, torch.Tensor]:
 def test_a_cached_launch_does_not_rebuild_its_kernel_list(monkeypatch):
     program, binds = Chain(), _binds()
     calls = []
-    real = jobplan.writebacks
-    monkeypatch.setattr(jobplan, "writebacks", lambda *a: calls.append(1) or real(*a))
+    real = correction.writebacks
+    monkeypatch.setattr(correction, "writebacks", lambda *a: calls.append(1) or real(*a))
     launch(program, binds)
     first = len(calls)
     for _ in range(5):
@@ -41,7 +41,7 @@ def test_a_cached_launch_does_not_rebuild_its_kernel_list(monkeypatch):
 def test_a_program_that_swaps_its_kernels_is_bound_again():
     program, binds = Chain(), _binds()
     launch(program, binds)
-    program.kernels = [FunctionKernel("k0", ["x", "y"], lambda ops: ops.write("y", ops["x"] + 7), 5.0)]
+    program.kernels = [LoadedFunction("k0", ["x", "y"], lambda ops: ops.write("y", ops["x"] + 7), 5.0)]
     plan = launch(program, binds)
     assert [s.name for s in plan.steps if s.kind is StepKind.COMPUTE] == ["k0"]
     assert torch.equal(binds["y"].cpu(), torch.full((4, 64), 7.0, dtype=torch.float16))
@@ -77,20 +77,20 @@ def test_simulator_events_are_placed_when_read():
 def test_the_launch_image_is_built_once_per_program_and_card_and_reused():
     program, binds = Chain(), _binds()
     launch(program, binds)
-    area = jobplan.correction_area(program, torch.spyre.get_device(0))
-    record, prepared = area.record(program), area.prepared(torch.spyre.current_stream(), "aot_patch")
+    area = correction_area(program, torch.spyre.get_device(0))
+    record, prepared = area.record(program), area.queued(torch.spyre.current_stream(), "aot_patch")
     for _ in range(3):
         launch(program, binds)
-    assert jobplan.correction_area(program, torch.spyre.get_device(0)) is area
-    assert area.record(program) is record and jobplan.last_plan() is record
-    assert area.prepared(torch.spyre.current_stream(), "aot_patch") is prepared
+    assert correction_area(program, torch.spyre.get_device(0)) is area
+    assert area.record(program) is record and last_plan() is record
+    assert area.queued(torch.spyre.current_stream(), "aot_patch") is prepared
     assert area.launches == 4
 
 
 def test_a_new_output_buffer_is_patched():
     program, binds = Chain(), _binds()
     launch(program, binds)
-    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    area = correction_area(program, torch.spyre.get_device(0))
     fresh = dict(binds, y=torch.zeros(4, 64, dtype=torch.float16, device="spyre"))
     launch(program, fresh)                                   # same image, a new output buffer
     assert area.last_patched[1]["y"] == fresh["y"].data_ptr() != binds["y"].data_ptr()
@@ -101,7 +101,7 @@ def test_a_corrupted_blob_really_reads_another_buffer(monkeypatch):
     program, binds = Chain(), _binds()
     binds["x"].fill_(5.0)
     launch(program, binds)
-    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    area = correction_area(program, torch.spyre.get_device(0))
     other = torch.full((4, 64), 40.0, dtype=torch.float16, device="spyre")
     pinned = area.pinned_host
 
@@ -124,11 +124,11 @@ def test_a_corrupted_blob_really_reads_another_buffer(monkeypatch):
 def test_after_a_device_reset_the_program_is_bound_again():
     program = Chain()
     launch(program, _binds())
-    area = jobplan.correction_area(program, torch.spyre.get_device(0))
+    area = correction_area(program, torch.spyre.get_device(0))
     torch.spyre.reset_device()
     binds = _binds()
     launch(program, binds)
-    again = jobplan.correction_area(program, torch.spyre.get_device(0))
+    again = correction_area(program, torch.spyre.get_device(0))
     assert again is not area and again.valid() and not area.valid()
     assert again.last_patched[0] == {s: binds[s].data_ptr() for s in ("x", "t")}
     assert torch.equal(binds["y"].cpu(), torch.full((4, 64), 2.0, dtype=torch.float16))
@@ -140,18 +140,17 @@ def test_a_freed_program_frees_its_launch_image():
 
     program = Chain()
     launch(program, _binds())
-    area = weakref.ref(jobplan.correction_area(program, torch.spyre.get_device(0)))
+    area = weakref.ref(correction_area(program, torch.spyre.get_device(0)))
     del program
     gc.collect()
     assert area() is None
 
 
-def test_launch_returns_the_plan_that_ran_with_its_actions():
+def test_launch_returns_the_plan_that_ran():
     program, binds = Chain(), _binds()
     plan = launch(program, binds)
     assert [s.kind for s in plan.steps] == [StepKind.HOST_COMPUTE, StepKind.H2D, StepKind.COMPUTE] * 2
-    assert all(s.action is not None for s in plan.steps)
-    assert plan.describe() == jobplan.last_plan().describe()
+    assert plan is last_plan()
 
 
 class ChainWithHostStep(Chain):
@@ -159,38 +158,35 @@ class ChainWithHostStep(Chain):
 
     def __init__(self) -> None:
         super().__init__()
-        host = FunctionKernel("h", ["t", "u"], lambda ops: ops.write("u", ops["t"] * 3), 7.0)
+        host = LoadedFunction("h", ["t", "u"], lambda ops: ops.write("u", ops["t"] * 3), 7.0)
         host.host = True
         self.kernels = [self.kernels[0], host,
-                        FunctionKernel("k1", ["u", "y"], lambda ops: ops.write("y", ops["u"] + 1), 5.0)]
+                        LoadedFunction("k1", ["u", "y"], lambda ops: ops.write("y", ops["u"] + 1), 5.0)]
 
 
 @pytest.mark.parametrize("make", [Chain, ChainWithHostStep])
-def test_the_prepared_launch_writes_the_same_events_as_plan_and_submit(make):
-    """The launch image is only a faster way to the same trace: compare with JobPlan.submit step by step."""
-    from spyre_lab.runtime.jobplan import RuntimeOptions, plan_launch
-    from spyre_lab.runtime.streams import reset_time
+@pytest.mark.parametrize("dispatch", ["aot_patch", "rebuild"])
+def test_the_plan_a_launch_returns_is_the_steps_that_ran(make, dispatch):
+    """One launch route: the JobPlan it records (and ``plan_launch`` shows beforehand) is, step by step, what the
+    stream ran: the same names and modeled durations on the step lanes, in order."""
+    from spyre_lab.runtime.launch import RuntimeOptions, plan_launch
 
-    for dispatch in ("aot_patch", "rebuild"):
-        options = RuntimeOptions(dispatch=dispatch)
-        traces, outputs, plans = [], [], []
-        for fast in (True, False):
-            torch.spyre.synchronize()
-            reset_time()
-            program, binds = make(), _binds()
-            binds["u"] = torch.zeros(4, 64, dtype=torch.float16, device="spyre")
-            with recording() as trace:
-                if fast:
-                    launch(program, binds, options=options)
-                else:
-                    plan_launch(program, binds).submit(options=options)   # the reference path
-            traces.append([(e.lane, e.name, e.start_us, e.dur_us, {k: v for k, v in e.args.items()
-                                                                    if k != "pinned_buffer"}) for e in trace.events])
-            outputs.append(binds["y"].cpu())
-            plans.append(jobplan.last_plan().describe())
-        assert traces[0] == traces[1] and torch.equal(outputs[0], outputs[1]) and plans[0] == plans[1]
-        expected = 2.0 if make is Chain else 4.0
-        assert torch.equal(outputs[0], torch.full((4, 64), expected, dtype=torch.float16))
+    program, binds = make(), _binds()
+    binds["u"] = torch.zeros(4, 64, dtype=torch.float16, device="spyre")
+    planned = plan_launch(program, binds).describe()
+    with recording() as trace:
+        plan = launch(program, binds, options=RuntimeOptions(dispatch=dispatch))
+    step_lanes = {"host.callback", "pcie", "stream0"}
+    ran = [(e.name, e.dur_us) for e in trace.events if e.lane in step_lanes]
+    assert ran == [(s.name, s.dur_us) for s in plan.steps]
+    assert plan.describe() == planned
+    kinds = [s.kind for s in plan.steps]
+    if make is Chain:
+        assert kinds == [StepKind.HOST_COMPUTE, StepKind.H2D, StepKind.COMPUTE] * 2
+    else:                                   # the host kernel in the middle: its operands out, the op, results back
+        assert kinds[3:6] == [StepKind.D2H, StepKind.HOST_COMPUTE, StepKind.H2D]
+    expected = 2.0 if make is Chain else 4.0
+    assert torch.equal(binds["y"].cpu(), torch.full((4, 64), expected, dtype=torch.float16))
 
 
 def test_a_deferred_stickify_reads_back_exactly():
@@ -213,7 +209,7 @@ def test_a_compiled_programs_intermediates_take_no_tensor_dram_and_the_same_addr
     only its outputs in tensor DRAM (nothing else shows in the peak), frees nothing else, and patches the same
     intermediate addresses every time."""
     from spyre_lab.compiler import backend
-    from spyre_lab.runtime.jobplan import correction_area
+    from spyre_lab.runtime.launch.correction import correction_area
     from spyre_lab.runtime.programs import load, run_program
 
     a, b = torch.randn(64, 64, dtype=torch.float16), torch.randn(64, 64, dtype=torch.float16)
@@ -253,4 +249,4 @@ def test_a_changed_kernel_time_or_name_is_seen_by_the_next_launch():
     launch(program, binds)
     compute = [e for e in last_trace().events if e.args.get("kind") == "Compute"]
     assert compute[0].dur_us == 50.0 and last_trace().meta["launch"] == "chain, slower"
-    assert jobplan.last_plan().name == "chain, slower"
+    assert last_plan().name == "chain, slower"

@@ -9,14 +9,7 @@ import pytest
 import torch
 
 from spyre_lab.runtime import last_trace, recording
-from spyre_lab.runtime.jobplan import (
-    FunctionKernel,
-    RuntimeOptions,
-    StepKind,
-    correction_area,
-    launch,
-    plan_launch,
-)
+from spyre_lab.runtime.launch import LoadedFunction, RuntimeOptions, StepKind, correction_area, launch, plan_launch
 from spyre_lab.runtime.tensor import buffer_of
 
 
@@ -40,8 +33,8 @@ class TwoKernelProgram:
     num_nodes: int = 2
     mutations: tuple = ()
     kernels: list = field(default_factory=lambda: [
-        FunctionKernel("k0_add", ["a", "b", "t"], _add, time_us=30.0),
-        FunctionKernel("k1_mul", ["t", "c", "out"], _mul, time_us=50.0),
+        LoadedFunction("k0_add", ["a", "b", "t"], _add, time_us=30.0),
+        LoadedFunction("k1_mul", ["t", "c", "out"], _mul, time_us=50.0),
     ])
 
 
@@ -100,14 +93,20 @@ def test_the_trace_shows_the_three_steps_in_order():
 
 
 def test_a_freed_operand_cannot_be_patched_silently():
+    """The prologue finds each operand through the card's live-buffer map at its patched address: when another
+    buffer sits at that address the launch says so instead of computing with it."""
     program = TwoKernelProgram()
     bindings = _bindings(0)
-    plan = plan_launch(program, bindings)
-    address = bindings["a"].data_ptr()
-    correction_area(program, torch.spyre.get_device(0)).region_data.fill_(address + 128 * 1024 * 1024)
-    # corrupt blob: run only the Compute step of kernel 0 after overwriting the region
-    with pytest.raises(RuntimeError, match="no live buffer"):
-        plan.steps[2].action()
+    device = torch.spyre.get_device(0)
+    launch(program, bindings)
+    address, real = bindings["a"].data_ptr(), buffer_of(bindings["a"])
+    other = torch.zeros(4, dtype=torch.float32, device="spyre")
+    device.register_buffer(address, buffer_of(other))
+    try:
+        with pytest.raises(RuntimeError, match=f"{address:#x} holds torch.float32 data"):
+            launch(program, bindings)
+    finally:
+        device.register_buffer(address, real)
 
 
 def test_rebuild_and_aot_patch_give_the_same_numbers_and_different_traces():
@@ -140,7 +139,7 @@ def test_rebuild_and_aot_patch_give_the_same_numbers_and_different_traces():
 
 
 def test_default_options_switch_eager_ops_to_rebuild():
-    from spyre_lab.runtime.jobplan import set_default_options
+    from spyre_lab.runtime.launch import set_default_options
 
     x = half(32, 32).to("spyre")
     previous = set_default_options(RuntimeOptions(dispatch="rebuild"))

@@ -26,8 +26,8 @@ from torch.testing._internal.common_methods_invocations import op_db
 from torch.utils._pytree import tree_flatten, tree_map
 
 from spyre_lab.runtime.eager_programs import DEVICE_OPS
-from spyre_lab.runtime.streams import recording
-from spyre_lab.runtime.tensor import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreUsageError
+from spyre_lab.runtime.timeline import recording
 
 SAMPLES_PER_OP = 3
 

@@ -119,3 +119,27 @@ def test_bad_devices_env_is_explained(monkeypatch):
     monkeypatch.setenv(devices.DEVICES_ENV, "many")
     with pytest.raises(ValueError, match="not an integer"):
         devices._count_from_env()
+
+
+def test_every_torch_registration_is_in_the_kernel_table():
+    """One table of what the backend registers with torch: no other runtime module calls torch.library."""
+    import ast
+    import pathlib
+
+    from spyre_lab.runtime import kernel_table, ops  # noqa: F401  (ops: the second stage is installed)
+
+    root = pathlib.Path(kernel_table.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        if path.name == "kernel_table.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in ("Library", "impl", "fallback", "custom_op"):
+                offenders.append(f"{path.relative_to(root)}:{node.lineno} uses .{node.attr}")
+    assert not offenders, offenders
+    rows = kernel_table.installed()
+    assert kernel_table.is_installed("import") and kernel_table.is_installed("first op")
+    keys = {(str(r.op), r.key) for r in rows}
+    assert (kernel_table.FALLBACK, "PrivateUse1") in keys and (kernel_table.FALLBACK, "SparsePrivateUse1") in keys
+    assert ("aten._to_copy.default", "PrivateUse1") in keys and ("aten.mm.default", "AutocastPrivateUse1") in keys
+    assert "the eager dispatcher" in kernel_table.describe()

@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-from spyre_lab.runtime.tensor import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreUsageError
 
 PRELUDE = """
 import copy, io, pickle, warnings

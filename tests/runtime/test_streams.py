@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from spyre_lab.runtime import last_trace, recording
-from spyre_lab.runtime.streams import TIMELINE
+from spyre_lab.runtime.timeline import TIMELINE
 
 
 def half(*shape: int, seed: int = 0) -> torch.Tensor:

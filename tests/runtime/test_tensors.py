@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from spyre_lab.device.layout import StickLayout, stickify
 from spyre_lab.device.memory import DeviceOutOfMemoryError
 from spyre_lab.runtime import last_trace
-from spyre_lab.runtime.ops import SpyreInferenceOnlyError
-from spyre_lab.runtime.tensor import SpyreUsageError, buffer_of
+from spyre_lab.runtime.errors import SpyreInferenceOnlyError, SpyreUsageError
+from spyre_lab.runtime.tensor import buffer_of
 
 
 def half(*shape: int, seed: int = 0) -> torch.Tensor:

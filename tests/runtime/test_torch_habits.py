@@ -17,7 +17,7 @@ import textwrap
 import pytest
 import torch
 
-from spyre_lab.runtime.tensor import SpyreUsageError
+from spyre_lab.runtime.errors import SpyreUsageError
 
 _CPU_SCRIPT = textwrap.dedent("""
     import json, torch                              # nothing else: the entry point registers spyre

@@ -26,7 +26,7 @@ EXPECTED_WARNINGS = (r"spyre: aten\.embedding runs on the host CPU",)   # the em
 def spyre_runs():
     """One tiny-granite LLM on the spyre platform, served once per runtime dispatch mode."""
     from spyre_lab.engine.platforms.spyre import SpyrePlatform
-    from spyre_lab.runtime.jobplan import RuntimeOptions, set_default_options
+    from spyre_lab.runtime.launch import RuntimeOptions, set_default_options
 
     with only_warnings(*EXPECTED_WARNINGS):
         llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[64], batch_buckets=[1, 2]),

@@ -212,11 +212,11 @@ def test_a_dispatch_change_relaunches_without_compiling(view):
 
 
 @pytest.fixture
-def fresh_dtype_warnings(monkeypatch):
+def fresh_dtype_warnings():
     """Forget which dtypes the runtime already warned about (a one-time warning), so a test can observe them."""
-    from spyre_lab.runtime import tensor
+    from spyre_lab.runtime import process_state
 
-    monkeypatch.setattr(tensor, "_warned_dtypes", set())
+    process_state.reset("warnings")
 
 
 def test_fp32_intermediates_are_bound_as_the_runtime_binds_them(fresh_dtype_warnings):

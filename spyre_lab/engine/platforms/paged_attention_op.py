@@ -74,7 +74,7 @@ def _paged_attention(
     if query.device.type != "spyre":
         return grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim,
                                        scale)
-    from spyre_lab.runtime.streams import TIMELINE, recording
+    from spyre_lab.runtime.timeline import TIMELINE, recording
 
     with recording() as events:
         out = grouped_paged_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim,

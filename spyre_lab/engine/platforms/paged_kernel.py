@@ -37,7 +37,7 @@ from spyre_lab.compiler.paged_attention import cache_info as cache_info
 from spyre_lab.compiler.paged_attention_numerics import context_blocks, paged_online_attention
 from spyre_lab.compiler.tiling_paged_attention import PagedShape
 from spyre_lab.runtime.devices import get_device
-from spyre_lab.runtime.jobplan import Operands
+from spyre_lab.runtime.launch import Operands
 from spyre_lab.runtime.programs import LoadedFamilyKernel, LoadedFamilyLaunch
 from spyre_lab.runtime.tensor import empty_spyre, host_view
 

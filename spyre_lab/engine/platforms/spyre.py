@@ -45,7 +45,8 @@ from spyre_lab.engine.platforms.piecewise import compiled_pieces, piecewise_back
 from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS, TransposedWeight
 from spyre_lab.runtime.dynamo_backend import CompiledGraph
-from spyre_lab.runtime.streams import recording, synchronize
+from spyre_lab.runtime.stream import synchronize
+from spyre_lab.runtime.timeline import recording
 
 
 class SpyrePlatform(Platform):

@@ -5,7 +5,8 @@ graph node lowered to a host op while Dynamo compiles) would otherwise name a to
 ``torch/utils/_device.py`` or a spyre_lab module: true, but not where the learner can change anything.
 ``warn_at_user_line`` walks out of torch and spyre_lab and files the warning under the first frame it
 finds, so the usual "once per location" filters, ``pytest.warns`` and IDE links all see the user's line.
-It sits in the compiler, the lowest layer that warns this way, so the runtime can use it too.
+It sits on the ground floor (layer 0, below the device model), so every layer that warns this way (the compiler's
+lowering, the runtime's fallbacks and dtype policy, the engine's tokenizer) can use it.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def _folders(*paths: Path) -> tuple[str, ...]:
     return tuple({f"{p}/" for path in paths for p in (path, path.resolve())})
 
 
-_PACKAGE = Path(__file__).parents[1]
+_PACKAGE = Path(__file__).parent
 LIBRARY_DIRS = _folders(Path(torch.__file__).parent, _PACKAGE)
 """Frames in these folders are library code: never the line a warning should name."""
 GENERATED_CODE = ("<eval_with_key>",)

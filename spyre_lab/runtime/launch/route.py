@@ -1,0 +1,174 @@
+"""The launch: one route from a program and its bound tensors to steps on a stream and numbers in DRAM.
+
+:func:`launch` is the one way to launch (eager one-op programs, compiled programs, engine pieces). Per kernel,
+in order, it
+
+1. enqueues the kernel's three steps on the stream (the modeled clock: the host pays each enqueue, the step
+   runs when its stream and unit are free) and places the kernel's per-core simulator events after them;
+2. runs the numerics (skipped inside :func:`~spyre_lab.runtime.launch.options.timing_only`): **HostCompute**
+   writes every operand's real DRAM address into the pinned buffer (the correction blob), **H2D** copies it into
+   the kernel's correction area, and **Compute**'s prologue reads the addresses back, finds the live buffer at
+   each one and runs the kernel on them, so a wrong address would really read the wrong buffer. A host kernel
+   runs on the host between its D2H and H2D.
+
+What is the same at every launch of a program on a card (kernels, write-backs, step names, durations, lanes and
+trace args) is worked out once by the program's
+:class:`~spyre_lab.runtime.launch.correction.CorrectionArea`; the :class:`~spyre_lab.runtime.launch.plan.JobPlan`
+a launch returns (and ``last_plan()`` keeps) is that record, so what a reader prints is what ran.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from spyre_lab.runtime.devices import SpyreDevice, get_device
+from spyre_lab.runtime.launch.correction import CorrectionArea, correction_area
+from spyre_lab.runtime.launch.kernels import LaunchKernel, LaunchProgram, Operands, Window
+from spyre_lab.runtime.launch.options import SETTINGS, RuntimeOptions
+from spyre_lab.runtime.launch.plan import LAST_PLAN, JobPlan
+from spyre_lab.runtime.stream import Stream, current_stream
+from spyre_lab.runtime.tensor import buffer_of
+from spyre_lab.runtime.timeline import TIMELINE, device_lane
+
+
+def launch(program: LaunchProgram, bindings: Mapping[str, torch.Tensor], *, stream: Stream | None = None,
+           options: RuntimeOptions | None = None, **trace_args: Any) -> JobPlan:
+    """Launch ``program`` with its address slots bound to spyre tensors, in-place updates included; returns the
+    JobPlan that ran (its trace: ``last_trace()``). Every device launch goes through here."""
+    if stream is None:
+        first = next(iter(bindings.values()), None)
+        stream = current_stream(first.device.index if first is not None else None)
+    device = get_device(stream.device_index)
+    options = SETTINGS.options if options is None else options
+    area = correction_area(program, device)
+    if not _binds_every_slot(area, bindings):
+        _check_bindings(area, bindings)                     # says what is wrong with the binding
+    meta = {"dispatch": options.dispatch, **trace_args} if trace_args else options.trace_meta
+    _launch_traced(program, area, bindings, stream, options, meta)
+    return LAST_PLAN.plan
+
+
+def launch_bound(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                 stream: Stream | None = None, options: RuntimeOptions | None = None) -> None:
+    """:func:`launch` for a caller that bound every slot of ``area`` (``correction_area(program, card)``)
+    to a buffer on that card itself, as ``run_program`` does: nothing to check again, and no JobPlan to
+    return (``last_plan()`` has the record)."""
+    stream = current_stream(area.device.index) if stream is None else stream
+    options = SETTINGS.options if options is None else options
+    _launch_traced(program, area, bindings, stream, options, options.trace_meta)
+
+
+def plan_launch(program: LaunchProgram, bindings: Mapping[str, torch.Tensor],
+                device: SpyreDevice | None = None) -> JobPlan:
+    """The JobPlan a launch of ``program`` with these bindings runs, without launching it (bindings checked)."""
+    if device is None:
+        first = next(iter(bindings.values()), None)
+        device = get_device(first.device.index if first is not None else None)
+    area = correction_area(program, device)
+    _check_bindings(area, bindings)
+    area.refresh(program)
+    return area.record(program, area.host_bytes(bindings))
+
+
+def _binds_every_slot(area: CorrectionArea, bindings: Mapping[str, torch.Tensor]) -> bool:
+    """Every slot bound, every bound tensor on the area's card (else :func:`_check_bindings` says what is wrong)."""
+    if len(bindings) < len(area.all_slots) or not bindings.keys() >= area.slot_set:
+        return False
+    expected = area.torch_device
+    return all(t.device == expected for t in bindings.values())
+
+
+def _check_bindings(area: CorrectionArea, bindings: Mapping[str, torch.Tensor]) -> None:
+    index = area.device.index
+    elsewhere = {slot: str(t.device) for slot, t in bindings.items() if t.device != area.torch_device}
+    if elsewhere:
+        raise ValueError(f"a launch on spyre:{index} needs every bound tensor there; {elsewhere} are not "
+                         f"(move them with .to('spyre:{index}'))")
+    for kernel, slots in zip(area.kernels, area.slots):
+        missing = [s for s in slots if s not in bindings]
+        if missing:
+            raise KeyError(f"kernel {kernel.name!r} needs address slot(s) {missing} but the launch binds only "
+                           f"{sorted(bindings)}")
+
+
+def _launch_traced(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+                   stream: Stream, options: RuntimeOptions, meta: dict[str, Any]) -> None:
+    TIMELINE.begin_launch(program.name, meta)
+    try:
+        _submit(program, area, bindings, stream, options)
+    finally:
+        TIMELINE.end_launch()
+
+
+def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
+            stream: Stream, options: RuntimeOptions) -> None:
+    """Every kernel's steps on ``stream`` and its numerics, in order; the JobPlan of the launch is recorded."""
+    area.refresh(program)
+    host_bytes = area.host_bytes(bindings)
+    plan = LAST_PLAN.plan = area.record(program, host_bytes)
+    dispatch, device = options.dispatch, area.device
+    if dispatch == "rebuild":
+        TIMELINE.host_work(f"rebuild graph {plan.name}", device.config.host_rebuild_per_node_us * plan.nodes,
+                           nodes=plan.nodes, dispatch="rebuild")
+    numerics = not SETTINGS.timing_only
+    enqueue_all, emit_shifted = stream.enqueue_all, TIMELINE.emit_shifted
+    lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
+    for k, kernel, slots, offset, steps, sim_events in area.queued(stream, dispatch, host_bytes):
+        start = enqueue_all(steps)                          # the modeled clock: its three steps in FIFO order
+        if sim_events is not None:
+            emit_shifted(sim_events, start, lane_of)        # its per-core events, after the patch
+        if not numerics:
+            continue
+        views = [bindings[s] for s in slots]
+        device.claim(area.claims[k])                         # its planned places in the intermediates segment
+        if kernel.host:
+            kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
+        else:
+            _patch_and_run(area, k, kernel, slots, offset, views)
+    if numerics and area.kernels:
+        area.launches += 1
+    if dispatch == "rebuild" or not options.overlap:
+        stream.synchronize()
+
+
+def _patch_and_run(area: CorrectionArea, k: int, kernel: LaunchKernel, slots: list[str], offset: int,
+                   views: list[torch.Tensor]) -> None:
+    """A device kernel's numerics: HostCompute writes the blob, H2D copies it, the prologue patches and runs."""
+    device = area.device
+    generation, n = device.generation, len(slots)
+    pinned, region = area.pinned_host, area.region_host
+    pinned[:n] = [_address_of(v, generation) for v in views]     # HostCompute: the real address of every slot
+    region[offset:offset + n] = pinned[:n]                       # H2D: the blob into the kernel's correction area
+    addresses = region[offset:offset + n].tolist()               # Compute: the prologue reads it back
+    area.patched[k] = addresses
+    buffer_at, windows = device.buffer_at, {}
+    for s, a, v in zip(slots, addresses, views):                 # what each patched address holds
+        buffer = buffer_at(a)
+        if buffer.generation != generation or buffer.host_dtype != v.dtype:
+            buffer = _resolve(device, a, v)[0]                   # says what is wrong
+        windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
+    kernel.run(Operands(windows))
+
+
+def _address_of(view: torch.Tensor, generation: int) -> int:
+    """``buffer_of(view).address`` for a tensor a launch bound on its card (so it has a buffer): what the host
+    writes into the correction blob for it."""
+    buffer = view.untyped_storage().spyre_buffer
+    if buffer.generation != generation:
+        buffer.check_valid()                             # the error of a tensor from before a device reset
+    return buffer.allocation.address
+
+
+def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
+    """The operand window at a patched ``address``: the live buffer there, with the kernel's static
+    size/stride/offset (compiled into the program; only base addresses are patched)."""
+    buffer = device.buffer_at(address)
+    buffer.check_valid()
+    if buffer.host_dtype != static_view.dtype:
+        raise RuntimeError(f"patched address {address:#x} holds {buffer.host_dtype} data but the kernel expects "
+                           f"{static_view.dtype}; the correction blob is stale")
+    return buffer, static_view.shape, static_view.stride(), static_view.storage_offset()
