@@ -32,6 +32,7 @@ LAYERS: dict[str, int] = {
     "device": 0,
     "compiler": 1,
     "runtime": 2,
+    "distributed": 2,
     "engine": 3,
     "viz": 4,
     "serving": 4,
