@@ -19,12 +19,19 @@ from spyre_lab.distributed.algorithms import (
     send_cost,
 )
 from spyre_lab.distributed.backend import BACKEND_NAME, SpyreCCLNotSupportedError, SpyreCCLProcessGroup, register
-from spyre_lab.distributed.links import CardLinkEstimate, Link, card_link, pcie_link, set_card_link
+from spyre_lab.distributed.links import (
+    CardLinkEstimate,
+    Link,
+    card_link,
+    host_staged_link,
+    pcie_link,
+    set_card_link,
+)
 
 __all__ = [
     "BACKEND_NAME", "CardLinkEstimate", "CollectiveCost", "Link", "SpyreCCLNotSupportedError",
     "SpyreCCLProcessGroup", "allgather_cost", "allreduce_cost", "barrier_cost", "broadcast_cost", "card_link",
-    "gather_cost", "pcie_link", "reduce_cost", "register", "send_cost", "set_card_link",
+    "gather_cost", "host_staged_link", "pcie_link", "reduce_cost", "register", "send_cost", "set_card_link",
 ]
 
 register()

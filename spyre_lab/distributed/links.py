@@ -42,13 +42,14 @@ class Link:
 class CardLinkEstimate:
     """The card-to-card link: **estimate, not published**.
 
-    Spyre cards sit on PCIe Gen5 x16; with no published peer link the estimate is a peer-to-peer transfer
-    through the PCIe switch: half the modeled host link's bandwidth (both cards' DMA engines and the switch
-    share it) and a per-message latency of a doorbell + DMA setup on each side.
+    Spyre cards sit on PCIe Gen5 x16 and no peer link is published, so the estimate is a peer-to-peer DMA through
+    a PCIe switch: one crossing per byte at 80 % of the modeled host link's 50 GB/s (switch and peer-write
+    overheads), and per message one doorbell plus a DMA descriptor on each side. It must stay faster than the
+    route through host memory (:func:`host_staged_link`: two PCIe crossings, 25 GB/s and 4 us per message).
     """
 
-    bandwidth: float = 25e9  # estimate: not published (half of SpyreConfig.pcie_bandwidth's 50 GB/s)
-    latency_us: float = 5.0  # estimate: not published (two PCIe round trips plus DMA descriptor setup)
+    bandwidth: float = 40e9  # estimate: not published (0.8 x SpyreConfig.pcie_bandwidth, one crossing)
+    latency_us: float = 3.0  # estimate: not published (doorbell + DMA setup on both cards)
 
     def link(self) -> Link:
         return Link("card-to-card", self.bandwidth, self.latency_us, estimate=True)
@@ -77,3 +78,13 @@ def card_link() -> Link:
 def pcie_link(config: SpyreConfig = SPYRE) -> Link:
     """The card's host link, as the device config models it (its numbers are tagged there)."""
     return Link("pcie-host", config.pcie_bandwidth, config.pcie_latency_us, estimate=True)
+
+
+def host_staged_link(config: SpyreConfig = SPYRE) -> Link:
+    """A card-to-card message staged through host memory: a D2H then an H2D on the modeled PCIe link.
+
+    Store and forward: both hops' latencies add, and each byte crosses PCIe twice (half the bandwidth).
+    The route a card pair takes with no peer-to-peer path; pass it as ``link=`` to any cost in ``algorithms``.
+    """
+    pcie = pcie_link(config)
+    return Link("host-staged (2x PCIe)", pcie.bandwidth / 2, 2 * pcie.latency_us, estimate=True)

@@ -125,3 +125,13 @@ def everything(rank: int, world: int, sizes: list[int]) -> dict:
     """One rendezvous for all the passing checks (each process start costs seconds of CPU)."""
     return {"numerics": numerics(rank, world), "unsupported": unsupported(rank, world),
             "timed": timed_allreduce(rank, world, sizes)}
+
+
+def dies_on(rank: int, world: int, bad_rank: int) -> dict:
+    """Rank ``bad_rank`` dies without a Python exception (as a crashed process would)."""
+    import os
+
+    if rank == bad_rank:
+        os._exit(3)
+    dist.all_reduce(torch.ones(8, dtype=torch.float16, device="spyre"))
+    return {}

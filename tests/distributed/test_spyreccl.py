@@ -10,7 +10,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from spyre_lab.distributed import SpyreCCLNotSupportedError, allreduce_cost, card_link, set_card_link
+from spyre_lab.distributed import (
+    SpyreCCLNotSupportedError,
+    allreduce_cost,
+    card_link,
+    host_staged_link,
+    set_card_link,
+)
 from spyre_lab.distributed.launch import RankFailedError, run_ranks
 
 WORKERS = Path(__file__).with_name("ccl_workers.py")
@@ -90,7 +96,25 @@ def test_a_rank_that_raises_gives_a_clear_error_and_leaves_no_process() -> None:
     assert left == set()
 
 
+def test_a_rank_that_dies_is_named_with_its_exit_code() -> None:
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    with pytest.raises(RankFailedError, match="rank 0 failed: exit code 3"):
+        run_ranks(WORKERS, "dies_on", 2, args=(0,), timeout_s=30)
+    assert {p.pid for p in psutil.Process().children(recursive=True)} - before == set()
+
+
 def test_bad_world_size_is_refused() -> None:
     with pytest.raises(ValueError, match=r"world_size must be 1\.\.8"):
         run_ranks(WORKERS, "numerics", 9)
     assert issubclass(SpyreCCLNotSupportedError, RuntimeError)
+
+
+def test_host_staged_route_is_two_pcie_hops_of_the_device_config() -> None:
+    from spyre_lab.device.config import SPYRE
+
+    link = host_staged_link(SPYRE.replace(pcie_bandwidth=40e9, pcie_latency_us=3.0))
+    assert link.transfer_us(0) == pytest.approx(6.0)
+    assert link.transfer_us(1e6) - link.transfer_us(0) == pytest.approx(2 * 1e6 / 40e9 * 1e6)
+    assert allreduce_cost(1 << 20, 4, link=link).us > allreduce_cost(1 << 20, 4, link=card_link()).us
+    default = host_staged_link()  # the estimate stays faster than staging through the host, on both terms
+    assert default.bandwidth < card_link().bandwidth and default.latency_us > card_link().latency_us
