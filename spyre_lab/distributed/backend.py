@@ -19,6 +19,7 @@ through its own gloo group.
 
 from __future__ import annotations
 
+import collections
 import datetime
 from collections.abc import Callable, Sequence
 
@@ -31,6 +32,7 @@ from spyre_lab.distributed.algorithms import CollectiveCost
 from spyre_lab.distributed.staging import card_bytes, empty_wire, from_wire, is_spyre, to_wire
 
 BACKEND_NAME = "spyreccl"
+HISTORY_LIMIT = 4096
 
 WORKAROUNDS = {
     "scatter": "broadcast the whole tensor from the source and keep this rank's slice",
@@ -91,7 +93,8 @@ class SpyreCCLProcessGroup(dist.ProcessGroup):
                              f"choose one of {algorithms.ALLREDUCE_ALGORITHMS}")
         self._gloo = dist.ProcessGroupGloo(dist.PrefixStore(BACKEND_NAME, store), rank, size, timeout)
         self.allreduce_algorithm = allreduce_algorithm
-        self.history: list[CollectiveCost] = []  # every modeled collective of this group, in order
+        # the modeled collectives of this group, in order (the latest HISTORY_LIMIT: an engine runs many per step)
+        self.history: collections.deque[CollectiveCost] = collections.deque(maxlen=HISTORY_LIMIT)
 
     def getBackendName(self) -> str:
         return BACKEND_NAME

@@ -118,3 +118,25 @@ def test_host_staged_route_is_two_pcie_hops_of_the_device_config() -> None:
     assert allreduce_cost(1 << 20, 4, link=link).us > allreduce_cost(1 << 20, 4, link=card_link()).us
     default = host_staged_link()  # the estimate stays faster than staging through the host, on both terms
     assert default.bandwidth < card_link().bandwidth and default.latency_us > card_link().latency_us
+
+
+def test_each_algorithm_counts_its_rounds() -> None:
+    from spyre_lab.distributed import (
+        allgather_cost,
+        barrier_cost,
+        broadcast_cost,
+        gather_cost,
+        reduce_cost,
+        send_cost,
+    )
+
+    link = card_link()
+    b = 1 << 16
+    assert [broadcast_cost(b, k).rounds for k in (1, 2, 3, 4, 5, 8)] == [0, 1, 2, 2, 3, 3]  # binomial tree
+    assert allreduce_cost(b, 8, algorithm="gather_sum_bcast").rounds == 7 + 3
+    assert allreduce_cost(b, 8, algorithm="gather_sum_bcast").round_bytes == b  # full messages, not b / k
+    assert reduce_cost(b, 4).rounds == gather_cost(b, 4).rounds == allgather_cost(b, 4).rounds == 3
+    assert send_cost(b).us == pytest.approx(link.transfer_us(b))
+    assert barrier_cost(8).us == pytest.approx(3 * link.latency_us)
+    with pytest.raises(ValueError, match="world size >= 1"):
+        allreduce_cost(b, 0)
