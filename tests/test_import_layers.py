@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     "compiler": 1,
     "ktir": 1,
     "runtime": 2,
+    "distributed": 2,
     "engine": 3,
     "viz": 4,
     "serving": 4,

@@ -1,0 +1,168 @@
+"""Tensor parallelism for the Granite-8B shape: prefill and decode step times at TP 1, 2, 4 and 8.
+
+What is timed, and how: ranks of a tensor-parallel group are symmetric (each holds ``1/k`` of every
+sharded weight and runs the same programs), so the study times **one rank** in one process and adds the
+collectives the group would run. The rank's programs are the real spyre-platform path of
+:func:`spyre_lab.studies.granite8b.time_steps` on a *sharded* config, the shapes one card of ``k`` holds:
+
+* attention: ``32/k`` query heads and ``8/k`` KV heads (KV cache sharded by KV heads), head_dim 128;
+  QKV column-parallel, ``o_proj`` row-parallel;
+* MLP: ``12800/k`` intermediate (gate/up column-parallel, ``down_proj`` row-parallel);
+* vocabulary-parallel embedding and ``lm_head``: ``ceil(49159/k)`` rows per card (tied, as Granite's).
+
+The collectives (modeled by :mod:`spyre_lab.distributed.algorithms` over the card-to-card link, an
+*estimate*): per layer **2 all-reduces** of the activations (after ``o_proj`` and after ``down_proj``,
+``tokens x hidden x 2 B``), one all-reduce after the masked embedding lookup, and one gather of the
+logits shards to rank 0. spyreccl is synchronous, so a step's time is ``compute + collectives`` (no
+overlap). All times are **modeled** microseconds. TP 1 has no collective.
+
+Why decode at batch 1 stops getting faster: a batch-1 decode step streams every weight once, so its
+compute part shrinks about as ``weight bytes / k / DRAM bandwidth`` plus what does not shrink (each
+launch's host cost, the step's fixed launches), while each of the ``2L + 2`` collectives costs a ring
+all-reduce's ``2 (k-1)`` message latencies on an 8 KB message, which *grows* with ``k``.
+:func:`explain_decode` puts the two side by side from the table.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spyre_lab.distributed.algorithms import CollectiveCost, allreduce_cost, gather_cost
+from spyre_lab.distributed.links import card_link
+from spyre_lab.engine.models.config import ModelConfig
+from spyre_lab.studies.granite8b import GRANITE_3_3_8B, StepConfig, time_steps
+
+TP_SIZES = (1, 2, 4, 8)
+BUCKETS = (("prefill", 1024), ("decode", 1))
+ACTIVATION_BYTES = 2  # fp16 activations on the card
+
+
+def shard_config(config: ModelConfig, k: int) -> ModelConfig:
+    """The layer shapes one card of a ``k``-way tensor-parallel group holds."""
+    if k < 1:
+        raise ValueError(f"tensor_parallel must be >= 1, got {k}")
+    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        if getattr(config, name) % k:
+            raise ValueError(f"{name}={getattr(config, name)} does not split over {k} cards; use a TP size that "
+                             f"divides it (one of {[d for d in TP_SIZES if getattr(config, name) % d == 0]})")
+    return dataclasses.replace(config, num_attention_heads=config.num_attention_heads // k,
+                               num_key_value_heads=config.num_key_value_heads // k,
+                               intermediate_size=config.intermediate_size // k,
+                               vocab_size=math.ceil(config.vocab_size / k))
+
+
+def weight_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
+    """Bytes of the weights a card holds for ``config`` (linear layers, embedding; norms are negligible)."""
+    h, d = config.hidden_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size
+    embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
+    return (per_layer * config.num_hidden_layers + embed) * dtype_bytes
+
+
+def step_collectives(config: ModelConfig, k: int, kind: str, size: int) -> list[CollectiveCost]:
+    """The modeled collectives of one step of one rank (empty at TP 1)."""
+    if k == 1:
+        return []
+    tokens = size  # prefill: one sequence of `size` tokens; decode: `size` sequences, one token each
+    rows = 1 if kind == "prefill" else size  # logits are taken for the last token of each sequence
+    activation = tokens * config.hidden_size * ACTIVATION_BYTES
+    per_layer = [allreduce_cost(activation, k), allreduce_cost(activation, k)]  # after o_proj, after down_proj
+    embedding = allreduce_cost(activation, k)
+    logits = gather_cost(rows * math.ceil(config.vocab_size / k) * ACTIVATION_BYTES, k)
+    return per_layer * config.num_hidden_layers + [embedding, logits]
+
+
+@dataclass(frozen=True)
+class TPRow:
+    """One bucket at one TP size: the rank's compute, the group's collectives, and the step (modeled µs)."""
+
+    tp: int
+    kind: str
+    size: int
+    compute_us: float
+    collective_us: float
+    collectives: int
+    weight_bytes_per_card: int
+    collective_latency_us: float  # the part of collective_us that is message latency, not bytes
+
+    @property
+    def step_us(self) -> float:
+        return self.compute_us + self.collective_us
+
+    @property
+    def collective_share(self) -> float:
+        return self.collective_us / self.step_us if self.step_us else 0.0
+
+    def to_dict(self) -> dict[str, float | int | str]:
+        return {**dataclasses.asdict(self), "step_us": self.step_us, "collective_share": self.collective_share}
+
+
+def tensor_parallel_table(tp_sizes: Sequence[int] = TP_SIZES, buckets: Sequence[tuple[str, int]] = BUCKETS,
+                          config: ModelConfig = GRANITE_3_3_8B, step: StepConfig | None = None,
+                          depth: str | int = "probe") -> list[TPRow]:
+    """One :class:`TPRow` per (TP size, bucket): one rank timed on the card plus the modeled collectives."""
+    step = step or StepConfig()
+    latency = card_link().latency_us
+    rows = []
+    for k in tp_sizes:
+        shard = shard_config(config, k)
+        timings = time_steps(step, list(buckets), depth=depth, config=shard)
+        for kind, size in buckets:
+            costs = step_collectives(config, k, kind, size)
+            rows.append(TPRow(k, kind, size, timings[(kind, size)].step_us, sum(c.us for c in costs), len(costs),
+                              weight_bytes(shard), sum(c.rounds * latency for c in costs)))
+    return rows
+
+
+def format_table(rows: Sequence[TPRow]) -> str:
+    """The table as text (modeled µs)."""
+    lines = [f"{'bucket':<14}{'TP':>3}{'compute us':>13}{'collect. us':>13}{'step us':>12}{'share':>8}"
+             f"{'speed-up':>10}{'GB/card':>9}", "-" * 82]
+    base = {(r.kind, r.size): r.step_us for r in rows if r.tp == 1}
+    for r in rows:
+        speedup = f"{base[(r.kind, r.size)] / r.step_us:.2f}x" if (r.kind, r.size) in base else "-"
+        lines.append(f"{r.kind + ' ' + str(r.size):<14}{r.tp:>3}{r.compute_us:>13,.0f}{r.collective_us:>13,.0f}"
+                     f"{r.step_us:>12,.0f}{r.collective_share:>8.1%}{speedup:>10}{r.weight_bytes_per_card / 1e9:>9.2f}")
+    lines.append(f"modeled; collectives over the card-to-card link {card_link().describe()}")
+    return "\n".join(lines)
+
+
+def explain_decode(rows: Sequence[TPRow], size: int = 1) -> str:
+    """Where TP stops paying for decode at batch ``size``, from the table's own numbers."""
+    decode = sorted((r for r in rows if r.kind == "decode" and r.size == size), key=lambda r: r.tp)
+    if len(decode) < 2:
+        raise ValueError(f"explain_decode needs decode {size} at two or more TP sizes; the table has {len(decode)}")
+    best = min(decode, key=lambda r: r.step_us)
+    latency = card_link().latency_us
+    tps = [r.tp for r in decode]
+    out = [f"decode batch {size}: fastest at TP {best.tp} of {tps} ({best.step_us:,.0f} us modeled)."]
+    for a, b in itertools.pairwise(decode):
+        saved, added = a.compute_us - b.compute_us, b.collective_us - a.collective_us
+        more_rounds = (b.collective_latency_us - a.collective_latency_us) / latency if latency else 0.0
+        byte_part = added - (b.collective_latency_us - a.collective_latency_us)
+        verdict = "pays" if saved > added else "does not pay"
+        line = (f"TP {a.tp}->{b.tp}: per-card weights {a.weight_bytes_per_card / 1e9:.2f} -> "
+                f"{b.weight_bytes_per_card / 1e9:.2f} GB save {saved:,.0f} us of compute; the step's {b.collectives} "
+                f"collectives add {added:,.0f} us ({more_rounds:,.0f} more message latencies): {verdict}")
+        if more_rounds > 0:
+            line += f"; it stops paying once a message costs more than {(saved - byte_part) / more_rounds:,.1f} us"
+        out.append(line + ".")
+    out.append(f"(card-to-card message latency in force: {latency:.1f} us, an estimate; each doubling of TP halves "
+               "the weight bytes saved per card while a ring all-reduce's 2(k-1) latencies keep growing.)")
+    return "\n".join(out)
+
+
+def main() -> None:
+    rows = tensor_parallel_table()
+    print(format_table(rows))
+    print()
+    print(explain_decode(rows))
+
+
+if __name__ == "__main__":
+    main()
