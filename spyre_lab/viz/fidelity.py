@@ -185,6 +185,8 @@ class Fidelity(View):
         layout.update(
             legend=dict(orientation="v", x=1.02, xanchor="left", y=1.0, font=dict(size=10)),
             margin=dict(l=70, r=230, t=70, b=55),
-            xaxis=frame.get("xaxis", {}) | axis | dict(title=dict(text="reference time (µs): measured, or torch-spyre's fitted model")),
-            yaxis=frame.get("yaxis", {}) | axis | dict(title=dict(text="modeled time (µs)"), scaleanchor="x", scaleratio=1))
+            xaxis=frame.get("xaxis", {}) | axis | dict(
+                title=dict(text="reference time (µs): measured, or torch-spyre's fitted model")),
+            yaxis=frame.get("yaxis", {}) | axis | dict(title=dict(text="modeled time (µs)"), scaleanchor="x",
+                                                       scaleratio=1))
         return go.Figure(dict(data=traces, layout=layout), _validate=False)
