@@ -176,8 +176,8 @@ class Fidelity(View):
         if self.machine == "both":
             traces.append(self.connector_trace())
         traces += self.marker_traces()
-        which = "measured and datasheet machines" if self.machine == "both" else f"{self.machine} machine"
-        layout = base_layout(f"Fidelity: modeled vs reference time per kernel — {which} (analytic, modeled)",
+        which = "measured + datasheet" if self.machine == "both" else f"{self.machine} machine"
+        layout = base_layout(f"Fidelity: modeled vs reference time per kernel, {which} (analytic)",
                              height=self.figure_height)
         frame, _ = cached_subplots(rows=1, cols=1, template="plotly_white", height=self.figure_height)
         layout = {**frame, **{k: v for k, v in layout.items() if k != "template"}}   # the template as data
