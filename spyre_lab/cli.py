@@ -60,9 +60,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return workshop_main(args)
     if args.command == "report":
+        from spyre_lab.studies.fidelity import fidelity
         from spyre_lab.viz.report import write_report
 
-        write_report(args.out, run=not args.no_run)
+        write_report(args.out, run=not args.no_run, fidelity=None if args.no_run else fidelity())
         return 0
     if args.command == "reproduce" and args.machine:
         from spyre_lab.device.config import SPYRE

@@ -9,6 +9,7 @@ built from, and where each aggregates big inputs.
 
 from spyre_lab.viz.base import LiveFigure, View, aggregation_note, sync_figure
 from spyre_lab.viz.dataflow import DataflowView
+from spyre_lab.viz.fidelity import Fidelity
 from spyre_lab.viz.fusion import FusionView
 from spyre_lab.viz.kv_cache import KVCacheView
 from spyre_lab.viz.layout import LayoutView
@@ -21,6 +22,7 @@ from spyre_lab.viz.work_division import WorkDivisionView
 __all__ = [
     "DataflowView",
     "DecodeTimeline",
+    "Fidelity",
     "FusionView",
     "KVCacheView",
     "LayoutView",

@@ -27,6 +27,7 @@ from plotly.offline import get_plotlyjs
 
 STATS_FILE = "engine_stats.json"
 DEVICE_TRACE_FILE = "trace.json"
+FIDELITY_FILE = "fidelity.json"
 REPORT_FILE = "report.html"
 REPORT_PROMPTS = ("count from 5 to 12:", "count from 5 to 9:", "letters from c to h:", "3 + 4 =")
 
@@ -117,6 +118,14 @@ def build_sections(out: Path) -> list[Section]:
     sections.append(section("Roofline: the decoder layer's prefill kernels", lambda: viz.Roofline(_layer_program())))
     sections.append(section("What if: one tiny-granite decoder layer, compiled and launched (baseline configuration)",
                             lambda: viz.WhatIf.granite_layer("tiny-granite")))
+    fidelity = out / FIDELITY_FILE
+    if fidelity.exists():
+        sections.append(section("Fidelity: modeled vs reference time per kernel, on both machines",
+                                lambda: viz.Fidelity.from_json(fidelity)))
+    else:
+        sections.append(Section("Fidelity", "", None, f"no {FIDELITY_FILE} in {out}: run `spyre-lab report` "
+                                                      f"without --no-run, or `spyre-lab fidelity --json > "
+                                                      f"{out / FIDELITY_FILE}`"))
     stats = out / STATS_FILE
     if stats.exists():
         sections.append(section("Decode timeline: every engine step, and one step's modeled lanes",
@@ -144,10 +153,18 @@ def _layer_program() -> Any:
     return compile_graph(fn, layer_inputs(128, 4, 2, 256, 64))   # cached: every section gets the same Program
 
 
-def write_report(out_dir: str | Path = "out", run: bool = True, show_progress: bool = True) -> Path:
-    """``out_dir/report.html`` from the run saved in ``out_dir`` (running a small one first if there is none)."""
+def write_report(out_dir: str | Path = "out", run: bool = True, show_progress: bool = True,
+                 fidelity: dict[str, Any] | None = None) -> Path:
+    """``out_dir/report.html`` from the run saved in ``out_dir`` (running a small one first if there is none).
+
+    ``fidelity`` is the fidelity study's result (``spyre_lab.studies.fidelity.fidelity()``, which lives above the
+    views, so the caller computes it); given, it is saved as ``out_dir/fidelity.json`` for the Fidelity section."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if fidelity is not None:
+        import json
+
+        (out / FIDELITY_FILE).write_text(json.dumps(fidelity, indent=1))
     if run and not (out / STATS_FILE).exists():
         print(f"no {STATS_FILE} in {out}: serving a small tiny-granite job on the spyre platform first", flush=True)
         run_small_job(out, show_progress)

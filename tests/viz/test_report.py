@@ -1,5 +1,6 @@
 """The run report: one HTML file, plotly.js inlined once, a figure per view of the run, offline."""
 
+import json
 import os
 import re
 
@@ -14,7 +15,8 @@ from spyre_lab.device.config import SPYRE
 from spyre_lab.device.kernels import softmax_kernel
 from spyre_lab.device.sim import simulate
 from spyre_lab.engine import LLM, SamplingParams
-from spyre_lab.viz.report import REPORT_FILE, STATS_FILE, Section, write_html
+from spyre_lab.studies.fidelity import fidelity
+from spyre_lab.viz.report import FIDELITY_FILE, REPORT_FILE, STATS_FILE, Section, write_html
 
 torch.set_num_threads(1)
 
@@ -28,6 +30,7 @@ def run_dir(tmp_path_factory):
     llm.stats.save_json(out / STATS_FILE)
     simulate(softmax_kernel(256, 256, cores=4, cfg=SPYRE, fused=True), SPYRE, mode="event").trace.to_chrome_trace(
         out / "trace.json")
+    (out / FIDELITY_FILE).write_text(json.dumps(fidelity()))
     return out
 
 
@@ -40,7 +43,7 @@ def test_cli_report_writes_one_offline_file(run_dir, capsys):
     assert not re.search(r"<script[^>]+src=", page)
     titles = re.findall(r"<h2 id='s\d+'>([^<]+)</h2>", page)
     assert [t.split(":")[0] for t in titles] == ["Layout", "Dataflow", "Fusion", "Work division", "Roofline", "What if",
-                                                 "Decode timeline", "KV cache"]
+                                                 "Fidelity", "Decode timeline", "KV cache"]
     assert page.count("Plotly.newPlot") == len(titles)
     assert "could not draw" not in page
     assert "modeled" in page
@@ -56,3 +59,4 @@ def test_report_without_a_run_points_at_make_demo(tmp_path):
     assert main(["report", "--out", str(tmp_path), "--no-run"]) == 0
     page = (tmp_path / REPORT_FILE).read_text()
     assert "no engine_stats.json" in page and "make demo" in page
+    assert f"no {FIDELITY_FILE}" in page and "spyre-lab fidelity --json" in page
