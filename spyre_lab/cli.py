@@ -5,6 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
+# the programs `spyre-lab compile` knows (spyre_lab/ktir/compile_examples.py; kept here so --help stays cheap)
+COMPILE_EXAMPLES = ("softmax", "silu", "rms_norm", "mlp", "layer")
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -42,7 +45,15 @@ def main(argv: list[str] | None = None) -> int:
     fid = sub.add_parser("fidelity", help="the model against measured and reference kernel times, on both machines")
     fid.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.fidelity/1)")
     fid.add_argument("--markdown", action="store_true", help="print the Markdown of docs/fidelity.md")
+    comp = sub.add_parser("compile", help="compile an example program and write each kernel as KTIR (one .mlir each)")
+    comp.add_argument("--ktir", metavar="OUT", required=True, help="folder for the .mlir files")
+    comp.add_argument("--example", default="softmax",
+                      choices=COMPILE_EXAMPLES, help="which program (default: softmax)")
     args = parser.parse_args(argv)
+    if args.command == "compile":
+        from spyre_lab.ktir.compile_examples import main as compile_main
+
+        return compile_main(args.example, args.ktir)
     if args.command in ("serve", "route"):
         from spyre_lab.serving.cli_args import main as serving_main
 

@@ -1,0 +1,41 @@
+"""``spyre-lab compile --ktir OUT``: one .mlir per exported kernel, each a loadable KTIR module; refusals reported."""
+
+from __future__ import annotations
+
+import pytest
+
+import spyre_lab.ktir
+from spyre_lab import cli
+from spyre_lab.ktir.compile_examples import EXAMPLES, compile_example
+
+
+def test_softmax_writes_one_loadable_file_per_kernel(tmp_path, capsys) -> None:
+    assert cli.main(["compile", "--ktir", str(tmp_path), "--example", "softmax"]) == 0
+    printed = capsys.readouterr().out
+    files = sorted(tmp_path.glob("*.mlir"))
+    assert [p.stem for p in files] == ["k0_single_mul", "k1_softmax_amax_sub_exp_sum_div"]
+    assert f"2 kernel(s) written as KTIR to {tmp_path}" in printed
+    for path in files:
+        assert str(path) in printed
+        function = spyre_lab.ktir.load(path).main
+        assert function.name == path.stem and function.grid == (32,)
+        assert function.simulate().time_us > 0
+
+
+def test_a_refused_kernel_is_printed_with_its_reason(tmp_path, capsys) -> None:
+    cli.main(["compile", "--ktir", str(tmp_path), "--example", "mlp"])
+    printed = capsys.readouterr().out
+    reasons = sorted(tmp_path.glob("*.unsupported.txt"))
+    assert reasons, "the fused MLP's matmul with an epilogue is outside the exported subset"
+    for path in reasons:
+        kernel = path.name.removesuffix(".unsupported.txt")
+        assert f"refused {kernel}: " in printed and "matmul" in path.read_text()
+
+
+def test_every_example_is_offered_and_an_unknown_one_is_named() -> None:
+    assert set(cli.COMPILE_EXAMPLES) == set(EXAMPLES)
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["compile", "--ktir", "unused", "--example", "no_such_program"])
+    assert refused.value.code == 2, "argparse refuses an example outside its choices"
+    with pytest.raises(ValueError, match="no example program 'no_such_program'; choose one of"):
+        compile_example("no_such_program", "unused")
