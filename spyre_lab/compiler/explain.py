@@ -109,7 +109,7 @@ def ktir_section(program: Program) -> str:
         try:
             text = launch.to_ktir(kernel.nodes)
         except KTIRUnsupported as e:
-            text = f"// not written as KTIR: {e}"
+            text = f"// {e}"
         parts.append(f"// LoopIR of {launch.name}:\n{loopir}\n{text}")
     return "\n\n".join(parts)
 

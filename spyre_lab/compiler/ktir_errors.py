@@ -21,5 +21,8 @@ class KTIRUnsupported(KTIRError):
     def __init__(self, op: str, line: int, why: str = "") -> None:
         self.op, self.line = op, line
         detail = f": {why}" if why else ""
+        if op == "export":  # the exporter refusing a kernel: there is no KTIR line to point at yet
+            super().__init__(f"not written as KTIR{detail} (docs/ktir.md lists the subset)")
+            return
         super().__init__(f"line {line}: {op} is outside the KTIR subset spyre_lab models{detail} "
                          "(docs/ktir.md lists the subset)")

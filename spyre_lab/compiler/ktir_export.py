@@ -58,7 +58,7 @@ class _Base:
         self.busy = [c for c, s in enumerate(spec.slices) if s]
         if self.busy != list(range(len(self.busy))):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name}: busy cores {self.busy} are not 0..n-1")
-        self.ptr = {b: f"%{_ident(b)}" for b in spec.address_slots}
+        self.ptr = {b: self.w.fresh(_ident(b)) for b in spec.address_slots}   # SSA names are defined once
 
     def view_of(self, b: str, order: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[str, ...]]:
         """(sizes, strides, offset, axes) of ``b``'s memory view, its axes in the kernel's dim ``order``.
