@@ -8,15 +8,14 @@ refused (KTIRUnsupported) rather than written as something else.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from spyre_lab.compiler.ir import IRNode
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 
-if TYPE_CHECKING:  # kernel_spec imports the KTIR writer, which imports this module
-    from spyre_lab.compiler.kernel_spec import KernelSpec
+KernelSpec = Any  # compiler.kernel_spec.KernelSpec; not imported, since kernel_spec.to_ktir imports the KTIR writer
 
 
 def torch_unary(op: str, x: torch.Tensor) -> torch.Tensor:
