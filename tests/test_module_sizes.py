@@ -14,7 +14,8 @@ MAX_MODULE_LINES = 450
 MAX_FUNCTION_LINES = 80
 
 STILL_OVER: set[str] = {
-    # the event simulator's fast loop is held equal to its reference (device/sim_reference.py) instead
+    # the event simulator's loop is one flat loop for speed (see its docstring); tests/device/test_sim_reference.py
+    # holds it equal to the step-by-step device/sim_reference.py instead
     "device/sim_event.py::_simulate",
 }
 
