@@ -26,6 +26,7 @@ aten = torch.ops.aten
 
 
 def dim_names(n: int) -> tuple[str, ...]:
+    """The names of a rank-``n`` iteration space: ``d0``, ``d1``, ...; reads name the axes they index by them."""
     return tuple(f"d{i}" for i in range(n))
 
 
