@@ -21,7 +21,15 @@ import torch
 
 from spyre_lab.compiler.ir import IRNode, MatMul, Pointwise, Reduction
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
-from spyre_lab.compiler.ktir_probe import check_node, probe, same_values, scalar_of, torch_binary, torch_unary
+from spyre_lab.compiler.ktir_probe import (
+    buffer_types,
+    check_node,
+    probe,
+    same_values,
+    scalar_of,
+    torch_binary,
+    torch_unary,
+)
 from spyre_lab.compiler.ktir_writer import NAMES, Writer, type_text
 
 KernelSpec = Any  # compiler.kernel_spec.KernelSpec; not imported, since kernel_spec.to_ktir imports this module
@@ -155,7 +163,7 @@ class _RowWriter(_Base):
             if not isinstance(n, (Pointwise, Reduction)) or list(n.dims) != self.dims:
                 raise KTIRUnsupported("export", 0, f"kernel {spec.name}: node {n.name} ({n.op}) runs over "
                                                    f"{dict(n.dims)}, not the kernel's {dict(spec.dims)}")
-        self.dtypes, self.shapes = _dtypes(spec, self.nodes, self.inputs)
+        self.dtypes, self.shapes = buffer_types(spec, self.nodes, self.inputs)
         reduced = {d for n in self.nodes if isinstance(n, Reduction) for d in n.reduction_dims}
         starts = self.slice_starts(self.dims)
         tile = {d: spec.dims[d] if d in reduced else self.tile_size(d) for d in self.dims}
@@ -416,16 +424,6 @@ class _MatmulWriter(_Base):
             w.line("scf.yield")
             w.depth -= 1
             w.line("}")
-
-
-def _dtypes(spec: KernelSpec, nodes: Sequence[IRNode], inputs: Sequence[str]
-            ) -> tuple[dict[str, torch.dtype], dict[str, tuple[int, ...]]]:
-    """Every buffer's dtype and shape: DRAM buffers say theirs; an intermediate's is what its node returns."""
-    values = {b: torch.ones(spec.buffers[b].shape, dtype=spec.buffers[b].dtype) for b in inputs}
-    for n in nodes:
-        args = [values[b] for b in n.inputs]
-        values[n.output] = probe(n, *args).to(n.compute(*args).dtype)
-    return {b: t.dtype for b, t in values.items()}, {b: tuple(t.shape) for b, t in values.items()}
 
 
 def _collapse_groups(present: tuple[bool, ...]) -> str:

@@ -8,11 +8,14 @@ refused (KTIRUnsupported) rather than written as something else.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
 from spyre_lab.compiler.ir import IRNode
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+
+KernelSpec = Any  # compiler.kernel_spec.KernelSpec; not imported, since kernel_spec.to_ktir imports the KTIR writer
 
 
 def torch_unary(op: str, x: torch.Tensor) -> torch.Tensor:
@@ -71,3 +74,16 @@ def scalar_of(n: IRNode, sample: torch.Tensor) -> tuple[float, bool]:
         if same_values(got, want):
             return c, swapped
     raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")
+
+
+def buffer_types(spec: KernelSpec, nodes: Sequence[IRNode], inputs: Sequence[str]
+                 ) -> tuple[dict[str, torch.dtype], dict[str, tuple[int, ...]]]:
+    """Every buffer's dtype and shape: DRAM buffers say theirs; an intermediate's is what its node returns.
+
+    The writer types every SSA value it names; an intermediate has no declared type, so the nodes are run on
+    probe inputs (ones) in order and their results give it."""
+    values = {b: torch.ones(spec.buffers[b].shape, dtype=spec.buffers[b].dtype) for b in inputs}
+    for n in nodes:
+        args = [values[b] for b in n.inputs]
+        values[n.output] = probe(n, *args).to(n.compute(*args).dtype)
+    return {b: t.dtype for b, t in values.items()}, {b: tuple(t.shape) for b, t in values.items()}

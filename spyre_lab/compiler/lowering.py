@@ -11,6 +11,9 @@ named iteration space, reading and writing named buffers. Three things never bec
   ``dedup_and_promote_constants``.
 * **shape-only ops** (``full_like``, ``zeros_like``) depend on a shape, never on data, so they fold too.
 
+This module is the pass itself: it walks the graph, keeps the buffers, and decides what each call becomes.
+The node builders for the device kinds live in ``lowering_kernels``, the bound compute in ``op_binding``.
+
 Every node's ``compute`` is the real CPU torch computation of the op on fp16 device buffers:
 elementwise and reduction ops call the ATen op itself (CPU fp16 kernels compute in fp32 and round
 once), matmuls accumulate explicitly in fp32. Ops the device does not run become ``Fallback`` nodes
@@ -24,36 +27,31 @@ import itertools
 import operator
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 import torch.fx as fx
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils._pytree import tree_flatten, tree_map
 
 from spyre_lab.compiler.access import Access, Lowered, Read, compose
-from spyre_lab.compiler.core_operands import SHARE_LIMIT_BYTES
-from spyre_lab.compiler.ir import BufferInfo, Fallback, Graph, IRNode, MatMul, Pointwise, Reduction
+from spyre_lab.compiler.ir import BufferInfo, Fallback, Graph, IRNode
+from spyre_lab.compiler.lowering_errors import LoweringError
+from spyre_lab.compiler.lowering_kernels import FakeNode, KernelLowerings
+from spyre_lab.compiler.op_binding import LastFp32, Slot, bind
 from spyre_lab.compiler.op_tables import (
     DEVICE_POINTWISE,
     DEVICE_REDUCTIONS,
     HOST_ONLY_REASON,
     MATMUL_OPS,
-    MULTI_OUTPUT_NAMES,
     SHAPE_ONLY_OPS,
     SPLIT_OPS,
     VIEW_OPS,
     decomposition_table,
 )
-from spyre_lab.compiler.same_tensor import SameTensorCache
 from spyre_lab.user_line import warn_at_user_line
 
-__all__ = ["Access", "Lowered", "LoweringError", "Read", "decomposition_table", "lower"]
+__all__ = ["Access", "LastFp32", "Lowered", "LoweringError", "Read", "decomposition_table", "lower"]
 
 aten = torch.ops.aten
-
-
-class LoweringError(RuntimeError):
-    """The graph cannot become a static Spyre program (symbolic shapes, data-dependent outputs, ...)."""
 
 
 _WARNED: set[str] = set()
@@ -65,85 +63,9 @@ def _warn_fallback(op: str, reason: str) -> None:
         warn_at_user_line(f"spyre: aten.{op} runs on the host CPU (Fallback): {reason}")
 
 
-class _Slot:
-    """Placeholder for the i-th tensor argument of an op call."""
-
-    __slots__ = ("i",)
-
-    def __init__(self, i: int) -> None:
-        self.i = i
-
-
-def _bind(op: Callable, args: tuple, kwargs: dict) -> Callable[..., torch.Tensor]:
-    """``op`` with its tensor arguments left open: ``call(*tensors)`` fills the slots in order.
-
-    Called once per node per launch, so it does little: an ``OpOverload`` is called through the ``_op`` its
-    ``__call__`` forwards to, and slots that are plain arguments or keyword values are filled in place (only a
-    slot inside a list or dict needs the arguments rebuilt)."""
-    if type(op) is torch._ops.OpOverload:
-        op = op._op
-    flat, spec = tree_flatten((args, kwargs))
-    slots = [(pos, a.i) for pos, a in enumerate(flat) if isinstance(a, _Slot)]
-    top = [(pos, a.i) for pos, a in enumerate(args) if isinstance(a, _Slot)]
-    top_kw = [(k, v.i) for k, v in kwargs.items() if isinstance(v, _Slot)]
-    if len(top) + len(top_kw) == len(slots):
-        def call_flat(*tensors: torch.Tensor) -> torch.Tensor:
-            filled = list(args)
-            for pos, i in top:
-                filled[pos] = tensors[i]
-            if top_kw:
-                return op(*filled, **{**kwargs, **{k: tensors[i] for k, i in top_kw}})
-            return op(*filled, **kwargs)
-        return call_flat
-
-    def call(*tensors: torch.Tensor) -> torch.Tensor:
-        filled = list(flat)
-        for pos, i in slots:
-            filled[pos] = tensors[i]
-        a, k = tree_unflatten(filled, spec)
-        return op(*a, **k)
-    return call
-
-
-def _matmul_fp32(out_dtype: torch.dtype) -> Callable[..., torch.Tensor]:
-    left, right = LastFp32(), LastFp32()
-
-    def mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-        return torch.matmul(left(a), right(b)).to(out_dtype)
-    return mm
-
-
-class LastFp32(SameTensorCache):
-    """``t.float()``, keeping the last copy made while the very same tensor comes back unchanged: a matmul node
-    reads its weight through the same view at every launch, and converting it again gives the same values.
-    Copies larger than ``SHARE_LIMIT_BYTES`` are not kept (they would double what the weights hold)."""
-
-    __slots__ = ()
-
-    def __call__(self, t: torch.Tensor) -> torch.Tensor:
-        value = self.get(t)
-        if value is None:
-            value = t.float()
-            if value is not t and value.numel() * value.element_size() <= SHARE_LIMIT_BYTES:
-                self.keep(t, value)
-            else:
-                self.forget()
-        return value
-
-
-def _dim_names(n: int) -> tuple[str, ...]:
-    return tuple(f"d{i}" for i in range(n))
-
-
-def _broadcast_axes(shape: Sequence[int], out_dims: Sequence[str]) -> tuple[str | None, ...]:
-    """Right-align an input against the output dims (numpy broadcasting)."""
-    pad = len(out_dims) - len(shape)
-    return tuple(out_dims[pad + i] if pad + i >= 0 else None for i in range(len(shape)))
-
-
 # --- the lowering pass ---------------------------------------------------------------------------
 
-class _Lowerer:
+class _Lowerer(KernelLowerings):
     def __init__(self, gm: fx.GraphModule) -> None:
         self.gm = gm
         self.buffers: dict[str, BufferInfo] = {}
@@ -337,7 +259,7 @@ class _Lowerer:
 
     def _contiguous_copy(self, src: Read) -> Read:
         val = torch.empty(tuple(src.meta.shape), dtype=src.meta.dtype, device="meta")
-        fake = _FakeNode(f"{src.buffer}_contiguous", val)
+        fake = FakeNode(f"{src.buffer}_contiguous", val)
         return self._pointwise(fake, aten.clone.default, "copy", (src,), {"memory_format": torch.contiguous_format})
 
     def _split(self, packet: str, args, kwargs) -> list[Read]:
@@ -380,10 +302,10 @@ class _Lowerer:
                 return a if immediate_dtype is None else a.to(immediate_dtype)
             if isinstance(a, torch.Tensor) and a.dim() == 0 and a.numel() == 1 and not isinstance(a, Read):
                 reads.append(self._constant_buffer(a, f"{hint}_{len(reads)}"))
-                return _Slot(len(reads) - 1)
+                return Slot(len(reads) - 1)
             if isinstance(a, (Read, torch.Tensor)):
                 reads.append(self._as_read(a, f"{hint}_{len(reads)}"))
-                return _Slot(len(reads) - 1)
+                return Slot(len(reads) - 1)
             return a
 
         return reads, tree_map(slot, args), tree_map(slot, kwargs)
@@ -401,142 +323,13 @@ class _Lowerer:
         self.access[node.name] = Access(reads, out_axes, op_fn)
         return self._base_read(out, torch.empty(tuple(out_shape), dtype=out_dtype, device="meta"))
 
-    def _pointwise(self, node: fx.Node, target, op: str, args, kwargs) -> Read:
-        val = node.meta["val"]
-        reads, sargs, skw = self._tensor_reads(args, kwargs, node.name)
-        if op == "cast":          # the device buffer is where the value lives; drop host placement kwargs
-            skw = {k: v for k, v in skw.items() if k not in ("device", "pin_memory", "layout", "memory_format")}
-        dims = dict(zip(_dim_names(val.dim()), val.shape))
-        names = tuple(dims)
-        reads = [Read(r.buffer, r.steps, r.meta, self._pointwise_axes(op, r, names, sargs)) for r in reads]
-        return self._emit(Pointwise, node.name, op, reads, val.shape, val.dtype, _bind(target, sargs, skw),
-                          dims, names, stick_dim=names[-1] if names else None)
-
-    @staticmethod
-    def _pointwise_axes(op: str, r: Read, names: tuple[str, ...], sargs) -> tuple[str | None, ...]:
-        if op in ("cat", "index_select"):
-            gather_dim = sargs[1] if len(sargs) > 1 and isinstance(sargs[1], int) else -1
-            axes = list(_broadcast_axes(r.meta.shape, names)) if r.meta.dim() == len(names) else [None] * r.meta.dim()
-            if (axes and op == "cat") or (op == "index_select" and r.meta.dim() == len(names)):
-                axes[gather_dim % len(axes)] = None
-            return tuple(axes)
-        return _broadcast_axes(r.meta.shape, names)
-
-    def _reduction(self, node: fx.Node, target, packet: str, args, kwargs) -> object:
-        src = args[0]
-        if not isinstance(src, Read):
-            raise LoweringError(f"{node.name}: reduction of a non-device value")
-        rank = src.meta.dim()
-        names = _dim_names(rank)
-        if packet == "topk":
-            reduced = [args[2] if len(args) > 2 else kwargs.get("dim", -1)]
-        elif len(args) > 1 and isinstance(args[1], (int, list, tuple)) and packet not in ("prod",):
-            reduced = [args[1]] if isinstance(args[1], int) else list(args[1])
-        elif "dim" in kwargs and kwargs["dim"] is not None:
-            reduced = [kwargs["dim"]] if isinstance(kwargs["dim"], int) else list(kwargs["dim"])
-        else:
-            reduced = list(range(rank))
-        if not reduced and packet in ("sum", "mean", "amax", "amin", "prod", "var", "var_mean", "any", "all"):
-            reduced = list(range(rank))                   # dim=[] reduces every dim
-        reduced_names = tuple(names[d % rank] for d in reduced) if rank else ()
-        vals = node.meta["val"]
-        outs = vals if isinstance(vals, (tuple, list)) else (vals,)
-        reads, sargs, skw = self._tensor_reads(args, kwargs, node.name)
-        reads = [Read(r.buffer, r.steps, r.meta, names if i == 0 else ()) for i, r in enumerate(reads)]
-        fn = _bind(target, sargs, skw)
-        results = []
-        for i, out in enumerate(outs):
-            names_of = MULTI_OUTPUT_NAMES.get(packet, (f"{packet}_values", f"{packet}_indices"))
-            op = packet if len(outs) == 1 else names_of[i]
-            out_axes = self._reduced_out_axes(names, reduced_names, out.dim())
-            pick = fn if len(outs) == 1 else (lambda *t, _i=i, _fn=fn: _fn(*t)[_i])
-            name = node.name if len(outs) == 1 else f"{node.name}_{i}"
-            stick = [d for d in names if d not in reduced_names]
-            results.append(self._emit(Reduction, name, op, reads, out.shape, out.dtype, pick,
-                                      dict(zip(names, src.meta.shape)), out_axes, reduction_dims=reduced_names,
-                                      stick_dim=stick[-1] if stick else None))
-        return results[0] if len(outs) == 1 else tuple(results)
-
-    @staticmethod
-    def _reduced_out_axes(names, reduced, out_rank: int) -> tuple[str | None, ...]:
-        kept = [d for d in names if d not in reduced]
-        if out_rank == len(names):                               # keepdim
-            return tuple(None if d in reduced else d for d in names)
-        return tuple(kept[-out_rank:]) if out_rank else ()
-
-    def _softmax(self, node: fx.Node, args) -> Read:
-        """softmax -> amax, sub, exp, sum, div (torch-spyre's decomposition); the scheduler may fuse them back."""
-        x, dim = args[0], args[1]
-        if not isinstance(x, Read):
-            return torch.softmax(x, dim)
-        dim = dim % x.meta.dim()
-        steps = [
-            ("amax", aten.amax.default, (x, [dim], True)),
-            ("sub", aten.sub.Tensor, (x, "amax")),
-            ("exp", aten.exp.default, ("sub",)),
-            ("sum", aten.sum.dim_IntList, ("exp", [dim], True)),
-            ("div", aten.div.Tensor, ("exp", "sum")),
-        ]
-        env: dict[str, Read] = {}
-        dtype = node.meta["val"].dtype
-        for op, target, a in steps:
-            a = tuple(env[v] if isinstance(v, str) else v for v in a)
-            fake = _FakeNode(f"{node.name}_{op}", target(*[v.meta if isinstance(v, Read) else v for v in a]))
-            fake.meta["val"] = fake.meta["val"].to(dtype) if op != "amax" else fake.meta["val"]
-            if op in ("amax", "sum"):
-                env[op] = self._reduction(fake, target, op, a, {})
-            else:
-                env[op] = self._pointwise(fake, target, op, a, {})
-        return env["div"]
-
-    def _matmul(self, node: fx.Node, packet: str, args, kwargs) -> Read:
-        val = node.meta["val"]
-        bias = None
-        if packet in ("addmm", "baddbmm"):
-            bias, a, b = args[0], args[1], args[2]
-            beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-        else:
-            a, b = args[0], args[1]
-        reads, _, _ = self._tensor_reads((a, b), {}, node.name)
-        ra, rb = reads
-        if ra.meta.dim() == 2:
-            (m, k), n, bsz = ra.meta.shape, rb.meta.shape[-1], 1
-            ra = Read(ra.buffer, ra.steps, ra.meta, ("M", "K"))
-            rb = Read(rb.buffer, rb.steps, rb.meta, ("K", "N"))
-            out_axes: tuple[str, ...] = ("M", "N")
-        else:
-            bsz, m, k = ra.meta.shape
-            n = rb.meta.shape[-1]
-            ra = Read(ra.buffer, ra.steps, ra.meta, ("B", "M", "K"))
-            rb = Read(rb.buffer, rb.steps, rb.meta, ("B", "K", "N"))
-            out_axes = ("B", "M", "N")
-        mm_name = node.name if bias is None else f"{node.name}_mm"
-        dims = {"B": bsz, "M": m, "N": n, "K": k}
-        out = self._emit(MatMul, mm_name, "matmul", [ra, rb], val.shape, val.dtype, _matmul_fp32(val.dtype), dims,
-                         out_axes, reduction_dims=("K",), stick_dim="N", b=bsz, m=m, n=n, k=k)
-        if bias is None:
-            return out
-        fake = _FakeNode(node.name, val)
-        if beta == 1 and alpha == 1:
-            return self._pointwise(fake, aten.add.Tensor, "add", (out, bias), {})
-        return self._scaled_add(fake, out, bias, alpha, beta)
-
-    def _scaled_add(self, fake, out: Read, bias, alpha, beta) -> Read:
-        def fn(c: torch.Tensor, bias_t: torch.Tensor) -> torch.Tensor:
-            return (c.float() * alpha + bias_t.float() * beta).to(c.dtype)
-        reads, _, _ = self._tensor_reads((out, bias), {}, fake.name)
-        val = fake.meta["val"]
-        names = _dim_names(val.dim())
-        reads = [Read(r.buffer, r.steps, r.meta, _broadcast_axes(r.meta.shape, names)) for r in reads]
-        return self._emit(Pointwise, fake.name, "add", reads, val.shape, val.dtype, fn,
-                          dict(zip(names, val.shape)), names, stick_dim=names[-1])
 
     def _fallback(self, node: fx.Node, target, packet: str, args, kwargs, reason: str) -> object:
         _warn_fallback(packet, reason)
         self.fallback_ops.append(packet)
         reads, sargs, skw = self._tensor_reads(args, kwargs, node.name)
         reads = [Read(r.buffer, r.steps, r.meta, ()) for r in reads]
-        fn = _bind(target, sargs, skw)
+        fn = bind(target, sargs, skw)
         vals = node.meta.get("val")
         outs = vals if isinstance(vals, (tuple, list)) else (vals,)
         results = []
@@ -584,17 +377,6 @@ def _numel(value: Read | torch.Tensor) -> int:
 def _dtype(value: Read | torch.Tensor) -> torch.dtype:
     return value.meta.dtype if isinstance(value, Read) else value.dtype
 
-
-@dataclass
-class _FakeNode:
-    """Stands in for an fx.Node when one ATen op lowers to several LoopIR nodes."""
-
-    name: str
-    val: torch.Tensor
-    meta: dict = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        self.meta["val"] = self.val
 
 
 def lower(gm: fx.GraphModule) -> Lowered:

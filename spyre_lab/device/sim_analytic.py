@@ -113,29 +113,20 @@ def run_analytic(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_even
 def _schedule(kernel: TileProgram, core: int, cfg: SpyreConfig, capacity: int, rate: float, drain_rate: float,
               last_load: int, stretch: float, send_done: dict[tuple[int, str | None], float],
               mm_cache: dict[tuple[int, int, int], int]) -> tuple[_Core, bool]:
-    """One pass over a core's ops; returns its totals and whether a receive's sender was not yet scheduled.
-
-    The loop places each op (its cost by kind, then its start on its unit, backfilling idle gaps) inline:
-    it runs once per op, where a call per op would cost as much as the placement itself.
+    """One pass over a core's ops; returns its totals (``_totals``) and whether a receive's sender was not yet
+    scheduled. The loop places each op (its cost by kind, then its start on its unit, backfilling idle gaps)
+    inline: it runs once per op, where a call per op would cost as much as the placement itself.
     """
     ops = kernel.programs[core].ops
     n = len(ops)
-    fin = [0.0] * n
-    last_use = list(range(n))
-    claims: list[tuple[int, int]] = []
-    free = [0.0] * 5
+    fin, last_use, claims = [0.0] * n, list(range(n)), []
+    free, busy, first, counts = [0.0] * 5, [0.0] * 5, [-1.0] * 5, [0] * 5
     gaps: list[list[tuple[float, float]]] = [[], [], [], [], []]
-    first = [-1.0] * 5
     load_bytes = store_bytes = ring_bytes = flops = macs = 0
-    busy = [0.0] * 5
-    counts = [0] * 5
-    sfu_lanes = cfg.sfu_elems_per_cycle_per_core
-    special = cfg.transcendental_factor
-    late = False
-    last_dram_fin = 0.0
+    sfu_lanes, special = cfg.sfu_elems_per_cycle_per_core, cfg.transcendental_factor
+    late, last_dram_fin = False, 0.0
     for i, op in enumerate(ops):
-        kind = op.kind
-        ob = op.out_bytes
+        kind, ob = op.kind, op.out_bytes
         if ob:
             if ob > capacity:
                 raise LXOverflowError(kernel.name, core, ob, 0, capacity)
@@ -154,10 +145,8 @@ def _schedule(kernel: TileProgram, core: int, cfg: SpyreConfig, capacity: int, r
             cycles = mm_cache.get(key)
             if cycles is None:
                 cycles = mm_cache[key] = matmul_cycles(*key, cfg)
-            u = PT
-            mnk = key[0] * key[1] * key[2]
-            macs += mnk
-            flops += 2 * mnk
+            u, mnk = PT, key[0] * key[1] * key[2]
+            macs, flops = macs + mnk, flops + 2 * mnk
         elif kind is _STORE:
             drains = i > last_load and (last_load < 0 or ready >= fin[last_load])
             u, cycles = STORE, op.nbytes / (drain_rate if drains else rate)
@@ -166,17 +155,14 @@ def _schedule(kernel: TileProgram, core: int, cfg: SpyreConfig, capacity: int, r
             cycles = -(-op.elements // sfu_lanes)
             if kind is _SPECIAL:
                 cycles *= special
-            u = SFU
-            flops += op.elements
+            u, flops = SFU, flops + op.elements
         elif kind is _SEND:
             u, cycles = RING, ring_cycles(op.nbytes, op.hops, cfg)
             ring_bytes += op.nbytes
-        else:  # a receive is done when its send is (it occupies no unit)
+        else:  # a receive is done when its send is (it occupies no unit); a send not yet placed: wait for it
             landed = send_done.get((op.peer, op.tag))
-            if landed is None:
-                late = True
-                landed = ready
-            fin[i] = landed if landed > ready else ready
+            late = late or landed is None
+            fin[i] = landed if landed is not None and landed > ready else ready
             continue
         unit_free = free[u]
         if ready >= unit_free:
@@ -198,22 +184,27 @@ def _schedule(kernel: TileProgram, core: int, cfg: SpyreConfig, capacity: int, r
         if first[u] < 0:
             first[u] = start
         if u in (LOAD, STORE):
-            if end > last_dram_fin:
-                last_dram_fin = end
+            last_dram_fin = end if end > last_dram_fin else last_dram_fin
         elif u == RING:
             send_done[(core, op.tag)] = end
+    moved = (load_bytes, store_bytes, ring_bytes, flops, macs)
+    return _totals(fin, busy, counts, first, last_dram_fin, stretch, moved, _lx_peak(claims, last_use, n)), late
 
+
+def _totals(fin: list[float], busy: list[float], counts: list[int], first: list[float], last_dram_fin: float,
+            stretch: float, moved: tuple[int, int, int, int, int], lx_peak: int) -> _Core:
+    """The core's totals once its ops are placed: DRAM time stretched, its end, what it moved and computed."""
     tot = _Core()
     busy[LOAD] *= stretch  # every transfer slows down alike when the card's DRAM is the tighter limit
     busy[STORE] *= stretch
     tot.busy = busy
     tot.counts = counts
     tot.first_start = [max(0.0, f) for f in first]
+    load_bytes, store_bytes = moved[0], moved[1]
     tot.finish = _finish(fin, busy, first[LOAD], last_dram_fin, bool(load_bytes or store_bytes))
-    tot.load_bytes, tot.store_bytes, tot.ring_bytes, tot.flops, tot.macs = (load_bytes, store_bytes, ring_bytes,
-                                                                            flops, macs)
-    tot.lx_peak = _lx_peak(claims, last_use, n)
-    return tot, late
+    tot.load_bytes, tot.store_bytes, tot.ring_bytes, tot.flops, tot.macs = moved
+    tot.lx_peak = lx_peak
+    return tot
 
 
 def _finish(fin: list[float], busy: list[float], first_load: float, last_dram_fin: float, moves_bytes: bool) -> float:
