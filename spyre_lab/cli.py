@@ -9,7 +9,8 @@ import sys
 COMPILE_EXAMPLES = ("softmax", "silu", "rms_norm", "mlp", "layer")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every subcommand and its flags (argparse only: building it imports nothing heavy)."""
     parser = argparse.ArgumentParser(
         prog="spyre-lab", description="spyre_lab: a modeled IBM Spyre device, compiler, runtime and engine.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -25,7 +26,23 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--out", default="out", help="folder of the run and of report.html (default: out)")
     report.add_argument("--no-run", action="store_true",
                         help="use only the files already in --out (by default a small job runs first if none is)")
-    rep = sub.add_parser("reproduce", help="the published Spyre claims against the model, each as an ablation")
+    _add_reproduce(sub.add_parser("reproduce", help="the published Spyre claims against the model, each as an "
+                                                    "ablation"))
+    from spyre_lab.serving.cli_args import add_route_arguments, add_serve_arguments
+
+    add_serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (with vLLM's /metrics) for MODEL"))
+    add_route_arguments(sub.add_parser("route", help="an llm-d-style router in front of engine replicas"))
+    fid = sub.add_parser("fidelity", help="the model against measured and reference kernel times, on both machines")
+    fid.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.fidelity/1)")
+    fid.add_argument("--markdown", action="store_true", help="print the Markdown of docs/fidelity.md")
+    comp = sub.add_parser("compile", help="compile an example program and write each kernel as KTIR (one .mlir each)")
+    comp.add_argument("--ktir", metavar="OUT", required=True, help="folder for the .mlir files")
+    comp.add_argument("--example", default="softmax",
+                      choices=COMPILE_EXAMPLES, help="which program (default: softmax)")
+    return parser
+
+
+def _add_reproduce(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.reproduce/1)")
     rep.add_argument("--markdown", action="store_true", help="print the Markdown of docs/reproduce.md")
     rep.add_argument("--sweep", action="store_true", help="also sweep the unpublished device parameters")
@@ -36,20 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     rep.add_argument("--workers", type=int, metavar="N", help="local cluster size for the sweep (default: cores, <= 4)")
     rep.add_argument("--fresh", action="store_true",
                      help="compute again even if this source's result is cached (results are cached by source hash)")
-    from spyre_lab.serving.cli_args import add_route_arguments, add_serve_arguments
-
-    add_serve_arguments(sub.add_parser("serve", help="an OpenAI-compatible server (with vLLM's /metrics) for MODEL"))
-    add_route_arguments(sub.add_parser("route", help="an llm-d-style router in front of engine replicas"))
     rep.add_argument("--machine", choices=("measured", "datasheet"), default=None,
                      help="the modeled card: datasheet (peak numbers, default) or measured (fitted to the real card)")
-    fid = sub.add_parser("fidelity", help="the model against measured and reference kernel times, on both machines")
-    fid.add_argument("--json", action="store_true", help="print the result as JSON (schema spyre_lab.fidelity/1)")
-    fid.add_argument("--markdown", action="store_true", help="print the Markdown of docs/fidelity.md")
-    comp = sub.add_parser("compile", help="compile an example program and write each kernel as KTIR (one .mlir each)")
-    comp.add_argument("--ktir", metavar="OUT", required=True, help="folder for the .mlir files")
-    comp.add_argument("--example", default="softmax",
-                      choices=COMPILE_EXAMPLES, help="which program (default: softmax)")
-    args = parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "compile":
         from spyre_lab.ktir.compile_examples import main as compile_main
 
@@ -76,21 +85,24 @@ def main(argv: list[str] | None = None) -> int:
 
         write_report(args.out, run=not args.no_run, fidelity=None if args.no_run else fidelity())
         return 0
-    if args.command == "reproduce" and args.machine:
-        from spyre_lab.device.config import SPYRE
-
-        if args.machine != SPYRE.name:  # every layer binds its default card at import: run afresh on the other one
-            return _rerun_on(args.machine, argv if argv is not None else sys.argv[1:])
     if args.command == "fidelity":
         from spyre_lab.studies.fidelity import main as fidelity_main
 
         return fidelity_main(args.json, args.markdown)
     if args.command == "reproduce":
-        from spyre_lab.studies.reproduce import main as reproduce_main
-
-        options = {k: v for k, v in vars(args).items() if k not in ("command", "machine")}   # flags = keywords
-        return reproduce_main(**options)
+        return _reproduce(args, argv)
     return 2
+
+
+def _reproduce(args: argparse.Namespace, argv: list[str] | None) -> int:
+    from spyre_lab.device.config import SPYRE
+
+    if args.machine and args.machine != SPYRE.name:  # every layer binds its card at import: run afresh on the other
+        return _rerun_on(args.machine, argv if argv is not None else sys.argv[1:])
+    from spyre_lab.studies.reproduce import main as reproduce_main
+
+    options = {k: v for k, v in vars(args).items() if k not in ("command", "machine")}   # flags = keywords
+    return reproduce_main(**options)
 
 
 def _rerun_on(machine: str, argv: list[str]) -> int:
