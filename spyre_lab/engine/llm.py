@@ -44,6 +44,16 @@ class LLM:
         self._ids = itertools.count()
         self._serving = threading.Lock()  # held while generate() or stream() steps the engine
 
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (``tensor_parallel_size > 1``) and leave their process group."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     @property
     def config(self) -> EngineConfig:
         """The engine's config, every default filled in for the model."""
