@@ -1,12 +1,12 @@
 """Rank 0's side of tensor parallelism: start one worker per extra card, join the group, drive every step.
 
 `TensorParallelWorkers` spawns ranks 1..k-1 (``spawn``, so a worker starts from a clean interpreter),
-chooses the rendezvous port in this process (a free port on 127.0.0.1) and joins the gloo group as
+chooses the rendezvous in this process (a file in a fresh temporary directory) and joins the gloo group as
 rank 0 with a short timeout. `TensorParallelRunner` wraps rank 0's `ModelRunner`: before each step it
 sends the scheduled sequences to every worker, then runs its own shard. When a worker dies or raises,
 the collective rank 0 is waiting in fails (the peer's sockets close) or times out; rank 0 then reads
 the workers' reports and exit codes and raises one `TensorParallelError` naming the rank and cause,
-after stopping every worker and destroying the group, so no process and no port is left behind.
+after stopping every worker and destroying the group, so no process, file or socket is left behind.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
+import tempfile
 import time
 import weakref
 from typing import Any
@@ -32,12 +32,6 @@ class TensorParallelError(RuntimeError):
     """A tensor-parallel rank failed; the message names the rank and the cause. The engine cannot continue."""
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class TensorParallelWorkers:
     """Ranks 1..k-1 as processes, and this process as rank 0 of their group."""
 
@@ -47,20 +41,21 @@ class TensorParallelWorkers:
                                "tensor_parallel_size > 1 is open?); close it first (LLM.close())")
         size = config.tensor_parallel_size
         self.group = TensorParallelGroup(0, size)
-        self.port = free_port()
+        self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="spyre-lab-tp-")
+        self.rendezvous = os.path.join(self._rendezvous_dir.name, "rendezvous")
         context = mp.get_context("spawn")
         self.workers: list[tuple[int, Any, Any]] = []
         for rank in range(1, size):
             here, there = context.Pipe()
             process = context.Process(target=worker_main, name=f"spyre-lab tensor-parallel rank {rank}", daemon=True,
-                                      args=(rank, size, self.port, config, timeout_s, there, os.getpid()))
+                                      args=(rank, size, self.rendezvous, config, timeout_s, there, os.getpid()))
             process.start()
             there.close()
             self.workers.append((rank, process, here))
         self._finalizer = weakref.finalize(self, _stop, self.workers)
         self.failed: TensorParallelError | None = None
         try:
-            init_group(0, size, self.port, timeout_s)
+            init_group(0, size, self.rendezvous, timeout_s)
         except Exception as error:
             raise self.failure(error) from error
 
@@ -109,6 +104,7 @@ class TensorParallelWorkers:
         """Stop everything and return the error that names the failed rank(s) and why (raise it)."""
         if self.failed is not None:
             return self.failed
+        _drop_frames(cause)  # a failed collective's frames hold the process group (and its sockets) alive
         reports = dict(getattr(self, "_pending", {}))
         deadline = time.monotonic() + REPORT_GRACE_S
         while not reports and time.monotonic() < deadline:
@@ -139,6 +135,13 @@ class TensorParallelWorkers:
         self._finalizer()
         if dist.is_initialized():
             dist.destroy_process_group()
+        self._rendezvous_dir.cleanup()
+
+
+def _drop_frames(error: BaseException | None) -> None:
+    while error is not None:
+        error.__traceback__ = None
+        error = error.__cause__ or error.__context__
 
 
 def _report(conn: Any) -> str | None:
@@ -183,6 +186,12 @@ class TensorParallelRunner:
     def run(self, seqs: list, is_prefill: bool) -> Any:
         self.workers.send("run", seqs, is_prefill)
         return self._guarded(self.runner.run, seqs, is_prefill)
+
+    def step_logits(self, seqs: list, is_prefill: bool) -> Any:
+        """Rank 0's logits of one step over ``seqs`` (each sequence's last token), every rank running it."""
+        self.workers.send("run", seqs, is_prefill)
+        prepare = self.runner.prepare_prefill if is_prefill else self.runner.prepare_decode
+        return self._guarded(lambda: self.runner.execute(prepare(seqs)))
 
     def warmup(self, show_progress: bool = True) -> Any:
         if not self.runner.platform.static_shapes:

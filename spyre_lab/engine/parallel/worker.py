@@ -19,21 +19,25 @@ import torch.distributed as dist
 POLL_S = 0.5  # how often an idle worker checks that its parent is still there
 
 
-def init_group(rank: int, size: int, port: int, timeout_s: float) -> None:
-    """Join the group through the rendezvous port rank 0 chose (127.0.0.1 only), gloo for host tensors."""
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=size,
+def init_group(rank: int, size: int, rendezvous: str, timeout_s: float) -> None:
+    """Join the group through the rendezvous file rank 0 chose, with gloo for host tensors.
+
+    A file, not a TCP store: nothing listens for the rendezvous (a TCP store serves on every interface),
+    and the group's own connections are between the ranks' gloo endpoints on this machine."""
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
                             timeout=timedelta(seconds=timeout_s))
 
 
-def worker_main(rank: int, size: int, port: int, config, timeout_s: float, conn: Connection, parent: int) -> None:
+def worker_main(rank: int, size: int, rendezvous: str, config, timeout_s: float, conn: Connection, parent: int) -> None:
     """Build this rank's shard of the model as ``config`` describes, then serve rank 0's commands."""
     try:
-        init_group(rank, size, port, timeout_s)
+        init_group(rank, size, rendezvous, timeout_s)
         runner = _build_runner(rank, size, config)
         conn.send(("ready",))
         _serve(rank, runner, conn, parent)
     except BaseException as error:  # noqa: BLE001 (anything that ends a worker is reported to rank 0)
-        detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+        where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
+        detail = f"{type(error).__name__}: {error}" + (f" (at {where.filename}:{where.lineno})" if where else "")
         try:
             conn.send(("error", detail))
         except OSError:
