@@ -29,8 +29,8 @@ from spyre_lab.engine.config import EngineConfig
 from spyre_lab.engine.detokenizer import find_stop, update_text
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
-from spyre_lab.engine.parallel.launcher import TensorParallelError, TensorParallelRunner, TensorParallelWorkers
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from spyre_lab.engine.parallel.launcher import TensorParallelError, TensorParallelRunner, TensorParallelWorkers
 from spyre_lab.engine.platforms.registry import resolve_platform
 from spyre_lab.engine.prompts import array_token_ids, is_array, is_token_id, refuse_bytes
 from spyre_lab.engine.sampling_params import SamplingParams

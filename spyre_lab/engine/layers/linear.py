@@ -35,7 +35,7 @@ class Linear(CustomOp):
 ReplicatedLinear = ColumnParallelLinear = Linear
 
 
-def RowParallelLinear(input_size: int, output_size: int, bias: bool = False) -> Linear:  # noqa: N802 (a layer name)
+def RowParallelLinear(input_size: int, output_size: int, bias: bool = False) -> Linear:
     """A projection whose input is split across cards (``o_proj``, ``down_proj``).
 
     On one card it is a plain `Linear`, so a platform's form of ``"Linear"`` applies to it as before; a model

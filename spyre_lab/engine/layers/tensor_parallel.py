@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spyre_lab.engine.layers.attention import Attention
-from spyre_lab.engine.layers.linear import LMHead, Linear, MergedColumnParallelLinear, QKVParallelLinear, VocabEmbedding
+from spyre_lab.engine.layers.linear import Linear, LMHead, MergedColumnParallelLinear, QKVParallelLinear, VocabEmbedding
 from spyre_lab.engine.parallel.group import TensorParallelGroup, all_reduce, current_group, gather_to_first
 
 

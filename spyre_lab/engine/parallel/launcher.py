@@ -11,6 +11,7 @@ after stopping every worker and destroying the group, so no process, file or soc
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -128,10 +129,8 @@ class TensorParallelWorkers:
     def close(self) -> None:
         """Stop every worker, destroy the group (this process's rank 0 too); safe to call twice."""
         for _, _, conn in self.workers:
-            try:
+            with contextlib.suppress(OSError):
                 conn.send(("stop",))
-            except OSError:
-                pass
         self._finalizer()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -9,6 +9,7 @@ failure (naming its cause) down the pipe before leaving. Every exit path destroy
 
 from __future__ import annotations
 
+import contextlib
 import os
 import traceback
 from datetime import timedelta
@@ -35,13 +36,11 @@ def worker_main(rank: int, size: int, rendezvous: str, config, timeout_s: float,
         runner = _build_runner(rank, size, config)
         conn.send(("ready",))
         _serve(rank, runner, conn, parent)
-    except BaseException as error:  # noqa: BLE001 (anything that ends a worker is reported to rank 0)
+    except BaseException as error:
         where = traceback.extract_tb(error.__traceback__)[-1] if error.__traceback__ else None
         detail = f"{type(error).__name__}: {error}" + (f" (at {where.filename}:{where.lineno})" if where else "")
-        try:
+        with contextlib.suppress(OSError):
             conn.send(("error", detail))
-        except OSError:
-            pass
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
