@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 import traceback
+from collections.abc import Iterator
 from datetime import timedelta
 from multiprocessing.connection import Connection
 
@@ -25,8 +27,24 @@ def init_group(rank: int, size: int, rendezvous: str, timeout_s: float) -> None:
 
     A file, not a TCP store: nothing listens for the rendezvous (a TCP store serves on every interface),
     and the group's own connections are between the ranks' gloo endpoints on this machine."""
-    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
-                            timeout=timedelta(seconds=timeout_s))
+    with _loopback_only():
+        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
+                                timeout=timedelta(seconds=timeout_s))
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """Gloo's endpoints on the loopback interface (``GLOO_SOCKET_IFNAME``), unless the caller chose one: the
+    cards of this engine are processes of one machine, and nothing should listen beyond it."""
+    loopback = next((name for _, name in socket.if_nameindex() if name.startswith("lo")), None)
+    if loopback is None or "GLOO_SOCKET_IFNAME" in os.environ:
+        yield
+        return
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    try:
+        yield
+    finally:
+        del os.environ["GLOO_SOCKET_IFNAME"]
 
 
 def worker_main(rank: int, size: int, rendezvous: str, config, timeout_s: float, conn: Connection, parent: int) -> None:
