@@ -27,9 +27,17 @@ def init_group(rank: int, size: int, rendezvous: str, timeout_s: float) -> None:
 
     A file, not a TCP store: nothing listens for the rendezvous (a TCP store serves on every interface),
     and the group's own connections are between the ranks' gloo endpoints on this machine."""
-    with _loopback_only():
-        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
-                                timeout=timedelta(seconds=timeout_s))
+    try:
+        with _loopback_only():
+            dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
+                                    timeout=timedelta(seconds=timeout_s))
+    except BaseException:
+        # A failed init leaves torch's count of groups made one higher (only destroy_process_group resets it), and
+        # the default group's keys in the next rendezvous are named by that count: a later engine's rank 0 would
+        # wait for keys its fresh workers never write. Undo it, as destroying the group would.
+        if not dist.is_initialized():
+            dist.distributed_c10d._world.group_count = 0
+        raise
 
 
 @contextlib.contextmanager
