@@ -128,9 +128,6 @@ class TensorParallelWorkers:
 
     def close(self) -> None:
         """Stop every worker, destroy the group (this process's rank 0 too); safe to call twice."""
-        for _, _, conn in self.workers:
-            with contextlib.suppress(OSError):
-                conn.send(("stop",))
         self._finalizer()
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -163,7 +160,11 @@ def _exit_reason(code: int | None) -> str:
 
 
 def _stop(workers: list[tuple[int, Any, Any]]) -> None:
-    """Join each worker (it was told to stop), killing any that outlive the grace period; close the pipes."""
+    """Tell each worker to stop, join it (killing any that outlive the grace period) and close the pipes; also run
+    when the launcher is collected or the interpreter exits without `close()`."""
+    for _, _, conn in workers:
+        with contextlib.suppress(OSError):
+            conn.send(("stop",))
     deadline = time.monotonic() + STOP_GRACE_S
     for _, process, conn in workers:
         process.join(max(0.0, deadline - time.monotonic()))
