@@ -48,6 +48,8 @@ class EngineConfig:
     static_shapes: bool | None = None  # pad every step to a bucket (default: the platform's)
     prefill_buckets: list[int] | None = None  # token buckets of prefill steps (static shapes)
     batch_buckets: list[int] | None = None  # batch buckets of decode steps (static shapes)
+    tensor_parallel_size: int = 1  # cards the model is split across, one worker process each (cpu platform)
+    distributed_timeout_s: float = 60.0  # longest wait for a rendezvous, a collective or a worker's answer
 
     def __post_init__(self) -> None:
         from spyre_lab.engine.platforms.base import Platform
@@ -63,6 +65,13 @@ class EngineConfig:
         _positive_int("num_kv_blocks", self.num_kv_blocks, optional=True)
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
         _positive_int("max_model_len", self.max_model_len, optional=True, least=2)
+        _positive_int("tensor_parallel_size", self.tensor_parallel_size)
+        if self.tensor_parallel_size > 1 and self.platform != "cpu":
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} runs on platform='cpu' (by name) "
+                             f"for now, got platform={self.platform!r}; use platform='cpu' or tensor_parallel_size=1")
+        if not isinstance(self.distributed_timeout_s, int | float) or not self.distributed_timeout_s > 0:
+            raise ValueError(f"distributed_timeout_s must be a positive number of seconds, got "
+                             f"{self.distributed_timeout_s!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
         for name in ("enable_prefix_caching", "static_shapes"):
@@ -117,8 +126,27 @@ class EngineConfig:
         if max_num_batched_tokens < max_model_len:
             raise ValueError(f"max_num_batched_tokens={max_num_batched_tokens} < max_model_len={max_model_len}: a "
                              "full-length prompt could never be prefilled (no chunked prefill); raise it")
+        _check_tensor_parallel(self.tensor_parallel_size, model_config, self.dtype or default_dtype)
         return self.replace(max_model_len=max_model_len, num_kv_blocks=num_kv_blocks,
                             max_num_batched_tokens=max_num_batched_tokens, dtype=self.dtype or default_dtype)
+
+
+def _check_tensor_parallel(size: int, model: ModelConfig, dtype: torch.dtype) -> None:
+    """The model splits evenly across ``size`` cards and its dtype can be reduced by gloo; a ValueError else."""
+    if size == 1:
+        return
+    if dtype == torch.bfloat16:
+        raise ValueError("tensor_parallel_size > 1 reduces activations with gloo, which has no bfloat16 sum; use "
+                         "dtype='float32' or 'float16'")
+    kv = model.num_key_value_heads
+    for name, value in (("num_attention_heads", model.num_attention_heads),
+                        ("intermediate_size", model.intermediate_size)):
+        if value % size:
+            raise ValueError(f"the model's {name}={value} does not split across tensor_parallel_size={size}; "
+                             "choose a size that divides it")
+    if kv % size and size % kv:
+        raise ValueError(f"the model's {kv} KV heads neither split across nor replicate onto tensor_parallel_size="
+                         f"{size}; choose a size that divides it or is a multiple of it")
 
 
 def _positive_int(name: str, value: Any, optional: bool = False, least: int = 1) -> None:

@@ -24,7 +24,9 @@ class LLM:
 
     The options are the fields of :class:`~spyre_lab.engine.config.EngineConfig` (platform, max_num_seqs,
     max_model_len, block_size, num_kv_blocks, max_num_batched_tokens, seed, dtype, enable_prefix_caching,
-    static_shapes, prefill_buckets, batch_buckets); `LLM(config)` takes a whole EngineConfig.
+    static_shapes, prefill_buckets, batch_buckets, tensor_parallel_size, distributed_timeout_s); `LLM(config)` takes a
+    whole EngineConfig. With ``tensor_parallel_size > 1`` it starts worker processes: `close()` it (or use it in
+    a ``with`` block) to stop them.
 
     A request that cannot be served (invalid SamplingParams, prompt of max_model_len tokens or more)
     is not raised: `generate` returns it finished with finish_reason "error" and the reason in
@@ -43,6 +45,16 @@ class LLM:
         self.llm_engine = LLMEngine(EngineConfig.from_options(model, **options))
         self._ids = itertools.count()
         self._serving = threading.Lock()  # held while generate() or stream() steps the engine
+
+    def close(self) -> None:
+        """Stop the tensor-parallel workers (``tensor_parallel_size > 1``) and leave their process group."""
+        self.llm_engine.shutdown()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def config(self) -> EngineConfig:

@@ -30,6 +30,7 @@ from spyre_lab.engine.detokenizer import find_stop, update_text
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
 from spyre_lab.engine.model_runner import ModelRunner, StepResult
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from spyre_lab.engine.parallel.launcher import TensorParallelError, TensorParallelRunner, TensorParallelWorkers
 from spyre_lab.engine.platforms.registry import resolve_platform
 from spyre_lab.engine.prompts import array_token_ids, is_array, is_token_id, refuse_bytes
 from spyre_lab.engine.sampling_params import SamplingParams
@@ -90,7 +91,19 @@ class LLMEngine:
         if self.platform.static_shapes:
             self.platform.configure_buckets(config.max_model_len, config.max_num_seqs)
 
-        self.model = load_model(self.model_path, self.platform, self.dtype)
+        self.tensor_parallel: TensorParallelWorkers | None = None
+        if config.tensor_parallel_size > 1:
+            self.tensor_parallel = TensorParallelWorkers(config, config.distributed_timeout_s)
+        try:
+            self._build(config)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _build(self, config: EngineConfig) -> None:
+        """Model, tokenizer, scheduler and runner; with tensor parallelism, rank 0's shard of each weight."""
+        group = self.tensor_parallel.group if self.tensor_parallel else None
+        self.model = load_model(self.model_path, self.platform, self.dtype, group)
         eos = (self.model_config.eos_token_ids or (None,))[0]
         self.tokenizer = load_tokenizer(self.model_path, self.model_config.bos_token_id, eos)
         self.eos_token_ids = set(self.model_config.eos_token_ids)
@@ -102,12 +115,20 @@ class LLMEngine:
                                    one_prefill_per_step=self.platform.static_shapes)
         self.runner = ModelRunner(self.model, self.platform, config.block_size, config.num_kv_blocks,
                                   config.max_model_len, self.dtype, config.seed)
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.wait_ready(config.distributed_timeout_s)
+            self.runner = TensorParallelRunner(self.runner, self.tensor_parallel)
         self.stats = EngineStats()
         self._created = time.perf_counter()
         self.requests: dict[str, Sequence] = {}
         self._prompts: dict[str, tuple[str | None, str | None]] = {}  # request id -> (text, decoded prompt)
         self._aborted: list[RequestOutput] = []
         self._lock = threading.RLock()  # one step, add or abort at a time
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers and leave their group (nothing to do on one card); idempotent."""
+        if getattr(self, "tensor_parallel", None) is not None:
+            self.tensor_parallel.close()
 
     # ---- requests -------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Prompt, params: SamplingParams | None = None) -> None:
@@ -219,6 +240,8 @@ class LLMEngine:
             return outputs
         try:
             result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+        except TensorParallelError:  # a card is gone: no later step can run, so the caller must know now
+            raise
         except Exception as error:  # the forward pass concerns every request of the batch, and only those
             logger.exception("a %s step of %d request(s) failed; they finish with finish_reason 'error'",
                              "prefill" if scheduled.is_prefill else "decode", len(scheduled.seqs))

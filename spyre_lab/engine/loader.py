@@ -21,8 +21,10 @@ import torch
 from safetensors import safe_open
 
 from spyre_lab.engine.errors import ModelLoadError
+from spyre_lab.engine.layers.custom_op import more_overrides
 from spyre_lab.engine.models.config import ModelConfig
 from spyre_lab.engine.models.granite import MODEL_REGISTRY, GraniteForCausalLM
+from spyre_lab.engine.parallel.group import TensorParallelGroup, building_for
 from spyre_lab.engine.platforms.base import Platform, set_current_platform
 from spyre_lab.engine.weight_dtype import WeightDtypeError
 
@@ -152,10 +154,15 @@ def default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteForCausalLM:
-    """Build the model under `platform` (so its layer overrides apply), load weights, hand it to the platform."""
+def load_model(folder: Path, platform: Platform, dtype: torch.dtype,
+               tensor_parallel: TensorParallelGroup | None = None) -> GraniteForCausalLM:
+    """Build the model under `platform` (so its layer overrides apply), load weights, hand it to the platform.
+
+    With ``tensor_parallel``, the layers are this rank's shards (`layers.tensor_parallel`) and every
+    checkpoint tensor is sliced to them as it is loaded."""
     config = read_config(folder)
-    with set_current_platform(platform), torch.device(platform.device), default_dtype(dtype):
+    with set_current_platform(platform), torch.device(platform.device), default_dtype(dtype), \
+            _sharded_layers(tensor_parallel):
         model = MODEL_REGISTRY[config.architecture](config).to(dtype)
     current: list[tuple[Path, str, torch.Tensor]] = []
     seen: set[str] = set()
@@ -183,6 +190,17 @@ def load_model(folder: Path, platform: Platform, dtype: torch.dtype) -> GraniteF
                              "complete")
     model.eval()
     return platform.prepare_model(model)
+
+
+@contextlib.contextmanager
+def _sharded_layers(group: TensorParallelGroup | None) -> Iterator[None]:
+    if group is None:
+        yield
+        return
+    from spyre_lab.engine.layers.tensor_parallel import TENSOR_PARALLEL_LAYERS
+
+    with building_for(group), more_overrides(f"tensor_parallel_size={group.size}", TENSOR_PARALLEL_LAYERS):
+        yield
 
 
 def checkpoint_names(model: GraniteForCausalLM) -> set[str]:

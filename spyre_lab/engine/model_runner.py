@@ -100,11 +100,10 @@ class ModelRunner:
         self.device = platform.device
         self.scratch_block = num_kv_blocks  # one extra block no sequence owns; padding writes here
         self.max_blocks_per_seq = -(-max_model_len // block_size)
-        config = model.config
-        shape = (num_kv_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
         self.kv_caches: list[tuple[torch.Tensor, torch.Tensor]] = []
         for module in model.modules():
-            if isinstance(module, Attention):
+            if isinstance(module, Attention):   # its own KV heads: a tensor-parallel rank holds only its share
+                shape = (num_kv_blocks + 1, block_size, module.num_kv_heads, module.head_dim)
                 module.k_cache = torch.zeros(shape, dtype=dtype, device=self.device)
                 module.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
                 self.kv_caches.append((module.k_cache, module.v_cache))

@@ -40,6 +40,22 @@ def layer_overrides(owner: str, overrides: Mapping[str, type]) -> Iterator[None]
         _active_overrides, _active_owner = previous
 
 
+def active_override(op_name: str) -> type | None:
+    """The class registered for ``op_name`` in the block being built, if any (for layers chosen by a factory)."""
+    return _active_overrides.get(op_name)
+
+
+@contextlib.contextmanager
+def more_overrides(owner: str, extra: Mapping[str, type]) -> Iterator[None]:
+    """`layer_overrides` with ``extra`` added to those in force; a TypeError if both name the same layer."""
+    clash = sorted(set(extra) & set(_active_overrides))
+    if clash:
+        raise TypeError(f"{_active_owner} and {owner} both replace {clash}; {owner} needs forms of these layers "
+                        f"written for {_active_owner}")
+    with layer_overrides(f"{_active_owner} with {owner}" if _active_owner else owner, {**_active_overrides, **extra}):
+        yield
+
+
 class CustomOp(nn.Module):
     #: the name platforms use to replace this layer
     op_name: ClassVar[str] = ""

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from spyre_lab.engine.layers.custom_op import CustomOp
+from spyre_lab.engine.layers.custom_op import CustomOp, active_override
 
 
 class Linear(CustomOp):
@@ -32,7 +32,15 @@ class Linear(CustomOp):
         param.data.copy_(loaded)
 
 
-ReplicatedLinear = ColumnParallelLinear = RowParallelLinear = Linear
+ReplicatedLinear = ColumnParallelLinear = Linear
+
+
+def RowParallelLinear(input_size: int, output_size: int, bias: bool = False) -> Linear:
+    """A projection whose input is split across cards (``o_proj``, ``down_proj``).
+
+    On one card it is a plain `Linear`, so a platform's form of ``"Linear"`` applies to it as before; a model
+    built with a form registered under ``"RowParallelLinear"`` (the tensor-parallel table) gets that form."""
+    return (active_override("RowParallelLinear") or Linear)(input_size, output_size, bias)
 
 
 class MergedColumnParallelLinear(Linear):

@@ -37,13 +37,14 @@ from spyre_lab.engine.weight_dtype import cast_weight
 class GraniteAttention(nn.Module):
     def __init__(self, config: ModelConfig, rotary_emb: RotaryEmbedding) -> None:
         super().__init__()
-        self.q_size = config.num_attention_heads * config.head_dim
-        self.kv_size = config.num_key_value_heads * config.head_dim
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, config.head_dim, config.num_attention_heads, config.num_key_value_heads,
             bias=config.attention_bias,
         )
-        self.o_proj = RowParallelLinear(self.q_size, config.hidden_size, bias=config.attention_bias)
+        # this card's query and key/value widths (all of them on one card; a shard of them under tensor parallelism)
+        self.q_size, self.kv_size = self.qkv_proj.output_sizes[:2]
+        self.o_proj = RowParallelLinear(config.num_attention_heads * config.head_dim, config.hidden_size,
+                                        bias=config.attention_bias)
         self.rotary_emb = rotary_emb
         self.attn = Attention(
             config.num_attention_heads, config.head_dim, config.attention_scale, config.num_key_value_heads
@@ -127,8 +128,10 @@ class GraniteForCausalLM(nn.Module):
         """Final hidden states [T, hidden] for the step's flat tokens."""
         return self.model(input_ids, positions, meta)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden) / self.logits_scaling
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Logits [rows, vocab]; None on a tensor-parallel rank other than 0 (its vocab slice went to rank 0)."""
+        logits = self.lm_head(hidden)
+        return None if logits is None else logits / self.logits_scaling
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Copy Hugging Face tensors into our (partly fused) parameters; return the names loaded."""
