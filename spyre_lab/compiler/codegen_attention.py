@@ -13,12 +13,7 @@ from collections.abc import Mapping
 from spyre_lab.compiler.ir import BufferInfo, InputView, MatMul, NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.spec_common import (
-    bundle_spec,
-    fits_lx,
-    itemsize,
-    out_operand,
-)
+from spyre_lab.compiler.spec_common import bundle_spec, fits_lx, itemsize, out_operand
 from spyre_lab.compiler.tiling_attention import (
     Attention,
     AttentionShape,
@@ -31,13 +26,8 @@ from spyre_lab.compiler.tiling_attention import (
     row_ranges,
     unmasked_keys,
 )
-from spyre_lab.compiler.tiling_common import (
-    Operand,
-    view_operand,
-)
-from spyre_lab.compiler.work_division import (
-    WorkDivision,
-)
+from spyre_lab.compiler.tiling_common import Operand, view_operand
+from spyre_lab.compiler.work_division import WorkDivision
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreOps
 

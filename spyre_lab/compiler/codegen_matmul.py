@@ -12,24 +12,10 @@ from collections.abc import Mapping, Sequence
 from spyre_lab.compiler.ir import BufferInfo, InputView, IRNode, MatMul, NodeGroup, Pointwise
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.spec_common import (
-    bundle_spec,
-    fits_lx,
-    itemsize,
-    out_operand,
-    per_core_programs,
-)
-from spyre_lab.compiler.tiling_common import (
-    Operand,
-    align_axes,
-    share_group,
-    view_operand,
-)
+from spyre_lab.compiler.spec_common import bundle_spec, fits_lx, itemsize, out_operand, per_core_programs
+from spyre_lab.compiler.tiling_common import Operand, align_axes, share_group, view_operand
 from spyre_lab.compiler.tiling_matmul import MatmulTiling, choose_matmul_tiles, emit_matmul, matmul_lx_buffers
-from spyre_lab.compiler.work_division import (
-    divide_matmul,
-    slice_ranges,
-)
+from spyre_lab.compiler.work_division import divide_matmul, slice_ranges
 from spyre_lab.device.config import SpyreConfig
 
 

@@ -12,22 +12,10 @@ from collections.abc import Callable, Mapping
 from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup, Pointwise
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.spec_common import (
-    bundle_spec,
-    fits_lx,
-    itemsize,
-    out_operand,
-    per_core_programs,
-)
-from spyre_lab.compiler.tiling_common import (
-    Operand,
-    share_group,
-)
+from spyre_lab.compiler.spec_common import bundle_spec, fits_lx, itemsize, out_operand, per_core_programs
+from spyre_lab.compiler.tiling_common import Operand, share_group
 from spyre_lab.compiler.tiling_mlp import MlpTiling, choose_mlp_tiles, emit_mlp, mlp_lx_buffers
-from spyre_lab.compiler.work_division import (
-    divide_mlp,
-    slice_ranges,
-)
+from spyre_lab.compiler.work_division import divide_mlp, slice_ranges
 from spyre_lab.device.config import SpyreConfig
 
 

@@ -16,25 +16,10 @@ import torch
 from spyre_lab.compiler.ir import BufferInfo, InputView, IRNode, NodeGroup, Reduction
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.options import CompileOptions
-from spyre_lab.compiler.spec_common import (
-    bundle_spec,
-    fits_lx,
-    itemsize,
-    per_core_programs,
-)
-from spyre_lab.compiler.tiling_common import (
-    Operand,
-    align_axes,
-    node_axes,
-    renamed,
-    share_group,
-    view_operand,
-)
+from spyre_lab.compiler.spec_common import bundle_spec, fits_lx, itemsize, per_core_programs
+from spyre_lab.compiler.tiling_common import Operand, align_axes, node_axes, renamed, share_group, view_operand
 from spyre_lab.compiler.tiling_rows import RowTiling, emit_rows, row_lx_buffers, row_tile_shape
-from spyre_lab.compiler.work_division import (
-    divide_iteration_space,
-    slice_ranges,
-)
+from spyre_lab.compiler.work_division import divide_iteration_space, slice_ranges
 from spyre_lab.device.config import SpyreConfig
 
 

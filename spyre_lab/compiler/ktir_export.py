@@ -208,15 +208,18 @@ class _RowWriter(_Base):
     def _full(self, present: tuple[bool, ...]) -> tuple[int, ...]:
         return tuple(self.tile[d] if p else 1 for d, p in zip(self.dims, present))
 
-    def _load(self, b: str, view: str, at: dict[str, str]) -> tuple[str, tuple[bool, ...]]:
-        w, dtype = self.w, self._dtype(b)
-        axes, shape = self._axes(b), self._shape(b)
+    def _access(self, b: str, view: str, at: dict[str, str]) -> tuple[Writer, torch.dtype, list[int], str]:
+        """``b``'s tile at ``at`` as an access tile of its memory view: (writer, dtype, tile shape, access)."""
+        w, dtype, axes, shape = self.w, self._dtype(b), self._axes(b), self._shape(b)
         tile = [self.tile[a] for a in axes] or [1]
         idx = [at[a] for a in axes] or [w.index(0)]
-        acc = w.access(view, shape or (1,), dtype, idx, tile, _ident(b))
+        return w, dtype, tile, w.access(view, shape or (1,), dtype, idx, tile, _ident(b))
+
+    def _load(self, b: str, view: str, at: dict[str, str]) -> tuple[str, tuple[bool, ...]]:
+        w, dtype, tile, acc = self._access(b, view, at)
         name = w.fresh(_ident(b))
         w.line(f"{name} = ktdp.load {acc} : {w.tile_type(tile)} -> {type_text(tuple(tile), dtype)}")
-        present = tuple(d in axes for d in self.dims)
+        present = tuple(d in self._axes(b) for d in self.dims)
         full = self._full(present)
         if tuple(tile) != full:
             out = w.fresh(f"{_ident(b)}_nd")
@@ -226,17 +229,14 @@ class _RowWriter(_Base):
         return name, present
 
     def _store(self, b: str, value: tuple[str, tuple[bool, ...]], view: str, at: dict[str, str]) -> None:
-        w, dtype = self.w, self._dtype(b)
-        axes, shape = self._axes(b), self._shape(b)
-        tile = [self.tile[a] for a in axes] or [1]
         name, present = value
+        w, dtype, tile, acc = self._access(b, view, at)
         full = self._full(present)
         if tuple(tile) != full:
             flat = w.fresh(f"{_ident(b)}_flat")
             w.line(f"{flat} = tensor.collapse_shape {name} [[{', '.join(str(i) for i in range(len(full)))}]] : "
                    f"{type_text(full, dtype)} into {type_text(tuple(tile), dtype)}")
             name = flat
-        acc = w.access(view, shape or (1,), dtype, [at[a] for a in axes] or [w.index(0)], tile, _ident(b))
         w.line(f"ktdp.store {name}, {acc} : {type_text(tuple(tile), dtype)}, {w.tile_type(tile)}")
 
     # --- compute ---------------------------------------------------------------------------------
