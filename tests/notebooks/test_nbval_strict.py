@@ -30,7 +30,8 @@ def test_a_tampered_stored_output_fails_nbval(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPYRE_LAB")}
     env.update(OMP_NUM_THREADS="1", PLOTLY_RENDERER="plotly_mimetype")
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--nbval",
+         "--nbval-current-env",
          "--nbval-sanitize-with", str(tmp_path / "nbval_sanitize.cfg"), str(tmp_path / "01_tour.ipynb")],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stdout[-3000:]
@@ -59,7 +60,8 @@ def test_a_notebook_with_views_as_run_notebooks_writes_it_passes_strict_nbval(tm
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPYRE_LAB")}
     env.update(OMP_NUM_THREADS="1", PLOTLY_RENDERER="plotly_mimetype", PYTHONPATH=str(ROOT))
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval", "--nbval-current-env",
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "--nbval",
+         "--nbval-current-env",
          "--nbval-sanitize-with", str(tmp_path / "nbval_sanitize.cfg"), str(path)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "2 passed" in done.stdout, done.stdout[-3000:]

@@ -194,8 +194,9 @@ def test_a_card_change_replans_from_the_kept_graph_and_equals_a_fresh_compile(vi
         assert fast.cfg == slow.cfg and fast.programs[phase] is not slow.programs[phase]
         assert [(r.name, r.time_us) for r in kernel_records(fast.programs[phase])] == \
             [(r.name, r.time_us) for r in kernel_records(slow.programs[phase])]
-        assert fast.span_us(phase) == slow.span_us(phase)
-    assert fast.metrics() == slow.metrics()
+        # the same launches on the same card; the clock's origin (earlier tests' launches) moves the last bits
+        assert fast.span_us(phase) == pytest.approx(slow.span_us(phase), rel=1e-12)
+    assert fast.metrics() == pytest.approx(slow.metrics(), rel=1e-12)
     assert fast.metrics() != view.baseline.metrics()                      # the change moved the modeled times
 
 
