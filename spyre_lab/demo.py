@@ -188,7 +188,8 @@ def run_demo(out_dir: str = "out", cfg: SpyreConfig = SPYRE, engine: bool = True
     print(f"\nwrote {out / 'trace.json'} ({len(trace)} events; open in https://ui.perfetto.dev)")
     print(f"wrote {out / 'report.txt'}")
     if engine:
+        from spyre_lab.studies.fidelity import fidelity
         from spyre_lab.viz.report import write_report  # the run's figures: one HTML file that opens offline
 
-        write_report(out, run=False)
+        write_report(out, run=False, fidelity=fidelity())   # with the modeled card held against the real one
     return 0
