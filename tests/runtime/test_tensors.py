@@ -67,6 +67,7 @@ def test_repr_reads_like_any_tensor():
 
 def test_memory_is_freed_when_the_last_reference_goes():
     gc.collect()
+    gc.collect()   # an earlier test's cycles can free more on a second pass (finalizers dropping card buffers)
     before = torch.spyre.memory_allocated()
     x = half(256, 256).to("spyre")
     view = x[:10]
