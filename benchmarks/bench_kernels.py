@@ -194,7 +194,7 @@ def bench_mlp() -> None:
     print("\n== MLP (gate, up, SiLU, mul, down): one fused kernel vs five kernels, Granite-3.3-8B dims ==")
     print("   published: fused MLP-style kernel raises core utilization (not quantified)")
     print("   util = time-weighted share of all 32 cores' time their PT or SFU computes; a scheduler comparing")
-    print("   codegen.estimate_us(fused) with the sum over the five kernels picks the faster one; the compiler's")
+    print("   fusion_cost.estimate_us(fused) with the sum over the five kernels picks the faster one; the compiler's")
     print("   scheduler weighs fused, fused without down (down separate) and the kernels its other rules form")
     for m in (1, 16, 128, 1024):
         nodes, bufs = mlp_nodes(m, HIDDEN, INTERMEDIATE)

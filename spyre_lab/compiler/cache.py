@@ -71,7 +71,10 @@ def _shapes(signature: str) -> str:
 
 
 def _structure(fn: Callable | fx.GraphModule) -> str:
-    """Graph code for FX graphs (identity of their constant tensors included), object identity otherwise."""
+    """Graph code for FX graphs (identity of their constant tensors included), object identity otherwise.
+
+    Identity is safe as a key because :func:`store` keeps the compiled object alive beside its program, so its
+    ``id`` cannot be reused by another function while the entry exists; it keys within one process only."""
     if isinstance(fn, fx.GraphModule):
         consts = [f"{n.target}@{id(t)}:{getattr(t, '_version', 0)}" for n in fn.graph.nodes if n.op == "get_attr"
                   for t in [getattr(fn, n.target, None)]]

@@ -8,8 +8,8 @@ until a steady-state tile's buffers fit LX, placed by the scratchpad planner
 (:mod:`~spyre_lab.compiler.tiling_rows`, :mod:`~spyre_lab.compiler.tiling_matmul`,
 :mod:`~spyre_lab.compiler.tiling_mlp`), the list of loads, PT/SFU ops, ring transfers and stores the
 simulator runs. Inputs read through views are tiled by the node's iteration space, through the view's
-strides (:func:`~spyre_lab.compiler.tiling_common.view_operand`). :func:`estimate_us` is the modeled
-time of a kernel, for a scheduler weighing one fused kernel against several.
+strides (:func:`~spyre_lab.compiler.tiling_common.view_operand`). A scheduler weighing one fused kernel against
+several prices each with :func:`~spyre_lab.compiler.fusion_cost.estimate_us`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from spyre_lab.compiler.plan_memo import planned_once
 from spyre_lab.compiler.rules import KNOWN_RULES, tiling_family
 from spyre_lab.device.config import SpyreConfig
 
-__all__ = ["KNOWN_RULES", "KernelSpec", "estimate_us", "generate_kernel"]
+__all__ = ["KNOWN_RULES", "KernelSpec", "generate_kernel"]
 
 # --- generate_kernel ----------------------------------------------------------------------------------
 
@@ -54,16 +54,3 @@ def _plan_family(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: Spyr
 
 _PLANNERS = {"rows": plan_rows, "matmul": plan_matmul, "mlp": plan_mlp, "attention": plan_attention}
 """Tiling family (a column of the rules table) -> its planner."""
-
-
-# --- cost comparison ------------------------------------------------------------------------------
-
-def estimate_us(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
-                options: CompileOptions) -> float:
-    """Modeled time (analytic simulator, launch included) of ``kernel`` as ``generate_kernel`` would plan it.
-
-    A scheduler deciding whether to fuse compares ``estimate_us(fused)`` with the sum over the kernels it
-    would run instead: fusion saves DRAM round trips and launches but may run on fewer cores (a fused MLP
-    splits its intermediate dim, whose stick count may not divide the cores as well as a plain matmul's).
-    """
-    return generate_kernel(kernel, buffers, cfg, options).simulate("analytic").time_us

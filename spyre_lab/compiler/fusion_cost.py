@@ -16,8 +16,8 @@ from spyre_lab.device.isa import LXOverflowError
 
 
 def estimate_us(s, parts: Sequence[tuple[list[IRNode], str]], views: bool = False) -> float:
-    """Modeled time of running ``parts`` as kernels (inf if one of them cannot be planned): what
-    ``codegen.estimate_us`` computes, keeping each plan on ``s`` so the kernel that wins is not planned twice.
+    """Modeled time (analytic, launch included) of running ``parts`` as kernels, inf if one cannot be planned;
+    each plan is kept on ``s`` so the kernel that wins is not planned twice.
     ``views``: plan each part with the views its nodes read through, as the final kernel will be."""
     from spyre_lab.compiler.codegen import generate_kernel
 

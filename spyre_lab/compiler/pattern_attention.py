@@ -25,7 +25,28 @@ def match_attention_group(s, node: IRNode) -> Match | None:
 
 
 _MASK_BRANCH_OPS = {"eq", "ne", "logical_not", "any", "all", "isinf", "cast"}
-"""Ops of SDPA's "a row with every score masked gives 0" test, which the online softmax answers by ``l == 0``."""
+"""Ops that may sit beside the score chain in SDPA's "a row with every score masked gives 0" test; never score ops."""
+
+
+def masked_row_test(s, cond: str, scores: str, keys: tuple[str, ...]) -> list[IRNode] | None:
+    """The nodes of ``cond = not any(not (scores == -inf))`` over ``keys``: SDPA's "every key of this row is masked"
+    test, which the online softmax answers by ``l == 0``; None for any other condition (it then runs as written).
+
+    The ``-inf`` the comparison holds is read by running the node on a probe, so only that constant matches."""
+    chain: list[IRNode] = []
+    for op in ("logical_not", "any", "logical_not", "eq"):
+        node = s.producer.get(cond)
+        if node is None or node.op != op or len(node.inputs) != 1:
+            return None
+        if op == "any" and not (isinstance(node, Reduction) and node.reduction_dims == keys):
+            return None
+        chain.append(node)
+        cond = node.inputs[0]
+    probe = torch.tensor([-math.inf, -6.0e4, 0.0, math.inf])
+    equal = s.lowered.access[chain[-1].name].op_fn(probe)
+    if cond != scores or equal.tolist() != [True, False, False, False]:
+        return None
+    return chain
 
 
 def _region(s, mm1: MatMul, mm2: MatMul) -> list[IRNode] | None:
@@ -59,7 +80,7 @@ def match_attention(s, mm1: IRNode) -> Attention | None:
     after = s.graph.nodes[s.position[mm1.name] + 1:]
     amax = next((n for n in after if isinstance(n, Reduction) and n.op == "amax"), None)
     soft = softmax_nodes(s, amax) if amax is not None else None
-    if soft is None:
+    if soft is None or amax.reduction_dims != (list(amax.dims)[-1],):      # a softmax over the keys only
         return None
     div = soft[-1]
     mm2 = next((n for n in after if isinstance(n, MatMul) and s.position[n.name] > s.position[div.name]), None)
@@ -95,16 +116,21 @@ def match_attention(s, mm1: IRNode) -> Attention | None:
     chain_names = {q.name for q in chain}
     rest = [q for q in members if q is not mm1 and q is not mm2 and q.name not in soft_names
             and q.name not in chain_names]
+    test_names: set[str] = set()
     for q in rest:
         if q.op == "where" and p_buf in q.inputs:
             zero = next((c for c in q.inputs if c in s.lowered.constants), None)
-            if zero is None or not all_zero(s.lowered.constants[zero]) or q.inputs[-1] != p_buf:
+            test = masked_row_test(s, q.inputs[0], x, amax.reduction_dims)
+            if zero is None or not all_zero(s.lowered.constants[zero]) or q.inputs[-1] != p_buf or test is None:
                 return None
             zero_rows, p_buf = True, q.output
+            test_names |= {t.name for t in test}
         elif q.op == "cast" and q.inputs == (p_buf,) and q.name != "" and s.users_of(q):
             p_buf = q.output
         elif q.op not in _MASK_BRANCH_OPS:
             return None
+    if any(q.op in _MASK_BRANCH_OPS - {"cast"} and q.name not in test_names for q in rest):
+        return None                                         # a comparison that is not the masked-row test
     if mm2.inputs[0] != p_buf or s.read_of(mm2, p_buf) is None or not layout_preserving(s.read_of(mm2, p_buf)):
         return None
     if any(s.read_of(c, bname) is not None and not layout_preserving(s.read_of(c, bname))

@@ -87,7 +87,8 @@ def softmax_nodes(s, amax: IRNode) -> list[IRNode] | None:
     if not (isinstance(amax, Reduction) and amax.op == "amax"):
         return None
     x = s.reads(amax)[0]
-    sub = next((u for u in s.users_of(amax) if u.op == "sub" and s.read_of(u, x.buffer) == x), None)
+    sub = next((u for u in s.users_of(amax) if u.op == "sub" and u.inputs == (x.buffer, amax.output)
+                and s.read_of(u, x.buffer) == x), None)                # x - max, not max - x
     if sub is None or not s.only_user(amax.output, sub):
         return None
     exp = single_user(s, sub, "exp")
@@ -95,7 +96,7 @@ def softmax_nodes(s, amax: IRNode) -> list[IRNode] | None:
     if red is None or red.reduction_dims != amax.reduction_dims:
         return None
     div = next((u for u in s.users_of(red) if u.op == "div"), None)
-    if div is None or set(div.inputs) != {exp.output, red.output}:
+    if div is None or div.inputs != (exp.output, red.output):          # exp / sum, not sum / exp
         return None
     if not {u.name for u in s.users_of(exp)} <= {red.name, div.name}:
         return None

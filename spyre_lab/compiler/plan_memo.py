@@ -34,7 +34,7 @@ Planner = Callable[[NodeGroup, Mapping[str, BufferInfo], SpyreConfig, CompileOpt
 
 
 def clear() -> None:
-    """Forget every remembered plan (the compile cache's ``clear`` calls this too)."""
+    """Forget every remembered plan (``runtime.process_state.reset("caches")`` clears them with the other caches)."""
     _PLANS.clear()
 
 

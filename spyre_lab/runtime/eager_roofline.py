@@ -10,13 +10,15 @@ from typing import Any
 
 import torch
 
+from spyre_lab.compiler.ir import TRANSCENDENTAL_OPS
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.roofline import roofline_us
 from spyre_lab.runtime.tensor import device_nbytes
 
-_TRANSCENDENTAL = frozenset({"exp", "log", "tanh", "sigmoid", "silu", "gelu", "erf", "rsqrt", "sqrt", "pow",
-                             "_softmax", "_log_softmax", "softplus", "mish", "elu", "native_layer_norm",
-                             "rms_norm", "_fused_rms_norm", "reciprocal", "div"})
+_TRANSCENDENTAL = TRANSCENDENTAL_OPS | {"_softmax", "_log_softmax", "mish", "elu", "native_layer_norm", "rms_norm",
+                                        "_fused_rms_norm"}
+"""The compiler's multi-pass SFU ops, plus composite ops whose one kernel runs one (softmax: exp; norms: rsqrt),
+so an eager op and its compiled kernel pay the same passes (``div`` is one pass in both)."""
 _MATMULS = frozenset({"mm", "bmm", "addmm", "baddbmm", "dot", "mv"})
 
 

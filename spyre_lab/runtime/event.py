@@ -21,10 +21,15 @@ class Event:
     """
 
     enable_timing: bool = False
-    blocking: bool = False
+    blocking: bool = False          # how a host wait would wait; a modeled card's wait never spins, so either works
     interprocess: bool = False
     time_us: float | None = field(default=None, init=False)
     stream: torch.Stream | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.interprocess:
+            raise RuntimeError("spyre: an interprocess Event is not supported: a modeled card's clock lives in one "
+                               "process. Share results between processes with torch.distributed (spyreccl) instead")
 
     def record(self, stream: torch.Stream | None = None) -> None:
         stream = torch.spyre.current_stream() if stream is None else stream

@@ -112,6 +112,12 @@ STATE: tuple[Held, ...] = (
          "caches", _clear),
     Held(f"{C}.backend", "_TRACES", "ATen graphs traced per function and input signature", "caches", _clear),
     Held(f"{C}.per_core", "_SLICED", "per kernel, its per-core slicing plan", "caches", _clear),
+    Held(f"{C}.plan_memo", "_PLANS", "kernel plans by structural signature, reused by repeated layers", "caches",
+         _clear),
+    Held(f"{C}.constant_facts", "_FACTS", "answers about constant tensors (all zero, causal offset)", "caches",
+         _clear),
+    Held(f"{C}.lowering", "_FILLS", "filled constants shared by every layer that fills alike", "caches", _clear),
+    Held(f"{C}.paged_attention", "_SPECS", "paged-attention kernel specs per launch shape", "caches", _clear),
     # settings
     Held(f"{R}.launch.options", "SETTINGS", "default RuntimeOptions and the timing-only switch", "settings", _reset),
     # cards
@@ -123,6 +129,7 @@ STATE: tuple[Held, ...] = (
     Held(f"{R}.kernel_table", "_INSTALLED", "every kernel registered with torch, per stage, and its libraries",
          "kept"),
     Held(f"{R}.fallback", "_collectors", "the open collect_fallbacks() blocks", "kept"),
+    Held(f"{C}.explain", "KERNEL_FAMILY_EXPLAINERS", "explainers of kernel families planned per launch", "kept"),
     Held(f"{R}.host_memory", "_PINNED", "pinned host storages alive now (held weakly)", "kept"),
     Held(f"{R}.tensor", "_ROW_MIRRORS", "per live device buffer, its row-write mirror (held weakly)", "kept"),
 )

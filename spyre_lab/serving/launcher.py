@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self
 
 import httpx
 import uvicorn
@@ -87,8 +87,42 @@ def run_server(model: str = "tiny-granite", port: int = 8000, host: str = LOCALH
     server.run()
 
 
+class ServesOnThread:
+    """An ASGI app served by uvicorn on a thread of this process, stopped by ``stop()`` or its lifetime.
+
+    The class that mixes this in holds ``host``, ``port`` (0: one is chosen) and ``max_lifetime_s``, builds its app
+    and calls :meth:`_serve`; it is then a context manager whose ``url`` answers ``/health``.
+    """
+
+    host: str
+    port: int
+    max_lifetime_s: float | None
+
+    def _serve(self, app: Any, name: str) -> None:
+        self.port = self.port or free_port(self.host)
+        self._server = make_uvicorn(app, self.host, self.port)
+        self._thread = threading.Thread(target=self._server.run, name=f"{name}-{self.port}", daemon=True)
+        self._thread.start()
+        watch_in_thread(self._server, self.max_lifetime_s)
+        wait_healthy(self.url, 30)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout_s)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
 @dataclass
-class ServerThread:
+class ServerThread(ServesOnThread):
     """A server in this process, on its own thread and port: ``with ServerThread(...) as s: s.url``.
 
     One process can hold several (a notebook's fleet shares one copy of torch); each has its own engine,
@@ -105,29 +139,10 @@ class ServerThread:
         from spyre_lab.engine.llm_engine import LLMEngine
         from spyre_lab.serving.api_server import build_app
 
-        self.port = self.port or free_port(self.host)
         self.engine = LLMEngine(self.model, **self.engine_options)
         self.engine.warmup(show_progress=False)
         self.app = build_app(self.engine, self.served_model_name or str(self.model))
-        self._server = make_uvicorn(self.app, self.host, self.port)
-        self._thread = threading.Thread(target=self._server.run, name=f"server-{self.port}", daemon=True)
-        self._thread.start()
-        watch_in_thread(self._server, self.max_lifetime_s)
-        wait_healthy(self.url, 30)
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout_s)
-
-    def __enter__(self) -> ServerThread:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._serve(self.app, "server")
 
 
 @dataclass

@@ -14,20 +14,31 @@ import os
 from pathlib import Path
 from typing import Any
 
-FINGERPRINTED = ("device", "compiler", "runtime", "engine", "studies")
-"""The packages whose code the results depend on (the views, the demo and the CLI do not change a number)."""
+FINGERPRINTED = ("device", "compiler", "runtime", "engine", "studies", "distributed", "ktir")
+"""The packages whose code the results depend on, with the package's top-level modules (the views do not
+change a number); the installed torch's version is hashed too, since its decompositions shape every graph."""
 
 _ROOT = Path(__file__).resolve().parents[1]
 
 
 def source_fingerprint(salt: str = "") -> str:
     """A hash of the source the results depend on (and ``salt``, e.g. a result schema)."""
-    digest = hashlib.sha256(salt.encode())
-    files = [_ROOT / "__init__.py"] + [p for sub in FINGERPRINTED for p in (_ROOT / sub).rglob("*.py")]
+    digest = hashlib.sha256(f"{salt}|torch {_torch_version()}".encode())
+    files = [*_ROOT.glob("*.py"), *(p for sub in FINGERPRINTED for p in (_ROOT / sub).rglob("*.py"))]
     for path in sorted(files):
         digest.update(str(path.relative_to(_ROOT)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _torch_version() -> str:
+    """The installed torch's version, read from its metadata (importing torch here would make a cache hit slow)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("torch")
+    except PackageNotFoundError:
+        return "none"
 
 
 def cache_folder(cache_dir: str | os.PathLike | None = None) -> Path:

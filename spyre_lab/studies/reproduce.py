@@ -224,7 +224,8 @@ def to_text(result: dict[str, Any]) -> str:
         lines.append(f"Sweep over {result['sweep']['configurations']} configurations:")
         lines += [f"  {k:<8} {v['verdict']}" for k, v in result["sweep"]["verdicts"].items()]
         lines.append("")
-    lines.append("wall clock: " + ", ".join(f"{k} {v:.1f} s" for k, v in result["wall_s"].items()))
+    lines.append("wall clock when this result was computed (it may be read from the cache): "
+                 + ", ".join(f"{k} {v:.1f} s" for k, v in result["wall_s"].items()))
     return "\n".join(lines)
 
 

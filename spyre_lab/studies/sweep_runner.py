@@ -38,16 +38,17 @@ TIMEOUT_S = 120.0
 """Longest wait for a cluster to start or a scheduler to answer (a sweep's own tasks may take longer)."""
 
 
-def config_of(changes: Changes) -> SpyreConfig:
-    """The default ``SpyreConfig`` with ``changes`` applied, each value cast to its field's type."""
+def config_of(changes: Changes, base: SpyreConfig | None = None) -> SpyreConfig:
+    """``base`` (the default machine when None) with ``changes`` applied, each value cast to its field's type."""
+    base = SPYRE if base is None else base
     fields = {f.name for f in dataclasses.fields(SpyreConfig)}
     unknown = sorted(set(changes) - fields)
     if unknown:
         raise ValueError(f"unknown SpyreConfig field(s) {unknown}: a sweep changes SpyreConfig fields, such as "
                          f"{sorted(fields)[:6]} ... (see spyre_lab.device.config)")
-    typed = {k: (int(v) if isinstance(getattr(SPYRE, k), int) and not isinstance(getattr(SPYRE, k), bool)
-                 else type(getattr(SPYRE, k))(v)) for k, v in changes.items()}
-    return SPYRE.replace(**typed)
+    typed = {k: (int(v) if isinstance(getattr(base, k), int) and not isinstance(getattr(base, k), bool)
+                 else type(getattr(base, k))(v)) for k, v in changes.items()}
+    return base.replace(**typed)
 
 
 def _label(changes: Changes) -> str:
@@ -84,10 +85,12 @@ def _config_key(changes: Changes) -> str:
 
 
 class SweepCache:
-    """One study's results under one source fingerprint: configuration -> outputs, one JSON file."""
+    """One study's results on one base machine under one source fingerprint: configuration -> outputs, one JSON
+    file. The base is part of the name because a configuration is a set of changes to it: the same changes to
+    ``measured`` and to ``datasheet`` are different machines."""
 
-    def __init__(self, study: Study, folder: str | Path | None = None) -> None:
-        name = hashlib.sha256(study_key(study).encode()).hexdigest()[:12]
+    def __init__(self, study: Study, folder: str | Path | None = None, base: SpyreConfig = SPYRE) -> None:
+        name = hashlib.sha256(f"{study_key(study)}|{base!r}".encode()).hexdigest()[:12]
         self.path = cache_folder(folder) / "sweeps" / f"{source_fingerprint('sweep')}-{name}.json"
         self.results: dict[str, dict[str, Any]] = read_json(self.path) or {}
         self.dirty = False
@@ -105,9 +108,10 @@ class SweepCache:
             self.dirty = False
 
 
-def evaluate(changes: Changes, study: Study) -> dict[str, Any]:
-    """One configuration's outputs (runs on a worker): ``study`` at the configuration ``changes`` describe."""
-    out = study(config_of(changes))
+def evaluate(changes: Changes, study: Study, base: SpyreConfig) -> dict[str, Any]:
+    """One configuration's outputs (runs on a worker): ``study`` at ``base`` with ``changes``. The base travels
+    with the task, so a worker whose own default machine differs (another ``SPYRE_LAB_MACHINE``) agrees."""
+    out = study(config_of(changes, base))
     if not isinstance(out, Mapping):
         raise TypeError(f"a study returns a dict of outputs, {study_key(study)} returned {type(out).__name__}")
     return dict(out)
@@ -115,22 +119,24 @@ def evaluate(changes: Changes, study: Study) -> dict[str, Any]:
 
 def sweep(configs: Sequence[Changes | tuple[str, Changes]], study: Study, *, scheduler: Any = None,
           workers: int = 2, progress: bool = True, cache: bool | str | Path = True,
-          timeout: float = TIMEOUT_S) -> pandas.DataFrame:
+          timeout: float = TIMEOUT_S, base: SpyreConfig | None = None) -> pandas.DataFrame:
     """``study`` at every configuration, on Dask; one DataFrame row per configuration, in the given order.
 
     ``configs``: dicts of ``SpyreConfig`` changes, or (label, dict) pairs. ``scheduler``: None (a local
     cluster of ``workers`` processes), ``"tcp://HOST:PORT"``, a ``distributed.Client`` or ``"in-process"``.
-    ``cache``: True (the default folder), a folder, or False. ``df.attrs`` says how many rows came from the
-    cache and the source fingerprint they belong to.
+    ``cache``: True (the default folder), a folder, or False. ``base``: the machine the changes apply to (the
+    default machine when None). ``df.attrs`` says how many rows came from the cache and the source
+    fingerprint they belong to.
     """
     import pandas as pd
 
+    base = SPYRE if base is None else base
     points = _points(configs)
-    store = SweepCache(study, None if cache is True else cache) if cache else None
+    store = SweepCache(study, None if cache is True else cache, base) if cache else None
     outputs: list[dict[str, Any] | None] = [store.get(c) if store else None for _, c in points]
     missing = [i for i, o in enumerate(outputs) if o is None]
     try:
-        for i, out in _run(study, [points[i][1] for i in missing], scheduler, workers, progress, timeout):
+        for i, out in _run(study, base, [points[i][1] for i in missing], scheduler, workers, progress, timeout):
             outputs[missing[i]] = out
             if store:
                 store.put(points[missing[i]][1], out)
@@ -138,16 +144,16 @@ def sweep(configs: Sequence[Changes | tuple[str, Changes]], study: Study, *, sch
         if store:
             store.save()
     swept = list(dict.fromkeys(k for _, c in points for k in c))
-    rows = [{"label": label, **{k: changes.get(k, getattr(SPYRE, k)) for k in swept}, **out}
+    rows = [{"label": label, **{k: changes.get(k, getattr(base, k)) for k in swept}, **out}
             for (label, changes), out in zip(points, outputs, strict=True)]
     frame = pd.DataFrame(rows)
     frame.attrs.update(cached=len(points) - len(missing), computed=len(missing),
-                       source=source_fingerprint("sweep"), parameters=swept)
+                       source=source_fingerprint("sweep"), parameters=swept, machine=base.name)
     return frame
 
 
-def _run(study: Study, changes: list[dict[str, Any]], scheduler: Any, workers: int, progress: bool,
-         timeout: float):
+def _run(study: Study, base: SpyreConfig, changes: list[dict[str, Any]], scheduler: Any, workers: int,
+         progress: bool, timeout: float):
     """Yield (index into ``changes``, outputs) as each configuration finishes, wherever ``scheduler`` says."""
     from tqdm.auto import tqdm
 
@@ -156,14 +162,14 @@ def _run(study: Study, changes: list[dict[str, Any]], scheduler: Any, workers: i
     with tqdm(total=len(changes), desc="sweep", unit="config", disable=not progress) as bar:
         if scheduler == IN_PROCESS:
             for i, c in enumerate(changes):
-                yield i, evaluate(c, study)
+                yield i, evaluate(c, study, base)
                 bar.update(1)
             return
         with _client(scheduler, workers, timeout) as client:
             from distributed import as_completed
 
             shared = client.scatter(study, broadcast=True, hash=False)   # sent to each worker once, not per task
-            futures = client.map(evaluate, changes, study=shared, pure=False)
+            futures = client.map(evaluate, changes, study=shared, base=base, pure=False)
             index = {f.key: i for i, f in enumerate(futures)}
             for future in as_completed(futures):
                 yield index[future.key], future.result()

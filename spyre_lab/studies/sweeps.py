@@ -23,7 +23,7 @@ from typing import Any
 
 from spyre_lab.compiler import CompileOptions
 from spyre_lab.device.config import SPYRE, SpyreConfig
-from spyre_lab.studies.sweep_runner import config_of, sweep
+from spyre_lab.studies.sweep_runner import sweep
 
 SWEEP_RANGES: dict[str, tuple[float, ...]] = {
     "host_rebuild_per_node_us": (10.0, 20.0, 40.0, 80.0, 160.0),
@@ -46,7 +46,9 @@ MEASURED_ON = {"matmul": "qkv_proj 1024x4096x6144, naive vs planned",
                "decode": "the recorded 8B decode steps, all off vs all on, re-timed"}
 """What each claim's sweep ratio is measured on (a representative subset of the claim's full measurement)."""
 KERNEL_FIELDS = ("kernel_launch_cycles", "clock_hz", "dram_bandwidth", "dram_broadcast_cores")
-"""Parameters the kernel claims depend on (the others only act on the engine's host side)."""
+"""Swept parameters the kernel claims depend on."""
+HOST_FIELDS = tuple(k for k in SWEEP_RANGES if k not in KERNEL_FIELDS)
+"""Swept parameters that act only on the engine's host side: the kernel claims do not read them."""
 
 
 def configurations(samples: int = RANDOM_SAMPLES, seed: int = SEED) -> list[tuple[str, dict[str, float]]]:
@@ -90,23 +92,26 @@ class ClaimRatios:
     many configurations share them); the engine claims re-time ``logs``, which maps an engine claim to its
     (all-off, all-on) recorded steps, under the full configuration."""
 
-    def __init__(self, logs: dict[str, Any]) -> None:
-        self.logs = logs
-        self.cache_key = "ClaimRatios:" + hashlib.sha256(repr(sorted(logs.items())).encode()).hexdigest()[:16]
-        self._kernels: dict[tuple, dict[str, float]] = {}
+    def __init__(self, logs: dict[str, Any], recorded_on: SpyreConfig = SPYRE) -> None:
+        self.logs, self.recorded_on = logs, recorded_on      # the machine the logs were recorded on travels along
+        digest = hashlib.sha256(f"{sorted(logs.items())!r}|{recorded_on!r}".encode()).hexdigest()[:16]
+        self.cache_key = f"ClaimRatios:{digest}"
+        self._kernels: dict[str, dict[str, float]] = {}
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"logs": self.logs, "cache_key": self.cache_key, "_kernels": {}}
+        return {"logs": self.logs, "recorded_on": self.recorded_on, "cache_key": self.cache_key, "_kernels": {}}
 
     def __call__(self, cfg: SpyreConfig) -> dict[str, float]:
         from spyre_lab.studies.retime import retime_extended
 
-        key = tuple((k, getattr(cfg, k)) for k in KERNEL_FIELDS if getattr(cfg, k) != getattr(SPYRE, k))
+        kernel_cfg = cfg.replace(**{k: getattr(self.recorded_on, k) for k in HOST_FIELDS})
+        key = repr(kernel_cfg)                                # configurations that differ only on the host share it
         if key not in self._kernels:
-            self._kernels[key] = kernel_ratios(config_of(dict(key)))
+            self._kernels[key] = kernel_ratios(kernel_cfg)
         ratios = dict(self._kernels[key])
+        base = self.recorded_on
         for claim, (before, after) in self.logs.items():
-            ratios[claim] = retime_extended(before, SPYRE, cfg)[0] / retime_extended(after, SPYRE, cfg)[0]
+            ratios[claim] = retime_extended(before, base, cfg)[0] / retime_extended(after, base, cfg)[0]
         return ratios
 
 

@@ -158,3 +158,39 @@ def test_torch_compile_on_the_device_runs_the_fused_kernel(seq):
     assert all("stores torch.float32 tensors as float16" in str(w.message) for w in caught), [str(w.message)
                                                                                                for w in caught]
     torch.testing.assert_close(out.float(), _sdpa(q.float(), k.float(), v.float(), causal=True), atol=ATOL, rtol=0)
+
+
+def _over_queries(q, k, v):
+    return torch.softmax(q @ k.transpose(-1, -2) / 8, dim=-2) @ v
+
+
+def _exp_of_max_minus_scores(q, k, v):
+    s = q @ k.transpose(-1, -2) / 8
+    e = torch.exp(s.amax(-1, keepdim=True) - s)
+    return (e / e.sum(-1, keepdim=True)) @ v
+
+
+def _sum_over_exp(q, k, v):
+    s = q @ k.transpose(-1, -2) / 8
+    e = torch.exp(s - s.amax(-1, keepdim=True))
+    return (e.sum(-1, keepdim=True) / e) @ v
+
+
+def _zero_where_every_score_is_finite(q, k, v):
+    s = q @ k.transpose(-1, -2) / 8
+    p = torch.softmax(s, dim=-1)
+    return torch.where(s.ne(float("-inf")).all(-1, keepdim=True), torch.zeros_like(p), p) @ v
+
+
+@pytest.mark.parametrize("fn", [_over_queries, _exp_of_max_minus_scores, _sum_over_exp,
+                                _zero_where_every_score_is_finite], ids=lambda f: f.__name__.strip("_"))
+def test_a_softmax_look_alike_is_not_taken_for_attention(fn):
+    """Only a softmax over the keys (x - max, exp, / sum), and only SDPA's every-key-masked test before P V, is
+    the online softmax; a chain with the same ops in another order, over another axis or under another
+    condition must compile to what it computes."""
+    q, k, v = _qkv(1, 2, 2, 32, 32, 16, seed=3)
+    program = compile_graph(fn, [q, k, v])
+    assert not _attention_kernels(program)
+    out = execute(program, [q, k, v]).outputs[0].float()
+    ref = fn(q.float(), k.float(), v.float())
+    torch.testing.assert_close(out, ref, atol=ATOL * max(1.0, ref.abs().max().item() / 8), rtol=2e-2)

@@ -24,6 +24,13 @@ TABLES = {
     # (module, name): written once at import and only read afterwards
     ("spyre_lab.runtime", "_EXPORTS"), ("spyre_lab.runtime.launch.plan", "UNIT"),
     ("spyre_lab.runtime.generic_api", "ACCELERATOR_ROUTES"), ("spyre_lab.runtime.ops_special", "SPECIAL"),
+    *(("spyre_lab.compiler.op_tables", name) for name in ("DEVICE_POINTWISE", "DEVICE_REDUCTIONS", "HOST_ONLY_REASON",
+                                                          "MATMUL_OPS", "MULTI_OUTPUT_NAMES", "SHAPE_ONLY_OPS",
+                                                          "SPLIT_OPS", "VIEW_OPS")),
+    *(("spyre_lab.compiler.ktir_export", name) for name in ("BINARY", "REDUCE", "REDUCE_INIT", "UNARY")),
+    ("spyre_lab.compiler.ktir_writer", "NAMES"), ("spyre_lab.compiler.codegen", "_PLANNERS"),
+    ("spyre_lab.compiler.pattern_attention", "_MASK_BRANCH_OPS"), ("spyre_lab.compiler.per_core", "PARTIAL_COMBINE"),
+    ("spyre_lab.compiler.tiling_common", "COMBINE_OP"),
 }
 
 
@@ -54,7 +61,7 @@ def _mutable_globals(path: pathlib.Path) -> set[str]:
 
 def test_every_module_level_mutable_object_is_listed():
     listed = {(h.module, h.attribute) for h in process_state.STATE}
-    paths = [*sorted((ROOT / "runtime").rglob("*.py")), ROOT / "compiler" / "cache.py"]
+    paths = [p for part in ("runtime", "compiler") for p in sorted((ROOT / part).rglob("*.py"))]
     missing = sorted(f"{_module(p)}.{name}" for p in paths for name in _mutable_globals(p)
                      if (_module(p), name) not in listed | TABLES)
     assert not missing, f"list these in spyre_lab/runtime/process_state.py (or keep them on the card): {missing}"
@@ -121,3 +128,12 @@ def test_an_unknown_part_is_refused_with_the_known_ones():
 def test_describe_lists_every_entry():
     text = process_state.describe()
     assert all(f"{h.module}.{h.attribute}" in text for h in process_state.STATE)
+
+
+def test_reset_caches_forgets_the_kernel_plans():
+    from spyre_lab.compiler import compile_graph, plan_memo
+
+    compile_graph(lambda x: (x * 2).relu(), [torch.ones(64, 64, dtype=torch.float16)])
+    assert plan_memo.stats()["plans"] > 0
+    process_state.reset("caches")
+    assert plan_memo.stats()["plans"] == 0

@@ -116,3 +116,9 @@ def test_synchronize_waits_for_every_stream():
     torch.spyre.synchronize()
     assert TIMELINE.host_us >= s.ready_us
     assert s.query()
+
+
+def test_an_interprocess_event_is_refused_with_the_way_to_share_across_processes():
+    with pytest.raises(RuntimeError, match=r"interprocess Event is not supported.*torch\.distributed"):
+        torch.spyre.Event(interprocess=True)
+    assert torch.spyre.Event(blocking=True).blocking      # a wait that blocks is how every modeled wait behaves

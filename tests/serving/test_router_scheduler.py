@@ -125,6 +125,8 @@ schedulingProfiles:
     (lambda c: c["plugins"].append({"type": "magic-scorer"}), "unknown plugin type 'magic-scorer'"),
     (lambda c: c["schedulingProfiles"][0]["plugins"].append({"pluginRef": "nope"}), "refers to 'nope'"),
     (lambda c: c["schedulingProfiles"][0]["plugins"][1].update(weight=-1), "weight of 'queue-scorer'"),
+    (lambda c: next(p for p in c["plugins"] if p["type"] == "prefix-cache-scorer").update(
+        parameters={"hashBlocksize": 4}), r"prefix-cache-scorer.*hashBlocksize"),     # a misspelt parameter
 ])
 def test_a_bad_config_names_what_is_wrong(change, message):
     config = json.loads(json.dumps(POLICIES["prefix-aware"]))

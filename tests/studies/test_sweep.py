@@ -73,3 +73,26 @@ def test_bad_input_names_the_problem_and_the_fix():
 def test_config_of_keeps_each_field_type():
     cfg = config_of({"dram_broadcast_cores": 4.0, "clock_hz": 2e9})
     assert isinstance(cfg.dram_broadcast_cores, int) and cfg.dram_broadcast_cores == 4 and cfg.clock_hz == 2e9
+
+
+def machine_numbers(cfg):
+    """A study that reads the machine: its name and DRAM rates at a balanced mix."""
+    return {"machine": cfg.name, "balanced_gbs": cfg.dram_bandwidth_at(1, 1) / 1e9}
+
+
+def test_the_same_changes_to_another_machine_are_another_result(tmp_path):
+    """A configuration is a set of changes to a base machine: the cache must not hand one machine's results to
+    the other, and the base travels with each task (a worker's own default may differ)."""
+    from spyre_lab.device.config import SpyreConfig
+
+    changes = [{"clock_hz": 1.25e9}]
+
+    def run(name):
+        return sweep(changes, machine_numbers, scheduler=IN_PROCESS, progress=False, cache=tmp_path,
+                     base=SpyreConfig.preset(name))
+
+    datasheet, measured, datasheet_again = run("datasheet"), run("measured"), run("datasheet")
+    assert measured.attrs["cached"] == 0 and measured["machine"].tolist() == ["measured"]
+    assert measured["balanced_gbs"][0] < datasheet["balanced_gbs"][0]
+    assert datasheet_again.attrs["cached"] == 1
+    pd.testing.assert_frame_equal(datasheet_again, datasheet)

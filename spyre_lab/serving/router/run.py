@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spyre_lab.serving.launcher import LOCALHOST, ServerProcess, free_port, make_uvicorn, wait_healthy, watch_in_thread
+from spyre_lab.serving.launcher import LOCALHOST, ServerProcess, ServesOnThread, make_uvicorn, watch_in_thread
 from spyre_lab.serving.router.app import Router
 from spyre_lab.serving.router.config import POLICIES, build_profile, load_config
 
@@ -23,34 +22,16 @@ def make_router(replica_urls: list[str], policy: str | Path | dict[str, Any] = "
 
 
 @dataclass
-class RouterThread:
+class RouterThread(ServesOnThread):
     """A router on a thread of this process (its own event loop and port); stops after ``max_lifetime_s``."""
 
     router: Router
     port: int = 0
     max_lifetime_s: float | None = 600.0
+    host: str = LOCALHOST
 
     def __post_init__(self) -> None:
-        self.port = self.port or free_port()
-        self._server = make_uvicorn(self.router.app(), LOCALHOST, self.port)
-        self._thread = threading.Thread(target=self._server.run, name=f"router-{self.port}", daemon=True)
-        self._thread.start()
-        watch_in_thread(self._server, self.max_lifetime_s)
-        wait_healthy(self.url, 30)
-
-    @property
-    def url(self) -> str:
-        return f"http://{LOCALHOST}:{self.port}"
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout_s)
-
-    def __enter__(self) -> RouterThread:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self._serve(self.router.app(), "router")
 
 
 def run_router(args: argparse.Namespace, options: dict[str, Any]) -> int:

@@ -57,7 +57,7 @@ class Plugin(Protocol):
 
 
 class HealthyFilter:
-    def __init__(self, name: str = "healthy-filter", **_: Any) -> None:
+    def __init__(self, name: str = "healthy-filter") -> None:
         self.name = name
 
     def filter(self, request: RoutingRequest, replicas: list[Replica]) -> list[Replica]:
@@ -65,7 +65,7 @@ class HealthyFilter:
 
 
 class QueueScorer:
-    def __init__(self, name: str = "queue-scorer", **_: Any) -> None:
+    def __init__(self, name: str = "queue-scorer") -> None:
         self.name = name
 
     def score(self, request: RoutingRequest, replicas: list[Replica]) -> dict[str, float]:
@@ -76,7 +76,7 @@ class QueueScorer:
 
 
 class KVCacheUtilizationScorer:
-    def __init__(self, name: str = "kv-cache-utilization-scorer", **_: Any) -> None:
+    def __init__(self, name: str = "kv-cache-utilization-scorer") -> None:
         self.name = name
 
     def score(self, request: RoutingRequest, replicas: list[Replica]) -> dict[str, float]:
@@ -84,7 +84,7 @@ class KVCacheUtilizationScorer:
 
 
 class LoadAwareScorer:
-    def __init__(self, name: str = "load-aware-scorer", threshold: float = 128, **_: Any) -> None:
+    def __init__(self, name: str = "load-aware-scorer", threshold: float = 128) -> None:
         if threshold <= 0:
             raise ValueError(f"load-aware-scorer threshold must be > 0, got {threshold}")
         self.name, self.threshold = name, float(threshold)
@@ -96,7 +96,7 @@ class LoadAwareScorer:
 
 class PrefixCacheScorer:
     def __init__(self, name: str = "prefix-cache-scorer", hashBlockSize: int = 16,  # llm-d's parameter names
-                 maxPrefixBlocksToMatch: int = 256, lruCapacityPerServer: int = 31_250, **_: Any) -> None:
+                 maxPrefixBlocksToMatch: int = 256, lruCapacityPerServer: int = 31_250) -> None:
         self.name = name
         self.index = PrefixIndex(hashBlockSize, maxPrefixBlocksToMatch, lruCapacityPerServer)
 
@@ -111,7 +111,7 @@ class PrefixCacheScorer:
 
 
 class MaxScorePicker:
-    def __init__(self, name: str = "max-score-picker", seed: int | None = None, **_: Any) -> None:
+    def __init__(self, name: str = "max-score-picker", seed: int | None = None) -> None:
         self.name, self._random = name, random.Random(seed)
 
     def pick(self, replicas: list[Replica], totals: dict[str, float]) -> Replica:
@@ -120,7 +120,7 @@ class MaxScorePicker:
 
 
 class RoundRobinPicker:
-    def __init__(self, name: str = "round-robin-picker", **_: Any) -> None:
+    def __init__(self, name: str = "round-robin-picker") -> None:
         self.name, self._turn, self._lock = name, itertools.count(), threading.Lock()
 
     def pick(self, replicas: list[Replica], totals: dict[str, float]) -> Replica:
