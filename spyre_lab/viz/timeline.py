@@ -85,7 +85,8 @@ class DecodeTimeline(View):
         if not self._mirrored:
             return ""
         cards = ", ".join(str(c) for c in self._mirrored)
-        return (f" Collectives: one lane per card, lines join each collective to its peers; cards {cards} are drawn "
+        which = f"cards {cards} are" if len(self._mirrored) > 1 else f"card {cards} is"
+        return (f" Collectives: one lane per card, lines join each collective to its peers; {which} drawn "
                 "from the recorded rank's timing (tensor-parallel ranks are symmetric).")
 
     def _default_step(self) -> int:

@@ -101,3 +101,48 @@ def test_explain_lists_the_groups_collectives_with_algorithm_bytes_time_and_link
     total = 2 * first.us + allreduce_cost(2 * SIZES[1], WORLD).us
     assert text.endswith(f"collectives total: {total:,.2f} us modeled")
     assert collectives_section([]) == ""
+
+
+@pytest.fixture(scope="module")
+def tp_run(ranks: list[dict]):
+    """A real spyre-platform engine run whose decode steps each end with rank 0's recorded collectives."""
+    import dataclasses
+
+    import torch
+    from warning_checks import only_warnings
+
+    from spyre_lab.engine import LLM, SamplingParams
+    from spyre_lab.engine.platforms.spyre import SpyrePlatform
+
+    torch.manual_seed(0)
+    with only_warnings(r"spyre: aten\.embedding runs on the host CPU"):
+        llm = LLM("tiny-granite", platform=SpyrePlatform(prefill_buckets=[64], batch_buckets=[1]),
+                  max_model_len=64, max_num_seqs=1)
+        llm.generate(["3 + 4 ="], SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
+    run = sources.as_run(llm.stats, "TP 2, rank 0")
+    rank0 = _ccl_only(ranks[0]["trace"])
+    for row in run.served:
+        detail = run.details.get(row["step"])
+        if row["kind"] == "decode" and detail is not None and detail.device_trace is not None:
+            step = detail.device_trace
+            collectives = rank0.shifted(step.end_us - rank0.start_us)
+            run.details[row["step"]] = dataclasses.replace(detail, device_trace=Trace([*step.events, *collectives]))
+    return run
+
+
+def test_decode_timeline_draws_a_collectives_lane_per_card_and_the_flows_between(tp_run) -> None:
+    from spyre_lab.viz.timeline import DecodeTimeline
+
+    view = DecodeTimeline(tp_run)
+    fig = view.figure
+    lanes = [t.name for t in fig.data if t.type == "bar" and t.orientation == "h" and t.xaxis == "x4"]
+    assert lanes[-2:] == ["card 0 collectives", "card 1 collectives"]
+    (flows,) = [t for t in fig.data if t.name == FLOWS_NAME]
+    assert flows.line.color == style.UNIT_COLORS["link"] and list(flows.y).count(None) == len(SIZES)
+    assert "card 1 is drawn from the recorded rank's timing" in view.caption
+    decode = [r["step"] for r in tp_run.served if r["kind"] == "decode" and r["step"] != view.step]
+    view.fig_widget  # noqa: B018  (the live figure the slider updates in place)
+    view.controls["step"].value = decode[0]
+    live = [(t.name, t.x, t.y) for t in view.fig_widget.data if t.xaxis == "x4"]
+    full = [(t.name, t.x, t.y) for t in view.figure.data if t.xaxis == "x4"]
+    assert live == full and any(name == FLOWS_NAME for name, _, _ in live)
