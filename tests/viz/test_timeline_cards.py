@@ -146,3 +146,19 @@ def test_decode_timeline_draws_a_collectives_lane_per_card_and_the_flows_between
     live = [(t.name, t.x, t.y) for t in view.fig_widget.data if t.xaxis == "x4"]
     full = [(t.name, t.x, t.y) for t in view.figure.data if t.xaxis == "x4"]
     assert live == full and any(name == FLOWS_NAME for name, _, _ in live)
+
+
+def test_explain_of_a_program_appends_the_steps_collectives_only_when_there_are_some() -> None:
+    import torch
+
+    from spyre_lab.compiler.backend import compile_graph
+    from spyre_lab.compiler.explain import explain
+    from spyre_lab.studies.granite8b import GRANITE_3_3_8B
+    from spyre_lab.studies.tensor_parallel import step_collectives
+
+    program = compile_graph(lambda x: torch.relu(x) * 2, [torch.randn(64, 128, dtype=torch.float16)])
+    step = step_collectives(GRANITE_3_3_8B, 4, "decode", 1)
+    text = explain(program, collectives=step)
+    assert "  collectives (82, modeled" in text and "81x allreduce  [ring]        8,192 B over 4 cards" in text
+    assert f"collectives total: {sum(c.us for c in step):,.2f} us modeled" in text
+    assert "collectives (" not in explain(program)          # no spyreccl group in this process: no section
