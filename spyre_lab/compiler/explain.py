@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from spyre_lab.compiler.ir import Fallback
 from spyre_lab.compiler.kernel_spec import KernelSpec
@@ -114,10 +115,45 @@ def ktir_section(program: Program) -> str:
     return "\n\n".join(parts)
 
 
-def explain(what: Program | Sequence[Program], mode: str | None = None, ktir: bool = False) -> Explanation:
-    """Explain one Program or several (the pieces of one model), plus the program cache's counts.
+def collectives_section(collectives: Sequence[Any]) -> str:
+    """The collectives a step runs, identical ones counted once: name, algorithm, bytes, modeled µs and link.
 
-    ``spyre_lab.explain(model)`` finds the Programs compiled for a ``torch.compile``d model and lands here."""
+    ``collectives`` are :class:`~spyre_lab.distributed.algorithms.CollectiveCost` records: a spyreccl group's
+    ``history``, or a step's from :func:`spyre_lab.studies.tensor_parallel.step_collectives`. "" when empty."""
+    if not collectives:
+        return ""
+    counted: dict[tuple, int] = {}
+    for c in collectives:
+        key = (c.op, c.algorithm, c.nbytes, c.world_size, c.rounds, c.round_bytes, c.us, c.link)
+        counted[key] = counted.get(key, 0) + 1
+    total = sum(c.us for c in collectives)
+    lines = [f"  collectives ({len(collectives)}, modeled; spyreccl is synchronous, so they add to the step):"]
+    for (op, algorithm, nbytes, world, rounds, round_bytes, us, link), n in counted.items():
+        lines.append(f"    {n:>4}x {op:<10} [{algorithm}] {nbytes:>12,} B over {world} cards: {rounds} rounds x "
+                     f"{round_bytes:,.0f} B on {link} = {us:8.2f} us each, {n * us:,.2f} us")
+    lines.append(f"  collectives total: {total:,.2f} us modeled")
+    return "\n".join(lines)
+
+
+def group_collectives() -> list[Any]:
+    """The modeled collectives of the default spyreccl process group of this process (empty without one)."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return []
+    from spyre_lab.distributed import SpyreCCLProcessGroup
+
+    group = dist.group.WORLD
+    return list(group.history) if isinstance(group, SpyreCCLProcessGroup) else []
+
+
+def explain(what: Program | Sequence[Program], mode: str | None = None, ktir: bool = False,
+            collectives: Sequence[Any] | None = None) -> Explanation:
+    """Explain one Program or several (the pieces of one model), their collectives, and the program cache's counts.
+
+    ``collectives`` lists the modeled collectives the step runs (``CollectiveCost`` records); by default, those the
+    process's spyreccl group has run, if it has one. ``spyre_lab.explain(model)`` finds the Programs compiled for
+    a ``torch.compile``d model and lands here."""
     from spyre_lab.compiler import cache
 
     programs = [what] if isinstance(what, Program) else list(what) if isinstance(what, Sequence) else []
@@ -126,7 +162,8 @@ def explain(what: Program | Sequence[Program], mode: str | None = None, ktir: bo
                         "for a model compiled with torch.compile(backend='spyre') use spyre_lab.explain(model)")
     families = [text for text in (f() for f in KERNEL_FAMILY_EXPLAINERS) if text]
     per_program = (explain_program(p, mode) + (f"\n\n{ktir_section(p)}" if ktir else "") for p in programs)
-    text = "\n\n".join([*per_program, *families])
+    ccl = collectives_section(group_collectives() if collectives is None else collectives)
+    text = "\n\n".join([*per_program, *families, *([ccl] if ccl else [])])
     stats = cache.stats()
     return Explanation(f"{text}\n  program cache: {stats['hits']} hits, {stats['misses']} misses, "
                        f"{stats['compiles']} compiles")

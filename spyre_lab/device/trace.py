@@ -32,6 +32,7 @@ class TraceEvent:
 
 
 _CORE_LANE = re.compile(r"core(\d+)\.(\w+)")
+_CARD_LANE = re.compile(r"card(\d+)\.ccl")
 _UNIT_ORDER = {"load": 0, "pt": 1, "sfu": 2, "store": 3, "ring": 4}
 
 
@@ -44,7 +45,32 @@ def lane_sort_key(lane: str) -> tuple:
     for prefix, rank in fixed.items():
         if lane.startswith(prefix):
             return (0, rank, 0, lane)
-    return (2, 0, 0, lane)
+    card = _CARD_LANE.fullmatch(lane)
+    return (2, int(card.group(1)), 0, lane) if card else (3, 0, 0, lane)
+
+
+def card_of_lane(lane: str) -> int | None:
+    """The card index of a collective lane (``card<rank>.ccl``, where spyreccl charges its modeled time), else None."""
+    m = _CARD_LANE.fullmatch(lane)
+    return int(m.group(1)) if m else None
+
+
+def collective_flows(events: Iterable[TraceEvent]) -> list[tuple[TraceEvent, TraceEvent]]:
+    """(collective, the same collective on a peer card) pairs, from every card to each of its peers.
+
+    spyreccl is synchronous and c10d requires every rank to issue the group's collectives in the same order, so
+    the n-th event on ``card<r>.ccl`` and the n-th on ``card<s>.ccl`` are one collective seen from two cards."""
+    per_card: dict[int, list[TraceEvent]] = {}
+    for e in sorted(events, key=lambda e: e.start_us):
+        card = card_of_lane(e.lane)
+        if card is not None:
+            per_card.setdefault(card, []).append(e)
+    pairs = []
+    for card, own in sorted(per_card.items()):
+        for peer, theirs in sorted(per_card.items()):
+            if peer != card:
+                pairs.extend(zip(own, theirs))
+    return sorted(pairs, key=lambda pair: (pair[0].start_us, pair[0].lane, pair[1].lane))
 
 
 class Trace:
@@ -118,8 +144,9 @@ class Trace:
     def to_chrome_trace(self, path: str | Path | None = None) -> dict[str, Any]:
         """Trace-event JSON (Perfetto, chrome://tracing). Writes ``path`` when given.
 
-        One process per lane group (``host``, each core, ``ring``), one thread per lane, so
-        Perfetto shows cores as collapsible groups with their load/pt/sfu/store units inside.
+        One process per lane group (``host``, each core, ``ring``, each card's ``card<r>.ccl``), one thread per
+        lane, so Perfetto shows cores as collapsible groups with their load/pt/sfu/store units inside; each card's
+        collective has a flow arrow to the same collective on each of its peers (:func:`collective_flows`).
         """
         lanes = self.lanes()
         groups: dict[str, int] = {}
@@ -140,6 +167,11 @@ class Trace:
             pid, tid = tids[e.lane]
             out.append({"ph": "X", "name": e.name, "cat": e.lane.split(".")[-1], "pid": pid, "tid": tid,
                         "ts": round(e.start_us, 6), "dur": round(e.dur_us, 6), "args": _jsonable(e.args)})
+        for flow_id, (source, peer) in enumerate(collective_flows(self.events), start=1):
+            for ph, event in (("s", source), ("f", peer)):
+                pid, tid = tids[event.lane]
+                out.append({"ph": ph, "id": flow_id, "name": source.name, "cat": "ccl", "pid": pid, "tid": tid,
+                            "ts": round(event.start_us, 6), **({"bp": "e"} if ph == "f" else {})})
         doc = {"traceEvents": out, "displayTimeUnit": "ns",
                "otherData": {"source": "spyre_lab", "time": "modeled microseconds", **_jsonable(self.meta)}}
         if path is not None:

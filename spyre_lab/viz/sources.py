@@ -9,6 +9,7 @@ the same source the same way and says the same thing when it cannot:
 * :func:`as_recompilable` -> a ``Program`` plus the function and inputs that recompile it (FusionView);
 * :func:`as_trace` -> a ``Trace`` per timing mode (DataflowView);
 * :func:`as_stats` / :func:`as_run` -> ``EngineStats`` / a :class:`Run` (DecodeTimeline, KVCacheView);
+* :func:`symmetric_cards` -> a trace with every card of a tensor-parallel group's collectives (DecodeTimeline);
 * :func:`timed_launches` / :func:`is_timed` -> the launches of a program that the simulators time (``KernelSpec``);
 * :class:`SavedSpec` -> what a view reads of a ``KernelSpec``, rebuilt from a saved program (WorkDivisionView).
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spyre_lab.device.config import SPYRE, SpyreConfig, get_config
-from spyre_lab.device.trace import Trace, TraceEvent
+from spyre_lab.device.trace import Trace, TraceEvent, card_of_lane
 
 if TYPE_CHECKING:
     from spyre_lab.compiler.ir import NodeGroup
@@ -377,3 +378,30 @@ def run_from_trace(trace: Trace, label: str) -> Run:
                                        a.get("arrived", []), a.get("preempted", []), a.get("finished", []),
                                        device_trace=Trace(events) if events else None)
     return Run(label, rows, details)
+
+
+# ---- many cards ----------------------------------------------------------------------------------------
+def symmetric_cards(trace: Trace) -> tuple[Trace, list[int]]:
+    """``trace`` with a ``card<r>.ccl`` lane for every rank of its collectives' group, and the cards mirrored.
+
+    A tensor-parallel group's ranks are symmetric (each runs the same programs and the same collectives), so a
+    trace recorded on one rank stands for all: its collectives are copied onto the lanes of the cards it did not
+    record (``world_size`` from spyreccl's event args), with ``mirrored_from`` set. Cards recorded in the trace
+    are kept as recorded; the second value lists the mirrored ones, so a view can say which cards it drew from
+    another card's timing."""
+    recorded: dict[int, list[TraceEvent]] = {}
+    for e in trace.events:
+        card = card_of_lane(e.lane)
+        if card is not None:
+            recorded.setdefault(card, []).append(e)
+    if not recorded:
+        return trace, []
+    world = max(int(e.args.get("world_size", 1)) for events in recorded.values() for e in events)
+    source = min(recorded)
+    mirrored = [r for r in range(world) if r not in recorded]
+    out = Trace(trace.events, meta=trace.meta)
+    for r in mirrored:
+        for e in recorded[source]:
+            out.events.append(TraceEvent(f"card{r}.ccl", e.name, e.start_us, e.dur_us,
+                                         {**e.args, "rank": r, "mirrored_from": source}))
+    return out, mirrored

@@ -2,14 +2,16 @@
 
 The host thread (enqueue, rebuild, waits), program correction (host callbacks) and PCIe each get a lane; the
 card's kernels get one lane per decoder layer, found from where each attention starts (:func:`layer_of_kernels`),
-and groups of layers share a lane above ``MAX_LAYER_LANES``. Each event keeps the color of its kernel.
+and groups of layers share a lane above ``MAX_LAYER_LANES``. Each event keeps the color of its kernel. Each card
+of a tensor-parallel group gets a lane of its collectives (``card <r> collectives``, spyreccl's ``card<r>.ccl``),
+drawn in the link color, below the layers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from spyre_lab.device.trace import Trace, TraceEvent
+from spyre_lab.device.trace import Trace, TraceEvent, card_of_lane
 from spyre_lab.viz import style
 
 #: above this many layer lanes, the step row merges layers into groups (and says so)
@@ -17,6 +19,10 @@ MAX_LAYER_LANES = 16
 
 HOST_LANES = ("host", "program correction", "PCIe")
 
+
+def collective_lane(card: int) -> str:
+    """The display lane of one card's collectives."""
+    return f"card {card} collectives"
 
 
 def _lane_of(event: TraceEvent) -> str | None:
@@ -29,7 +35,8 @@ def _lane_of(event: TraceEvent) -> str | None:
         return "PCIe"
     if lane.startswith("stream"):
         return "device"
-    return None
+    card = card_of_lane(lane)
+    return collective_lane(card) if card is not None else None
 
 
 def layer_of_kernels(kernels: Sequence[TraceEvent]) -> list[int]:
@@ -65,6 +72,7 @@ def step_lanes(trace: Trace) -> tuple[dict[str, list[tuple[TraceEvent, str]]], l
     t0 = trace.start_us
     lanes: dict[str, list[tuple[TraceEvent, str]]] = {name: [] for name in HOST_LANES}
     kernels = []
+    cards: dict[str, list[tuple[TraceEvent, str]]] = {}
     for e in sorted(trace.events, key=lambda e: e.start_us):
         lane = _lane_of(e)
         if lane is None:
@@ -74,6 +82,8 @@ def step_lanes(trace: Trace) -> tuple[dict[str, list[tuple[TraceEvent, str]]], l
             kernels.append(e)
         elif lane == "PCIe":
             lanes[lane].append((e, style.UNIT_COLORS["pcie"]))
+        elif card_of_lane(e.lane) is not None:
+            cards.setdefault(lane, []).append((e, style.UNIT_COLORS["link"]))
         else:
             lanes[lane].append((e, _host_color(e)))
     layers = layer_of_kernels(kernels)
@@ -90,5 +100,7 @@ def step_lanes(trace: Trace) -> tuple[dict[str, list[tuple[TraceEvent, str]]], l
             lanes[name] = []
             names.append(name)
         lanes[name].append((e, style.kernel_color(e.name)))
-    order = [n for n in HOST_LANES if lanes[n]] + names
+    by_card = sorted(cards, key=lambda name: int(name.split()[1]))
+    lanes.update(cards)
+    order = [n for n in HOST_LANES if lanes[n]] + names + by_card
     return lanes, order

@@ -19,6 +19,7 @@ UNIT_COLORS: dict[str, str] = {
     "ring": "#B279A2",    # core-to-core ring
     "host": "#9D755D",    # host CPU work (program correction, scheduling, sampling)
     "pcie": "#79706E",    # host <-> device copies
+    "link": "#72B7B2",    # card-to-card link (spyreccl collectives)
     "engine": "#BAB0AC",  # engine step bookkeeping
     "idle": "#EEEEEE",
 }
@@ -46,7 +47,7 @@ def lane_unit(lane: str) -> str:
     for unit in ("host", "pcie", "ring", "engine"):
         if lane.startswith(unit):
             return unit
-    return "engine"
+    return "link" if lane.startswith("card") and lane.endswith(".ccl") else "engine"
 
 
 def unit_color(lane_or_unit: str) -> str:

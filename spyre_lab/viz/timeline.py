@@ -25,12 +25,13 @@ from plotly.subplots import make_subplots
 
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, note_annotation
-from spyre_lab.viz.sources import Run, as_run
+from spyre_lab.viz.sources import Run, as_run, symmetric_cards
 
 if TYPE_CHECKING:
     from spyre_lab.engine.stats import StepDetail
 
-from spyre_lab.viz.step_lanes import layer_of_kernels, step_lanes  # noqa: F401  (tests/engine read it here)
+from spyre_lab.viz.step_lanes import collective_lane, step_lanes
+from spyre_lab.viz.timeline_cards import flow_spec
 
 #: above this many requests in a run, the batch row draws real tokens as one series instead of one per request
 MAX_REQUEST_SERIES = 16
@@ -60,6 +61,7 @@ class DecodeTimeline(View):
         self.include_warmup = include_warmup
         self._step_slots: dict[int, list[int]] = {}
         self._reasons: dict[tuple[int, bool], str] = {}
+        self._mirrored: list[int] = []
         served = [r for run in self.runs for r in (run.rows if include_warmup else run.served)]
         if not served:
             raise ValueError("the run has no served steps yet; call llm.generate(...) first")
@@ -76,7 +78,16 @@ class DecodeTimeline(View):
                         if (text := self._same_cost(r)))
         return (f"Engine steps ({labels}): tokens fed and bucket padding, modeled device ms, measured host ms by "
                 f"phase; bottom: step {self.step} on the modeled clock (µs), kernels by layer."
-                + (f" Why the steps cost the same: {why}." if why else ""))
+                + (f" Why the steps cost the same: {why}." if why else "") + self._cards_note())
+
+    def _cards_note(self) -> str:
+        """What the per-card collective lanes are drawn from (recorded, or mirrored from a symmetric rank)."""
+        if not self._mirrored:
+            return ""
+        cards = ", ".join(str(c) for c in self._mirrored)
+        which = f"cards {cards} are" if len(self._mirrored) > 1 else f"card {cards} is"
+        return (f" Collectives: one lane per card, lines join each collective to its peers; {which} drawn "
+                "from the recorded rank's timing (tensor-parallel ranks are symmetric).")
 
     def _default_step(self) -> int:
         """The first decode step that has device events (the per-token cost), else the first step."""
@@ -238,7 +249,8 @@ class DecodeTimeline(View):
         detail = run.details.get(self.step)
         if detail is None or detail.device_trace is None or not len(detail.device_trace):
             return None
-        lanes, order = step_lanes(detail.device_trace)
+        trace, self._mirrored = symmetric_cards(detail.device_trace)
+        lanes, order = step_lanes(trace)
         bars = []
         for name in order:
             events = lanes[name]
@@ -248,7 +260,8 @@ class DecodeTimeline(View):
                 customdata=[[e.name, e.args.get("kind", ""), e.args.get("rule", "")] for e, _ in events],
                 hovertemplate="%{customdata[0]}<br>%{base:.2f} µs + %{x:.2f} µs (modeled)<br>"
                               "%{customdata[1]} %{customdata[2]}<extra>" + name + "</extra>"))
-        return bars, order, detail.device_trace.duration_us
+        flows = flow_spec(trace, collective_lane)
+        return bars + ([flows] if flows else []), order, detail.device_trace.duration_us
 
     def _step_row(self, fig: go.Figure, run: Run, col: int) -> float:
         drawn = self._step_bars(run)
@@ -266,7 +279,10 @@ class DecodeTimeline(View):
         self._step_slots.setdefault(col, [])
         for bar in bars:
             self._step_slots[col].append(len(fig.data))
-            fig.add_bar(**bar, orientation="h", showlegend=False, row=4, col=col)
+            if bar.get("type") == "scatter":
+                fig.add_trace(go.Scatter(_without_type(bar)), row=4, col=col)
+            else:
+                fig.add_bar(**bar, orientation="h", showlegend=False, row=4, col=col)
         fig.update_yaxes(categoryorder="array", categoryarray=list(reversed(order)), row=4, col=col)
         return span
 
@@ -288,7 +304,7 @@ class DecodeTimeline(View):
             for c, (d, s) in enumerate(zip(drawn, slots), start=1):
                 bars, order, _ = d  # type: ignore[misc]
                 for index, bar in zip(s, bars):
-                    target.data[index].update(bar)
+                    target.data[index].update(_without_type(bar))
                 axis = _axis("y", 4, c, n).replace("y", "yaxis")
                 target.layout[axis].categoryarray = list(reversed(order))
                 target.layout[_axis("x", 4, c, n).replace("x", "xaxis")].range = [0, span * 1.02]
@@ -389,6 +405,11 @@ def _bucket_text(row: dict) -> str:
     if row.get("batch_bucket"):
         return f"batch bucket {row['batch_bucket']}"
     return "dynamic shapes: no bucket"
+
+
+def _without_type(spec: dict[str, Any]) -> dict[str, Any]:
+    """A trace spec without its ``type`` key (the step row's bars and its flow lines share one list)."""
+    return {k: v for k, v in spec.items() if k != "type"}
 
 
 def _axis(letter: str, row: int, col: int, cols: int) -> str:

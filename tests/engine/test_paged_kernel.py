@@ -116,7 +116,7 @@ def test_the_launch_shows_its_name_and_args_in_the_step_trace(kernel_on):
     assert "Paged-attention kernels (compiler.paged_attention)" in whole
     assert all(f"paged attention L{i}:" in whole for i in range(LAYERS)) and whole.index("Program ") < whole.index(
         "Paged-attention kernels")
-    from spyre_lab.viz.timeline import layer_of_kernels
+    from spyre_lab.viz.step_lanes import layer_of_kernels
 
     kernels = [e for e in step.device_trace.events if e.args.get("kind") == "Compute"]
     assert max(layer_of_kernels(kernels)) == LAYERS           # the timeline's layer lanes start at each kernel
