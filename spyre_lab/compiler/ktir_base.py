@@ -8,6 +8,7 @@ memory view over the base buffer.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import Any
 
@@ -80,7 +81,11 @@ class KernelWriter:
                           f"tiles {dict(self.spec.tiles)}", *self.header(), *self.w.lines, "  }", "}", ""])
 
     def slice_starts(self, dims: Sequence[str]) -> dict[str, str]:
-        """Each dim's first index on this core, as an affine function of the tile id (checked on every core)."""
+        """Each dim's first index on this core, as an affine function of the tile id (checked on every core).
+
+        The tile id counts the split dims in some order (the compiler may place a split reduction's
+        partners next to each other): the first order that gives every core's slice is written, and
+        ``self.maps[d] = (period, count, chunk)`` says how ``d``'s slice index runs along the tile id."""
         w = self.w
         tid = w.fresh("tile_id")
         w.line(f"{tid} = ktdp.get_compute_tile_id : index")
@@ -89,28 +94,47 @@ class KernelWriter:
             lows = sorted({self.spec.slices[c][d][0] for c in self.busy})
             chunk[d] = lows[1] - lows[0] if len(lows) > 1 else self.spec.dims[d]
             count[d] = len(lows)
-        period, starts = 1, {}
-        maps = {}
-        for d in reversed(list(dims)):
-            maps[d] = (period, count[d], chunk[d])
-            period *= count[d]
-        for c in self.busy:
-            for d in dims:
-                p, s, q = maps[d]
-                lo, hi = self.spec.slices[c][d]
-                if lo != (c // p) % s * q or hi != min(lo + q, self.spec.dims[d]):
-                    raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: core {c}'s slice of {d} "
-                                                       f"[{lo}, {hi}) is not an affine function of its tile id")
+        split = [d for d in dims if count[d] > 1]
+        maps = next((m for order in itertools.permutations(split) if self._fits(m := self._maps(order, count, chunk))),
+                    None)
+        if maps is None:
+            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: the cores' slices of {split} are not an "
+                                               "affine function of the tile id")
+        starts = {}
         for d in dims:
-            p, s, q = maps[d]
-            if s == 1:
+            if d not in maps:
                 starts[d] = w.index(0)
                 continue
+            p, s, q = maps[d]
             name = w.fresh(f"{d}_start")
             w.line(f"{name} = affine.apply affine_map<(t) -> (((t floordiv {p}) mod {s}) * {q})>({tid})")
             starts[d] = name
-        self.chunk = chunk
+        self.chunk, self.maps, self.tile_id = chunk, maps, tid
         return starts
+
+    @staticmethod
+    def _maps(order: Sequence[str], count: dict[str, int], chunk: dict[str, int]) -> dict[str, tuple[int, int, int]]:
+        period, maps = 1, {}
+        for d in reversed(list(order)):
+            maps[d] = (period, count[d], chunk[d])
+            period *= count[d]
+        return maps
+
+    def _fits(self, maps: dict[str, tuple[int, int, int]]) -> bool:
+        for c in self.busy:
+            for d, (p, s, q) in maps.items():
+                lo, hi = self.spec.slices[c][d]
+                if lo != (c // p) % s * q or hi != min(lo + q, self.spec.dims[d]):
+                    return False
+        return True
+
+    def slice_end(self, name: str, d: str, start: str) -> None:
+        """``name`` = the end of this core's slice of ``d``: clipped to the dim when the last slice is shorter."""
+        n, q = self.spec.dims[d], self.chunk[d]
+        if n % q:
+            self.w.line(f"{name} = affine.min affine_map<(s) -> (s + {q}, {n})>({start})")
+        else:
+            self.w.line(f"{name} = arith.addi {start}, {self.w.index(q)} : index")
 
     def tile_size(self, d: str) -> int:
         """The compiler's tile on ``d``, shrunk to a divisor of the core's chunk so tiles never cross slices."""

@@ -1,7 +1,11 @@
-"""Matmul kernels as KTIR: ``C[m,n] = A[m,k] @ B[k,n]`` per core slice, ``linalg.matmul`` on tiles.
+"""Matmul kernels as KTIR: ``C[b,m,n] = A[b,m,k] @ B[b,k,n]`` per core slice, ``linalg.matmul`` on tiles.
 
-Each core walks its M x N slice in output tiles and its K slice in steps, accumulating in fp32 through
-``scf.for`` ``iter_args``.
+Each core walks its B x M x N slice in output tiles (batch, then M, then N, as the compiler's cores do)
+and its K slice in steps, accumulating in fp32 through ``scf.for`` ``iter_args``. When K is split across
+cores, the partners of one output tile form one reduce group: each offers its fp32 partial with
+``ktdp.inter_tile_produce`` and the partner holding K's first slice folds them with
+``ktdp.inter_tile_reduce`` (the ring chain the compiler's split-K plans run), then alone rounds and
+stores under ``scf.if``. A weight without a batch dim is read by every batch.
 """
 
 from __future__ import annotations
@@ -13,9 +17,12 @@ from spyre_lab.compiler.ktir_base import KernelWriter, ident
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_writer import type_text
 
+ORDER = ("B", "M", "K", "N")
+TILE_AXES = {"A": ("M", "K"), "B": ("K", "N"), "C": ("M", "N")}
+
 
 class MatmulWriter(KernelWriter):
-    """``C[m,n] = A[m,k] @ B[k,n]`` per core slice of M and N, tiles walked with an accumulator over K."""
+    """One matmul node, its operands read through memory views (a transposed weight is its strides)."""
 
     def body(self) -> None:
         spec, w = self.spec, self.w
@@ -23,53 +30,145 @@ class MatmulWriter(KernelWriter):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} ({spec.rule}): a matmul with fused epilogue "
                                                "ops is not written out yet")
         node = self.nodes[0]
-        if spec.dims.get("B", 1) != 1 or spec.division.splits.get("K", 1) > 1:
-            raise KTIRUnsupported("export", 0, f"kernel {spec.name}: batched matmuls and K split across cores "
-                                               "(partial sums over the ring) are not written out yet")
         a, b = node.inputs
         c = node.output
-        for buf, axes in ((a, ("M", "K")), (b, ("K", "N")), (c, ("M", "N"))):
-            if tuple(spec.operands[buf].axes) != axes:
-                raise KTIRUnsupported("export", 0, f"kernel {spec.name}: {buf} has axes "
-                                                   f"{spec.operands[buf].axes}, expected {axes}")
-        dims = ("M", "N", "K")
+        roles = {a: "A", b: "B", c: "C"}
+        self.axes = {x: self.view_of(x, ORDER)[3] for x in roles}
+        for x, role in roles.items():
+            if tuple(ax for ax in self.axes[x] if ax != "B") != TILE_AXES[role]:
+                raise KTIRUnsupported("export", 0, f"kernel {spec.name}: {x} runs along {self.axes[x]}, expected "
+                                                   f"{TILE_AXES[role]} (with an optional batch dim)")
+        dims = ("B", "M", "N", "K")
         starts = self.slice_starts(dims)
-        tm, tn = self.tile_size("M"), self.tile_size("N")
-        tk = max(1, min(spec.tiles.get("K", spec.dims["K"]), spec.dims["K"]))
-        dt = spec.buffers[c].dtype
-        views = {x: self.make_view(x, spec.buffers[x].dtype, ("B", "M", "K", "N")) for x in (a, b, c)}
-        shape = {x: self.view_of(x, ("B", "M", "K", "N"))[0] for x in (a, b, c)}
-        mi, ni = w.fresh("m_i"), w.fresh("n_i")
-        m_end, n_end = w.fresh("m_end"), w.fresh("n_end")
-        w.line(f"{m_end} = arith.addi {starts['M']}, {w.index(self.chunk['M'])} : index")
-        w.line(f"{n_end} = arith.addi {starts['N']}, {w.index(self.chunk['N'])} : index")
+        tile = {"B": 1, "M": self.tile_size("M"), "N": self.tile_size("N"),
+                "K": max(1, min(spec.tiles.get("K", self.chunk["K"]), self.chunk["K"]))}
+        if self.chunk["K"] % tile["K"]:
+            tile["K"] = self.tile_size("K")
+        dtype = {x: spec.buffers[x].dtype for x in roles}
+        views = {x: self.make_view(x, dtype[x], ORDER) for x in roles}
+        tm, tn, tk = tile["M"], tile["N"], tile["K"]
+        one_step = self.chunk["K"] <= tk     # A is loaded once per M tile and stays while N tiles pass
+        at: dict[str, str] = {"K": starts["K"]}
+        for d in ("B", "M", "N"):
+            at[d] = self._loop(d, starts[d], tile[d]) if self.chunk[d] > tile[d] or d != "B" else starts[d]
+            if d == "M" and one_step:
+                va = self._load(a, views[a], at, tile, dtype[a])
+        acc_t = type_text((tm, tn), torch.float32)
         zero, acc0 = w.fresh("zero"), w.fresh("acc0")
         w.line(f"{zero} = arith.constant 0.0 : f32")
-        k0, k_end = w.index(0), w.index(spec.dims["K"])
-        w.line(f"scf.for {mi} = {starts['M']} to {m_end} step {w.index(tm)} {{")
-        w.depth += 1
-        w.line(f"scf.for {ni} = {starts['N']} to {n_end} step {w.index(tn)} {{")
-        w.depth += 1
-        acc_t = type_text((tm, tn), torch.float32)
         w.line(f"{acc0} = tensor.splat {zero} : {acc_t}")
-        ki, acc, out = w.fresh("k_i"), w.fresh("acc"), w.fresh("acc_out")
-        w.line(f"{out} = scf.for {ki} = {k0} to {k_end} step {w.index(tk)} iter_args({acc} = {acc0}) -> ({acc_t}) {{")
+        acc = out = acc0
+        if not one_step:
+            ki, acc, out, k_end = w.fresh("k_i"), w.fresh("acc"), w.fresh("acc_out"), w.fresh("k_end")
+            self.slice_end(k_end, "K", starts["K"])
+            w.line(f"{out} = scf.for {ki} = {starts['K']} to {k_end} step {w.index(tk)} iter_args({acc} = {acc0}) "
+                   f"-> ({acc_t}) {{")
+            w.depth += 1
+            at["K"] = ki
+            va = self._load(a, views[a], at, tile, dtype[a])
+        vb = self._load(b, views[b], at, tile, dtype[b])
+        mm = w.fresh("partial")
+        w.line(f"{mm} = linalg.matmul ins({va}, {vb} : {type_text((tm, tk), dtype[a])}, "
+               f"{type_text((tk, tn), dtype[b])}) outs({acc} : {acc_t}) -> {acc_t}")
+        if one_step:
+            out = mm
+        else:
+            w.line(f"scf.yield {mm} : {acc_t}")
+            self._close()
+        if "K" in self.maps:
+            out = self._reduce_partners(out, acc_t)
+            first = w.fresh("k_first")
+            w.line(f"{first} = arith.cmpi eq, {starts['K']}, {w.index(0)} : index")
+            w.line(f"scf.if {first} {{")
+            w.depth += 1
+        self._store(c, out, views[c], at, tile, dtype[c])
+        if "K" in self.maps:
+            self._close(yields=False)
+        for _ in ("B", "M", "N"):
+            if w.depth > 2:
+                self._close()
+
+    def _loop(self, d: str, start: str, step: int) -> str:
+        w = self.w
+        iv, hi = w.fresh(f"{d.lower()}_i"), w.fresh(f"{d.lower()}_end")
+        self.slice_end(hi, d, start)
+        w.line(f"scf.for {iv} = {start} to {hi} step {w.index(step)} {{")
         w.depth += 1
-        ta = w.access(views[a], shape[a], spec.buffers[a].dtype, [mi, ki], [tm, tk], ident(a))
-        tb = w.access(views[b], shape[b], spec.buffers[b].dtype, [ki, ni], [tk, tn], ident(b))
-        va, vb, mm = w.fresh(ident(a)), w.fresh(ident(b)), w.fresh("partial")
-        w.line(f"{va} = ktdp.load {ta} : {w.tile_type([tm, tk])} -> {type_text((tm, tk), spec.buffers[a].dtype)}")
-        w.line(f"{vb} = ktdp.load {tb} : {w.tile_type([tk, tn])} -> {type_text((tk, tn), spec.buffers[b].dtype)}")
-        w.line(f"{mm} = linalg.matmul ins({va}, {vb} : {type_text((tm, tk), spec.buffers[a].dtype)}, "
-               f"{type_text((tk, tn), spec.buffers[b].dtype)}) outs({acc} : {acc_t}) -> {acc_t}")
-        w.line(f"scf.yield {mm} : {acc_t}")
-        w.depth -= 1
+        return iv
+
+    def _close(self, yields: bool = True) -> None:
+        if yields and not self.w.lines[-1].strip().startswith("scf.yield"):
+            self.w.line("scf.yield")
+        self.w.depth -= 1
+        self.w.line("}")
+
+    def _tile(self, x: str, view: str, at: dict[str, str], tile: dict[str, int], dtype: torch.dtype
+              ) -> tuple[str, list[int]]:
+        axes = self.axes[x]
+        shape = self.view_of(x, ORDER)[0]
+        sizes = [tile[ax] for ax in axes]
+        return self.w.access(view, shape, dtype, [at[ax] for ax in axes], sizes, ident(x)), sizes
+
+    def _load(self, x: str, view: str, at: dict[str, str], tile: dict[str, int], dtype: torch.dtype) -> str:
+        """``x``'s tile as the 2-D tensor linalg.matmul takes (a batch dim of 1 folded away)."""
+        w = self.w
+        acc, sizes = self._tile(x, view, at, tile, dtype)
+        name = w.fresh(ident(x))
+        w.line(f"{name} = ktdp.load {acc} : {w.tile_type(sizes)} -> {type_text(sizes, dtype)}")
+        if len(sizes) == 3:
+            flat = w.fresh(f"{ident(x)}_2d")
+            w.line(f"{flat} = tensor.collapse_shape {name} [[0, 1], [2]] : {type_text(sizes, dtype)} into "
+                   f"{type_text(sizes[1:], dtype)}")
+            name = flat
+        return name
+
+    def _store(self, x: str, value: str, view: str, at: dict[str, str], tile: dict[str, int],
+               dtype: torch.dtype) -> None:
+        w = self.w
+        acc, sizes = self._tile(x, view, at, tile, dtype)
+        res = w.fresh(ident(x))
+        two = (tile["M"], tile["N"])
+        w.line(f"{res} = arith.truncf {value} : {type_text(two, torch.float32)} to {type_text(two, dtype)}")
+        if len(sizes) == 3:
+            nd = w.fresh(f"{ident(x)}_3d")
+            w.line(f"{nd} = tensor.expand_shape {res} [[0, 1], [2]] output_shape {sizes} : "
+                   f"{type_text(two, dtype)} into {type_text(sizes, dtype)}")
+            res = nd
+        w.line(f"ktdp.store {res}, {acc} : {type_text(sizes, dtype)}, {w.tile_type(sizes)}")
+
+    def _reduce_partners(self, partial: str, acc_t: str) -> str:
+        """The K partners of this output tile fold their fp32 partials; the first partner gets the total."""
+        w = self.w
+        p, s, _ = self.maps["K"]
+        cores = len(self.busy)
+        if p == 1:     # partners are consecutive tile ids: group g = i floordiv s
+            members = f"i - {s} * g >= 0, -i + {s} * g + {s - 1} >= 0"
+            first = f"i - {s} * g == 0"
+            groups = cores // s
+        elif p * s == cores:    # partners are p tile ids apart: group g = i mod p
+            members = f"(i - g) mod {p} == 0, i - g >= 0, -i + g + {p * (s - 1)} >= 0"
+            first = "i - g == 0"
+            groups = p
+        else:
+            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: K partners {p} tile ids apart in groups "
+                                               f"of {s} on {cores} cores are not one affine set")
+        future = f"!ktdp.tile_future<{acc_t}, groups = affine_set<(g) : (g >= 0, -g + {groups - 1} >= 0)>>"
+        fut, g = w.fresh("partials"), w.fresh("group")
+        w.line(f"{fut} = ktdp.inter_tile_produce producer_tiles_per_group = affine_set<(i)[g] : ({members})>")
+        w.line(f"    : {acc_t} -> {future} {{")
+        w.line(f"  ^bb0({g}: index):")
+        w.line(f"    ktdp.yield_partial {partial} : {acc_t}")
         w.line("}")
-        res = w.fresh(ident(c))
-        w.line(f"{res} = arith.truncf {out} : {acc_t} to {type_text((tm, tn), dt)}")
-        tc = w.access(views[c], shape[c], dt, [mi, ni], [tm, tn], ident(c))
-        w.line(f"ktdp.store {res}, {tc} : {type_text((tm, tn), dt)}, {w.tile_type([tm, tn])}")
-        for _ in range(2):
-            w.line("scf.yield")
-            w.depth -= 1
-            w.line("}")
+        zero, empty, ident_t = w.fresh("psum_zero"), w.fresh("psum_empty"), w.fresh("psum_identity")
+        w.line(f"{zero} = arith.constant 0.0 : f32")
+        w.line(f"{empty} = tensor.empty() : {acc_t}")
+        w.line(f"{ident_t} = linalg.fill ins({zero} : f32) outs({empty} : {acc_t}) -> {acc_t}")
+        total, lhs, rhs, s_ = w.fresh("total"), w.fresh("lhs"), w.fresh("rhs"), w.fresh("psum")
+        w.line(f"{total} = ktdp.inter_tile_reduce({fut}) consumer_tiles_per_group = affine_set<(i)[g] : ({first})>, "
+               f"identity({ident_t} : {acc_t})")
+        w.line(f"    : {future} -> {acc_t} {{")
+        w.line(f"  ^bb0({lhs}: {acc_t}, {rhs}: {acc_t}):")
+        w.line(f"    {s_} = arith.addf {lhs}, {rhs} : {acc_t}")
+        w.line(f"    ktdp.yield_reduced {s_} : {acc_t}")
+        w.line("}")
+        return total

@@ -57,7 +57,7 @@ class RowWriter(KernelWriter):
         at = dict(starts)
         for d in loops:
             iv, hi, step = w.fresh(f"{d}_i"), w.fresh(f"{d}_end"), w.index(tile[d])
-            w.line(f"{hi} = arith.addi {starts[d]}, {w.index(self.chunk[d])} : index")
+            self.slice_end(hi, d, starts[d])
             w.line(f"scf.for {iv} = {starts[d]} to {hi} step {step} {{")
             w.depth += 1
             at[d] = iv
