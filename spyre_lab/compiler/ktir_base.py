@@ -33,6 +33,9 @@ class KernelWriter:
             if spec.operands[b].strides:
                 raise KTIRUnsupported("export", 0, f"kernel {spec.name} writes {b} through a view; not written out yet")
         self.busy = [c for c, s in enumerate(spec.slices) if s]
+        if not self.busy:
+            raise KTIRUnsupported("export", 0, f"kernel {spec.name} runs on no core (it moves no data); a KTIR "
+                                               "grid needs at least one tile")
         if self.busy != list(range(len(self.busy))):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name}: busy cores {self.busy} are not 0..n-1")
         self.ptr = {b: self.w.fresh(ident(b)) for b in spec.address_slots}   # SSA names are defined once
@@ -136,10 +139,17 @@ class KernelWriter:
         else:
             self.w.line(f"{name} = arith.addi {start}, {self.w.index(q)} : index")
 
-    def tile_size(self, d: str) -> int:
-        """The compiler's tile on ``d``, shrunk to a divisor of the core's chunk so tiles never cross slices."""
+    def tile_size(self, d: str, ragged: bool = False) -> int:
+        """The compiler's tile on ``d``, shrunk to a divisor of the core's chunk so tiles never cross slices.
+
+        With ``ragged`` the compiler's tile stays when only the dim's last tile runs short (the memory view's
+        coordinate set clips it, as the compiler pads that tile to whole sticks)."""
         q = self.chunk[d]
         t = max(1, min(self.spec.tiles.get(d, q), q))
+        if ragged and all(self.spec.slices[c][d][0] % t == 0 and (self.spec.slices[c][d][1] % t == 0
+                                                                   or self.spec.slices[c][d][1] == self.spec.dims[d])
+                          for c in self.busy):
+            return t
         while q % t:
             t -= 1
         return t

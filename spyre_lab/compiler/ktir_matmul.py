@@ -40,10 +40,7 @@ class MatmulWriter(KernelWriter):
                                                    f"{TILE_AXES[role]} (with an optional batch dim)")
         dims = ("B", "M", "N", "K")
         starts = self.slice_starts(dims)
-        tile = {"B": 1, "M": self.tile_size("M"), "N": self.tile_size("N"),
-                "K": max(1, min(spec.tiles.get("K", self.chunk["K"]), self.chunk["K"]))}
-        if self.chunk["K"] % tile["K"]:
-            tile["K"] = self.tile_size("K")
+        tile = {"B": 1, **{d: self.tile_size(d, ragged=True) for d in ("M", "N", "K")}}
         dtype = {x: spec.buffers[x].dtype for x in roles}
         views = {x: self.make_view(x, dtype[x], ORDER) for x in roles}
         tm, tn, tk = tile["M"], tile["N"], tile["K"]
