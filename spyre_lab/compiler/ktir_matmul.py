@@ -14,7 +14,9 @@ import torch
 
 from spyre_lab.compiler.ir import MatMul
 from spyre_lab.compiler.ktir_base import KernelWriter, ident
+from spyre_lab.compiler.ktir_epilogue import write_epilogue
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_probe import buffer_types
 from spyre_lab.compiler.ktir_writer import type_text
 
 ORDER = ("B", "M", "K", "N")
@@ -26,9 +28,10 @@ class MatmulWriter(KernelWriter):
 
     def body(self) -> None:
         spec, w = self.spec, self.w
-        if len(self.nodes) != 1 or not isinstance(self.nodes[0], MatMul):
-            raise KTIRUnsupported("export", 0, f"kernel {spec.name} ({spec.rule}): a matmul with fused epilogue "
-                                               "ops is not written out yet")
+        matmuls = [n for n in self.nodes if isinstance(n, MatMul)]
+        if len(matmuls) != 1 or self.nodes[0] is not matmuls[0]:
+            raise KTIRUnsupported("export", 0, f"kernel {spec.name} ({spec.rule}): {len(matmuls)} matmuls in one "
+                                               "kernel (the fused MLP) are not written out yet")
         node = self.nodes[0]
         a, b = node.inputs
         c = node.output
@@ -41,8 +44,9 @@ class MatmulWriter(KernelWriter):
         dims = ("B", "M", "N", "K")
         starts = self.slice_starts(dims)
         tile = {"B": 1, **{d: self.tile_size(d, ragged=True) for d in ("M", "N", "K")}}
-        dtype = {x: spec.buffers[x].dtype for x in roles}
-        views = {x: self.make_view(x, dtype[x], ORDER) for x in roles}
+        types = buffer_types(spec, self.nodes, self.inputs)[0]
+        dtype = {x: types[x] for x in roles}
+        views = {x: self.make_view(x, spec.buffers[x].dtype, ORDER) for x in self.spec.address_slots}
         tm, tn, tk = tile["M"], tile["N"], tile["K"]
         one_step = self.chunk["K"] <= tk     # A is loaded once per M tile and stays while N tiles pass
         at: dict[str, str] = {"K": starts["K"]}
@@ -78,7 +82,11 @@ class MatmulWriter(KernelWriter):
             w.line(f"{first} = arith.cmpi eq, {starts['K']}, {w.index(0)} : index")
             w.line(f"scf.if {first} {{")
             w.depth += 1
-        self._store(c, out, views[c], at, tile, dtype[c])
+        rounded = self._round(out, tile, dtype[c])
+        if c in self.outputs:
+            self._store(c, rounded, views[c], at, tile, dtype[c])
+        if len(self.nodes) > 1:
+            write_epilogue(self, c, rounded, views, at, tile)
         if "K" in self.maps:
             self._close(yields=False)
         for _ in ("B", "M", "N"):
@@ -119,13 +127,18 @@ class MatmulWriter(KernelWriter):
             name = flat
         return name
 
-    def _store(self, x: str, value: str, view: str, at: dict[str, str], tile: dict[str, int],
+    def _round(self, value: str, tile: dict[str, int], dtype: torch.dtype) -> str:
+        """The fp32 accumulator tile rounded to the output's dtype."""
+        res = self.w.fresh("c_tile")
+        two = (tile["M"], tile["N"])
+        self.w.line(f"{res} = arith.truncf {value} : {type_text(two, torch.float32)} to {type_text(two, dtype)}")
+        return res
+
+    def _store(self, x: str, res: str, view: str, at: dict[str, str], tile: dict[str, int],
                dtype: torch.dtype) -> None:
         w = self.w
         acc, sizes = self._tile(x, view, at, tile, dtype)
-        res = w.fresh(ident(x))
         two = (tile["M"], tile["N"])
-        w.line(f"{res} = arith.truncf {value} : {type_text(two, torch.float32)} to {type_text(two, dtype)}")
         if len(sizes) == 3:
             nd = w.fresh(f"{ident(x)}_3d")
             w.line(f"{nd} = tensor.expand_shape {res} [[0, 1], [2]] output_shape {sizes} : "

@@ -145,6 +145,8 @@ class RowWriter(KernelWriter):
             return self._pow(n, args[0], dtype)
         if n.op in ("sigmoid", "silu"):
             return self._sigmoid(n, args[0], dtype)
+        if n.op in ("relu", "gelu") and len(args) == 1:
+            return self._activation(n, args[0], dtype)
         if n.op in BINARY and len(args) == 2:
             check_node(n, lambda x, y: torch_binary(n.op, x, y), self._probes(n))
             return self._emit(BINARY[n.op], args, dtype, n)
@@ -240,6 +242,17 @@ class RowWriter(KernelWriter):
         if round(c, 6) == 2.0:
             return self._emit("arith.mulf", [arg, arg], dtype, n)
         return self._emit("math.powf", [arg, self._splat(round(c, 6), arg[1], dtype)], dtype, n)
+
+    def _activation(self, n: IRNode, arg, dtype):
+        """relu(x) = max(x, 0); gelu(x) = x * (1 + erf(x / sqrt 2)) / 2 (the exact form, checked on probes)."""
+        check_node(n, {"relu": torch.relu, "gelu": torch.nn.functional.gelu}[n.op], self._probes(n))
+        if n.op == "relu":
+            return self._emit("arith.maximumf", [arg, self._splat(0.0, arg[1], dtype)], dtype, n)
+        scaled = self._emit("arith.mulf", [arg, self._splat(1 / math.sqrt(2.0), arg[1], dtype)], dtype, n)
+        erf = self._emit("math.erf", [scaled], dtype, n)
+        one_plus = self._emit("arith.addf", [erf, self._splat(1.0, arg[1], dtype)], dtype, n)
+        half = self._emit("arith.mulf", [arg, self._splat(0.5, arg[1], dtype)], dtype, n)
+        return self._emit("arith.mulf", [half, one_plus], dtype, n)
 
     def _sigmoid(self, n: IRNode, arg, dtype):
         """sigmoid(x) = 1 / (1 + exp(-x)); silu(x) = x * sigmoid(x)."""
