@@ -21,6 +21,7 @@ from spyre_lab.compiler.ktir_probe import (
     probe,
     same_values,
     scalar_of,
+    threshold,
     torch_binary,
     torch_unary,
 )
@@ -31,6 +32,7 @@ BINARY = {"add": "arith.addf", "sub": "arith.subf", "mul": "arith.mulf", "div": 
 UNARY = {"exp": ["math.exp"], "log": ["math.log"], "sqrt": ["math.sqrt"], "rsqrt": ["math.rsqrt"],
          "tanh": ["math.tanh"], "neg": ["arith.negf"], "abs": ["math.absf"], "erf": ["math.erf"],
          "copy": [], "restickify": []}
+COMPARE = {"gt": "ogt", "lt": "olt", "ge": "oge", "le": "ole", "eq": "oeq", "ne": "une"}
 REDUCE = {"sum": "arith.addf", "mean": "arith.addf", "amax": "arith.maximumf", "amin": "arith.minimumf"}
 REDUCE_INIT = {"sum": "0.0", "mean": "0.0", "amax": "0xFC00", "amin": "0x7C00"}
 
@@ -80,8 +82,8 @@ class RowWriter(KernelWriter):
 
     def _dtype(self, b: str) -> torch.dtype:
         dtype = self.dtypes[b]
-        if dtype not in NAMES or not dtype.is_floating_point:
-            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} is {dtype}; floats only")
+        if dtype not in NAMES or not (dtype.is_floating_point or dtype == torch.bool):
+            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} is {dtype}; floats and masks only")
         return dtype
 
     def _axes(self, b: str) -> tuple[str, ...]:
@@ -145,6 +147,17 @@ class RowWriter(KernelWriter):
             return self._pow(n, args[0], dtype)
         if n.op in ("sigmoid", "silu"):
             return self._sigmoid(n, args[0], dtype)
+        if n.op in COMPARE:
+            return self._compare(n, args)
+        if n.op == "where" and len(args) == 3:
+            check_node(n, torch.where, self._probes(n))
+            present = tuple(any(a[1][i] for a in args) for i in range(len(self.dims)))
+            names = [self._broadcast(a, present, self._dtype(b)) for a, b in zip(args, n.inputs)]
+            out = self.w.fresh(ident(n.output))
+            full = self._full(present)
+            self.w.line(f"{out} = arith.select {', '.join(names)} : {type_text(full, torch.bool)}, "
+                        f"{type_text(full, dtype)}")
+            return out, present
         if n.op in ("relu", "gelu") and len(args) == 1:
             return self._activation(n, args[0], dtype)
         if n.op in BINARY and len(args) == 2:
@@ -242,6 +255,23 @@ class RowWriter(KernelWriter):
         if round(c, 6) == 2.0:
             return self._emit("arith.mulf", [arg, arg], dtype, n)
         return self._emit("math.powf", [arg, self._splat(round(c, 6), arg[1], dtype)], dtype, n)
+
+    def _compare(self, n: IRNode, args: list) -> tuple[str, tuple[bool, ...]]:
+        """``a > b`` as ``arith.cmpf ogt`` (a mask, i1); a one-input compare's threshold is read off the node."""
+        src = self._dtype(n.inputs[0])
+        fn = getattr(torch, n.op)
+        if len(args) == 2:
+            check_node(n, fn, self._probes(n))
+        elif len(args) == 1:
+            c = threshold(n, fn, self._probes(n)[0])
+            args = [args[0], self._splat(c, args[0][1], src)]
+        else:
+            raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) compares {len(args)} tensors")
+        present = tuple(any(a[1][i] for a in args) for i in range(len(self.dims)))
+        names = [self._broadcast(a, present, src) for a in args]
+        out = self.w.fresh(ident(n.output))
+        self.w.line(f"{out} = arith.cmpf {COMPARE[n.op]}, {', '.join(names)} : {type_text(self._full(present), src)}")
+        return out, present
 
     def _activation(self, n: IRNode, arg, dtype):
         """relu(x) = max(x, 0); gelu(x) = x * (1 + erf(x / sqrt 2)) / 2 (the exact form, checked on probes)."""
