@@ -208,8 +208,11 @@ class RowWriter(KernelWriter):
                f"{type_text(full, dtype)}) dimensions = {added}")
         return out
 
-    def _reduce(self, n: Reduction, arg: tuple[str, tuple[bool, ...]], dtype: torch.dtype):
-        if n.op not in REDUCE:
+    def _reduce(self, n: Reduction, arg: tuple[str, tuple[bool, ...]], dtype: torch.dtype, kind: str = ""):
+        kind = kind or n.op
+        if kind == "var":
+            return self._var(n, arg, dtype)
+        if kind not in REDUCE:
             raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: reduction {n.op} is not written out yet")
         w = self.w
         name, have = arg
@@ -218,10 +221,10 @@ class RowWriter(KernelWriter):
         full_in = self._full(have)
         out_shape = tuple(full_in[i] for i in range(len(self.dims)) if i not in red)
         init_s, init = w.fresh("init"), w.fresh("init_t")
-        w.line(f"{init_s} = arith.constant {REDUCE_INIT[n.op]} : {NAMES[dtype]}")
+        w.line(f"{init_s} = arith.constant {REDUCE_INIT[kind]} : {NAMES[dtype]}")
         w.line(f"{init} = tensor.splat {init_s} : {type_text(out_shape, dtype)}")
         r = w.fresh(ident(n.output))
-        w.line(f"{r} = linalg.reduce {{ {REDUCE[n.op]} }} ins({name} : {type_text(full_in, dtype)}) "
+        w.line(f"{r} = linalg.reduce {{ {REDUCE[kind]} }} ins({name} : {type_text(full_in, dtype)}) "
                f"outs({init} : {type_text(out_shape, dtype)}) dimensions = {red}")
         full = self._full(kept)
         nd = w.fresh(f"{ident(n.output)}_nd")
@@ -229,10 +232,27 @@ class RowWriter(KernelWriter):
         w.line(f"{nd} = tensor.expand_shape {r} {groups} output_shape {list(full)} : "
                f"{type_text(out_shape, dtype)} into {type_text(full, dtype)}")
         value = (nd, kept)
-        if n.op == "mean":
+        if kind == "mean":
             count = math.prod(self.spec.dims[d] for d in n.reduction_dims)
             value = self._emit("arith.divf", [value, self._splat(float(count), kept, dtype)], dtype, n)
         return value
+
+    def _var(self, n: Reduction, arg: tuple[str, tuple[bool, ...]], dtype: torch.dtype):
+        """var(x) = sum((x - mean x)^2) / (count - correction), the correction (0 or 1) read off the node."""
+        x = self._probes(n)[0].float()
+        axes = [i for i, d in enumerate(n.dims) if d in n.reduction_dims]
+        count = math.prod(self.spec.dims[d] for d in n.reduction_dims)
+        got = probe(n, self._probes(n)[0])
+        correction = next((c for c in (0, 1) if x.dim() == len(n.dims) and count > c
+                           and same_values(got, torch.var(x, dim=axes, correction=c))), None)
+        if correction is None:
+            raise KTIRUnsupported("export", 0, f"node {n.name} (var) is not a plain variance over "
+                                               f"{list(n.reduction_dims)}")
+        mean = self._reduce(n, arg, dtype, kind="mean")
+        centered = self._emit("arith.subf", [arg, mean], dtype, n)
+        square = self._emit("arith.mulf", [centered, centered], dtype, n)
+        total = self._reduce(n, square, dtype, kind="sum")
+        return self._emit("arith.divf", [total, self._splat(float(count - correction), total[1], dtype)], dtype, n)
 
     def _cast(self, n: IRNode, arg, dtype):
         src = self._dtype(n.inputs[0])
