@@ -9,7 +9,12 @@ stores the DRAM outputs. A last tile that runs past the tensor is clipped by the
 coordinate set. Scalar operands the compiler folded into a node are recovered by evaluating the node
 (``x * c`` at x = 1) and checked on random values; a kernel or op outside what this writer covers raises
 :class:`~spyre_lab.ktir.errors.KTIRUnsupported` naming it, never a half-written kernel.
+
+The writers, one idea each: :mod:`ktir_base` (header, tile-id division, views), :mod:`ktir_rows` (row kernels),
+:mod:`ktir_matmul` (matmuls, K split folded with ``ktdp.inter_tile_produce`` / ``inter_tile_reduce``) and
+:mod:`ktir_epilogue` (a matmul's pointwise epilogue on its output tile).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
