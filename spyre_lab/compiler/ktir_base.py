@@ -39,6 +39,7 @@ class KernelWriter:
         if self.busy != list(range(len(self.busy))):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name}: busy cores {self.busy} are not 0..n-1")
         self.ptr = {b: self.w.fresh(ident(b)) for b in spec.address_slots}   # SSA names are defined once
+        self.axis_fix: dict[str, tuple[str | None, ...]] = {}   # a cat piece's whole axis runs along the cat dim
 
     def view_of(self, b: str, order: Sequence[str]) -> tuple[tuple[int, ...], tuple[int, ...], int, tuple[str, ...]]:
         """(sizes, strides, offset, axes) of ``b``'s memory view, its axes in the kernel's dim ``order``.
@@ -46,6 +47,7 @@ class KernelWriter:
         A read through a free view (transpose, expand, reshape) is its own memory view: the view's strides
         over the base buffer, permuted so the loaded tile's dims follow the kernel's; size-1 axes drop out."""
         op = self.spec.operands[b]
+        op_axes = self.axis_fix.get(b, op.axes)
         strides = list(op.strides)
         if not strides:
             acc = 1
@@ -53,7 +55,7 @@ class KernelWriter:
                 strides.insert(0, acc)
                 acc *= n
         axes = []
-        for a, n, st in zip(op.axes, op.shape, strides):
+        for a, n, st in zip(op_axes, op.shape, strides):
             if a is None and n > 1:
                 raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} has an axis of {n} that runs along "
                                                    "no kernel dim")

@@ -12,8 +12,9 @@ import math
 
 import torch
 
-from spyre_lab.compiler.ir import IRNode, Pointwise, Reduction
+from spyre_lab.compiler.ir import IRNode, Reduction
 from spyre_lab.compiler.ktir_base import KernelWriter, collapse_groups, float_text, ident
+from spyre_lab.compiler.ktir_cat import cat_pieces, check_cat_dim, write_cat
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_probe import (
     buffer_types,
@@ -43,10 +44,7 @@ class RowWriter(KernelWriter):
     def body(self) -> None:
         spec, w = self.spec, self.w
         self.dims = list(spec.dims)
-        for n in self.nodes:
-            if not isinstance(n, (Pointwise, Reduction)) or list(n.dims) != self.dims:
-                raise KTIRUnsupported("export", 0, f"kernel {spec.name}: node {n.name} ({n.op}) runs over "
-                                                   f"{dict(n.dims)}, not the kernel's {dict(spec.dims)}")
+        self.pieces = cat_pieces(self)
         self.dtypes, self.shapes = buffer_types(spec, self.nodes, self.inputs)
         reduced = {d for n in self.nodes if isinstance(n, Reduction) for d in n.reduction_dims}
         starts = self.slice_starts(self.dims)
@@ -64,11 +62,14 @@ class RowWriter(KernelWriter):
             w.depth += 1
             at[d] = iv
         self.tile = tile
+        check_cat_dim(self)
         values: dict[str, tuple[str, tuple[bool, ...]]] = {}
         for b in self.inputs:
-            values[b] = self._load(b, views[b], at)
+            with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
+                values[b] = self._load(b, views[b], at)
         for n in self.nodes:
-            values[n.output] = self._node(n, values)
+            with self.pieces.extent(self, self.pieces.of_node(n)):
+                values[n.output] = self._node(n, values)
             if n.output in self.outputs:
                 self._store(n.output, values[n.output], views[n.output], at)
         for _ in loops:
@@ -149,6 +150,8 @@ class RowWriter(KernelWriter):
             return self._sigmoid(n, args[0], dtype)
         if n.op in COMPARE:
             return self._compare(n, args)
+        if n.op == "cat":
+            return write_cat(self, n, args, dtype)
         if n.op == "where" and len(args) == 3:
             check_node(n, torch.where, self._probes(n))
             present = tuple(any(a[1][i] for a in args) for i in range(len(self.dims)))

@@ -30,9 +30,10 @@ def test_granite_layer_round_trips() -> None:
     inputs = layer_inputs(256, 4, 2, 512, 64)
     program = compile_graph(lambda *a: granite_layer(*a, heads=4, kv_heads=2), inputs)
     records = round_trip(program, inputs)
-    _check(records, must_export=20)
+    _check(records, must_export=22)
     assert {"reduction_fusion", "restickify", "single"} <= {r.rule for r in records if r.exported}
     assert sum("matmul" in r.kernel for r in records if r.exported) == 4, "the four projections (K split 4 ways)"
+    assert sum("cat" in r.kernel for r in records if r.exported) == 2, "the rotary embedding of q and of k"
 
 
 @pytest.mark.parametrize("fn", [
@@ -52,6 +53,24 @@ def test_row_families_round_trip(fn) -> None:
     records = round_trip(program, [x, y])
     _check(records, must_export=1)
     assert all(r.exported for r in records), [r.reason for r in records if not r.exported]
+
+
+def test_rotate_half_round_trips_and_a_tiled_cat_is_refused() -> None:
+    """cat of two half rows (the rotary embedding's rotate_half): each piece at its own extent, tensor.concat
+    joins them. A cat along a dim the plan tiles is refused by name."""
+    g = torch.Generator().manual_seed(0)
+
+    def rotate(x, y):
+        half = x.shape[-1] // 2
+        return torch.cat([-x[..., half:], x[..., :half]], -1) * y
+
+    x, y = torch.randn(4, 48, 64, generator=g).half(), torch.randn(4, 48, 64, generator=g).half()
+    records = round_trip(compile_graph(rotate, [x, y]), [x, y])
+    _check(records, must_export=len(records))
+    assert any("tensor.concat" in r.text for r in records)
+    x, y = torch.randn(48, 300, generator=g).half(), torch.randn(48, 300, generator=g).half()
+    records = round_trip(compile_graph(rotate, [x, y]), [x, y])
+    assert any("cat along" in r.reason and "split or tiled" in r.reason for r in records if not r.exported)
 
 
 def test_layer_norm_round_trips() -> None:
