@@ -23,6 +23,7 @@ from typing import Any
 from spyre_lab.compiler.ir import IRNode, MatMul
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_matmul import MatmulWriter
+from spyre_lab.compiler.ktir_mlp import MlpWriter
 from spyre_lab.compiler.ktir_rows import RowWriter
 
 KernelSpec = Any  # compiler.kernel_spec.KernelSpec; not imported, since kernel_spec.to_ktir imports this module
@@ -33,7 +34,10 @@ def kernel_to_ktir(spec: KernelSpec, nodes: Sequence[IRNode]) -> str:
     if not nodes:
         raise KTIRUnsupported("export", 0, f"kernel {spec.name}: pass the kernel's LoopIR nodes (program.kernels[i]"
                                            ".nodes); a KernelSpec alone does not hold its compute")
-    if any(isinstance(n, MatMul) for n in nodes):
+    matmuls = sum(isinstance(n, MatMul) for n in nodes)
+    if matmuls == 3 and spec.rule == "mlp":
+        body = MlpWriter(spec, nodes)
+    elif matmuls:
         body = MatmulWriter(spec, nodes)
     else:
         body = RowWriter(spec, nodes)

@@ -26,12 +26,14 @@ TILE_AXES = {"A": ("M", "K"), "B": ("K", "N"), "C": ("M", "N")}
 class MatmulWriter(KernelWriter):
     """One matmul node, its operands read through memory views (a transposed weight is its strides)."""
 
+    order: tuple[str, ...] = ORDER
+
     def body(self) -> None:
         spec, w = self.spec, self.w
         matmuls = [n for n in self.nodes if isinstance(n, MatMul)]
         if len(matmuls) != 1 or self.nodes[0] is not matmuls[0]:
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} ({spec.rule}): {len(matmuls)} matmuls in one "
-                                               "kernel (the fused MLP) are not written out yet")
+                                               "kernel, not a matmul and its epilogue")
         node = self.nodes[0]
         a, b = node.inputs
         c = node.output
@@ -86,7 +88,7 @@ class MatmulWriter(KernelWriter):
         if c in self.outputs:
             self._store(c, rounded, views[c], at, tile, dtype[c])
         if len(self.nodes) > 1:
-            write_epilogue(self, c, rounded, views, at, tile)
+            write_epilogue(self, self.nodes[1:], {c: rounded}, views, at, tile)
         if "K" in self.maps:
             self._close(yields=False)
         for _ in ("B", "M", "N"):
@@ -110,7 +112,7 @@ class MatmulWriter(KernelWriter):
     def _tile(self, x: str, view: str, at: dict[str, str], tile: dict[str, int], dtype: torch.dtype
               ) -> tuple[str, list[int]]:
         axes = self.axes[x]
-        shape = self.view_of(x, ORDER)[0]
+        shape = self.view_of(x, self.order)[0]
         sizes = [tile[ax] for ax in axes]
         return self.w.access(view, shape, dtype, [at[ax] for ax in axes], sizes, ident(x)), sizes
 
@@ -146,10 +148,10 @@ class MatmulWriter(KernelWriter):
             res = nd
         w.line(f"ktdp.store {res}, {acc} : {type_text(sizes, dtype)}, {w.tile_type(sizes)}")
 
-    def _reduce_partners(self, partial: str, acc_t: str) -> str:
-        """The K partners of this output tile fold their fp32 partials; the first partner gets the total."""
+    def _reduce_partners(self, partial: str, acc_t: str, dim: str = "K") -> str:
+        """The ``dim`` partners of this output tile fold their fp32 partials; the first partner gets the total."""
         w = self.w
-        p, s, _ = self.maps["K"]
+        p, s, _ = self.maps[dim]
         cores = len(self.busy)
         if p == 1:     # partners are consecutive tile ids: group g = i floordiv s
             members = f"i - {s} * g >= 0, -i + {s} * g + {s - 1} >= 0"
@@ -160,7 +162,7 @@ class MatmulWriter(KernelWriter):
             first = "i - g == 0"
             groups = p
         else:
-            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: K partners {p} tile ids apart in groups "
+            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {dim} partners {p} tile ids apart in groups "
                                                f"of {s} on {cores} cores are not one affine set")
         future = f"!ktdp.tile_future<{acc_t}, groups = affine_set<(g) : (g >= 0, -g + {groups - 1} >= 0)>>"
         fut, g = w.fresh("partials"), w.fresh("group")

@@ -57,3 +57,22 @@ def test_split_k_folds_partials_over_the_ring() -> None:
     assert "ktdp.inter_tile_produce" in text and "ktdp.inter_tile_reduce" in text and "scf.if" in text
     ktir = load(text).main.simulate(spec.cfg)
     assert ktir.ring_bytes == spec.ring_bytes > 0
+
+
+def test_fused_mlp_round_trips() -> None:
+    """gate and up over K, silu * up in LX, the down projection folded over the I partners by inter_tile_reduce."""
+    from spyre_lab.ktir.compile_examples import EXAMPLES
+
+    fn, make = EXAMPLES["mlp"]
+    inputs = make()
+    program = compile_graph(fn, inputs)
+    records = round_trip(program, inputs)
+    mlp = [r for r in records if r.rule == "mlp"]
+    assert mlp and all(r.exported for r in mlp), [r.reason for r in records]
+    text = mlp[0].text
+    assert text.count("linalg.matmul") == 3 and "ktdp.inter_tile_reduce" in text and "math.exp" in text
+    ref = fn(*[x.float() for x in inputs])
+    for r in mlp:
+        assert r.max_abs_error <= _fp16_ulp(ref), f"{r.kernel}: {r.max_abs_error}"
+        for mode, t in r.compiled_us.items():
+            assert t <= r.ktir_us[mode] <= t * 1.02, f"{r.kernel} {mode}: {r.ktir_us[mode]} vs {t} us"

@@ -30,10 +30,11 @@ def test_granite_layer_round_trips() -> None:
     inputs = layer_inputs(256, 4, 2, 512, 64)
     program = compile_graph(lambda *a: granite_layer(*a, heads=4, kv_heads=2), inputs)
     records = round_trip(program, inputs)
-    _check(records, must_export=22)
+    _check(records, must_export=23)
     assert {"reduction_fusion", "restickify", "single"} <= {r.rule for r in records if r.exported}
-    assert sum("matmul" in r.kernel for r in records if r.exported) == 4, "the four projections (K split 4 ways)"
+    assert sum(r.rule == "single" and "matmul" in r.kernel for r in records if r.exported) == 4, "four projections"
     assert sum("cat" in r.kernel for r in records if r.exported) == 2, "the rotary embedding of q and of k"
+    assert [r.rule for r in records if not r.exported] == ["attention"], [r.reason for r in records]
 
 
 @pytest.mark.parametrize("fn", [
