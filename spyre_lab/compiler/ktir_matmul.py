@@ -57,17 +57,10 @@ class MatmulWriter(KernelWriter):
             if d == "M" and one_step:
                 va = self._load(a, views[a], at, tile, dtype[a])
         acc_t = type_text((tm, tn), torch.float32)
-        zero, acc0 = w.fresh("zero"), w.fresh("acc0")
-        w.line(f"{zero} = arith.constant 0.0 : f32")
-        w.line(f"{acc0} = tensor.splat {zero} : {acc_t}")
-        acc = out = acc0
+        acc = out = acc0 = self._zeros(acc_t)
         if not one_step:
-            ki, acc, out, k_end = w.fresh("k_i"), w.fresh("acc"), w.fresh("acc_out"), w.fresh("k_end")
-            self.slice_end(k_end, "K", starts["K"])
-            w.line(f"{out} = scf.for {ki} = {starts['K']} to {k_end} step {w.index(tk)} iter_args({acc} = {acc0}) "
-                   f"-> ({acc_t}) {{")
-            w.depth += 1
-            at["K"] = ki
+            acc, out = w.fresh("acc"), w.fresh("acc_out")
+            self._k_loop([out], [acc], acc0, acc_t, starts["K"], tk, at)
             va = self._load(a, views[a], at, tile, dtype[a])
         vb = self._load(b, views[b], at, tile, dtype[b])
         mm = w.fresh("partial")
@@ -94,6 +87,25 @@ class MatmulWriter(KernelWriter):
         for _ in ("B", "M", "N"):
             if w.depth > 2:
                 self._close()
+
+    def _zeros(self, acc_t: str, hint: str = "acc0") -> str:
+        """A fresh fp32 accumulator tile of zeros."""
+        zero, acc0 = self.w.fresh("zero"), self.w.fresh(hint)
+        self.w.line(f"{zero} = arith.constant 0.0 : f32")
+        self.w.line(f"{acc0} = tensor.splat {zero} : {acc_t}")
+        return acc0
+
+    def _k_loop(self, results: list[str], accs: list[str], init: str, acc_t: str, start: str, step: int,
+                at: dict[str, str]) -> None:
+        """Open the walk over this core's K slice, carrying one fp32 accumulator per name in ``accs``."""
+        w = self.w
+        ki, k_end = w.fresh("k_i"), w.fresh("k_end")
+        self.slice_end(k_end, "K", start)
+        carried = ", ".join(f"{a} = {init}" for a in accs)
+        w.line(f"{', '.join(results)} = scf.for {ki} = {start} to {k_end} step {w.index(step)} iter_args({carried}) "
+               f"-> ({', '.join([acc_t] * len(accs))}) {{")
+        w.depth += 1
+        at["K"] = ki
 
     def _loop(self, d: str, start: str, step: int) -> str:
         w = self.w

@@ -58,9 +58,7 @@ class MlpWriter(MatmulWriter):
         w.depth += 1
         vd = self._load(wd, views[wd], at, tile, types[wd])
         acc_t = type_text((tm, to), torch.float32)
-        zero, acc0, part = w.fresh("zero"), w.fresh("down_acc0"), w.fresh("down")
-        w.line(f"{zero} = arith.constant 0.0 : f32")
-        w.line(f"{acc0} = tensor.splat {zero} : {acc_t}")
+        acc0, part = self._zeros(acc_t, "down_acc0"), w.fresh("down")
         w.line(f"{part} = linalg.matmul ins({h}, {vd} : {h_t}, {type_text((ti, to), types[wd])}) "
                f"outs({acc0} : {acc_t}) -> {acc_t}")
         total = self._reduce_partners(part, acc_t, dim="N") if "N" in self.maps else part
@@ -83,16 +81,9 @@ class MlpWriter(MatmulWriter):
         w = self.w
         tm, ti, tk = tile["M"], tile["N"], tile["K"]
         acc_t = type_text((tm, ti), torch.float32)
-        zero, acc0 = w.fresh("zero"), w.fresh("acc0")
-        w.line(f"{zero} = arith.constant 0.0 : f32")
-        w.line(f"{acc0} = tensor.splat {zero} : {acc_t}")
-        ki, ga, ua, k_end = w.fresh("k_i"), w.fresh("gate_acc"), w.fresh("up_acc"), w.fresh("k_end")
-        g_out, u_out = w.fresh("gate_out"), w.fresh("up_out")
-        self.slice_end(k_end, "K", starts["K"])
-        w.line(f"{g_out}, {u_out} = scf.for {ki} = {starts['K']} to {k_end} step {w.index(tk)} "
-               f"iter_args({ga} = {acc0}, {ua} = {acc0}) -> ({acc_t}, {acc_t}) {{")
-        w.depth += 1
-        at["K"] = ki
+        acc0 = self._zeros(acc_t)
+        ga, ua, g_out, u_out = w.fresh("gate_acc"), w.fresh("up_acc"), w.fresh("gate_out"), w.fresh("up_out")
+        self._k_loop([g_out, u_out], [ga, ua], acc0, acc_t, starts["K"], tk, at)
         vx = self._load(x, views[x], at, tile, types[x])
         outs = []
         for wt, acc in ((wg, ga), (wu, ua)):
