@@ -76,6 +76,21 @@ def scalar_of(n: IRNode, sample: torch.Tensor) -> tuple[float, bool]:
     raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")
 
 
+def threshold(n: IRNode, fn, sample: torch.Tensor) -> float:
+    """The scalar ``c`` a one-input compare (``x > c``) folded in: read off a fine sweep, then checked exactly."""
+    sweep = torch.linspace(-8, 8, 2**14 + 1).to(sample.dtype)
+    got = probe(n, sweep.reshape(-1, *([1] * (sample.dim() - 1))).expand(-1, *sample.shape[1:]).contiguous()
+                if sample.dim() else sweep).bool()
+    flat = got.reshape(sweep.shape[0], -1)[:, 0]
+    changes = torch.nonzero(flat[1:] != flat[:-1]).flatten()
+    candidates = [float(sweep[i]) for i in changes] + [float(sweep[i + 1]) for i in changes] + [0.0]
+    for c in candidates:
+        on_sweep = torch.equal(flat, fn(sweep.float(), torch.full_like(sweep.float(), c)))
+        if on_sweep and torch.equal(probe(n, sample).bool(), fn(sample.float(), torch.full_like(sample.float(), c))):
+            return c
+    raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")
+
+
 def buffer_types(spec: KernelSpec, nodes: Sequence[IRNode], inputs: Sequence[str]
                  ) -> tuple[dict[str, torch.dtype], dict[str, tuple[int, ...]]]:
     """Every buffer's dtype and shape: DRAM buffers say theirs; an intermediate's is what its node returns.

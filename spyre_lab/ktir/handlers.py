@@ -203,6 +203,20 @@ def empty(core: Core, op: Op) -> TVal:
     return TVal(torch.zeros(shape, dtype=dtype))
 
 
+def concat(core: Core, op: Op) -> TVal:
+    """``tensor.concat dim(k) %a, %b : (A, B) -> C``: the pieces joined in LX, one SFU pass over the result."""
+    toks = [t.text for t in op.body]
+    if "dim" not in toks or toks.index("dim") + 2 >= len(toks):
+        raise KTIRUnsupported(op.name, op.line, "needs dim(k)")
+    dim = int(toks[toks.index("dim") + 2])
+    parts = [_tv(core, v, op) for v in op.values()]
+    try:
+        t = torch.cat([p.t for p in parts], dim)
+    except RuntimeError as e:
+        raise KTIRUnsupported(op.name, op.line, f"the pieces do not join along dim {dim}: {e}") from e
+    return _vector(core, op, t, frozenset().union(*(p.deps for p in parts)))
+
+
 def reshape(core: Core, op: Op) -> TVal:
     src = _tv(core, op.values()[0], op)
     shape, _ = shaped(_result_type(op), op.line)
@@ -382,7 +396,7 @@ HANDLERS = {
     "arith.index_cast": cast,
     "arith.cmpi": cmp, "arith.cmpf": cmp, "arith.select": select,
     "tensor.splat": splat, "tensor.extract": extract, "tensor.empty": empty,
-    "tensor.expand_shape": reshape, "tensor.collapse_shape": reshape, "linalg.fill": fill,
+    "tensor.expand_shape": reshape, "tensor.collapse_shape": reshape, "linalg.fill": fill, "tensor.concat": concat,
     "linalg.reduce": reduce, "linalg.matmul": matmul,
     **{name: named_binary for name in ("linalg.add", "linalg.sub", "linalg.mul", "linalg.div", "linalg.max")},
     "ktdp.construct_memory_view": memory_view, "ktdp.construct_access_tile": access_tile,

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from spyre_lab.ktir import handlers
+from spyre_lab.ktir import exchange, handlers
 from spyre_lab.ktir.errors import KTIRUnsupported
 from spyre_lab.ktir.memory import Buffer
 from spyre_lab.ktir.syntax import Op, Region
@@ -23,9 +23,7 @@ from spyre_lab.ktir.values import CoreRun
 Handler = Callable[["Core", Op], object]
 
 
-class _Yield(Exception):
-    def __init__(self, values: list) -> None:
-        self.values = values
+YIELDS = ("scf.yield", "linalg.yield", "ktdp.yield_partial", "ktdp.yield_reduced")
 
 
 class Core:
@@ -36,6 +34,8 @@ class Core:
         self.tile_id, self.buffers, self.aliases, self.stick_bytes = tile_id, buffers, aliases, stick_bytes
         self.env: dict[str, object] = {}
         self.run = CoreRun(core)
+        self.turns: exchange.Turns | None = None     # set when the function talks between tiles
+        self.counts: dict[int, int] = {}             # executions of each produce, to pair them across cores
 
     def get(self, name: str, op: Op) -> object:
         if name not in self.env:
@@ -53,7 +53,7 @@ class Core:
         for tok, value in zip(region.args, args or []):
             self.env[tok.text] = value
         for op in region.ops:
-            if op.name in ("scf.yield", "linalg.yield"):
+            if op.name in YIELDS:
                 return [self.get(v, op) for v in op.values()]
             if op.name in ("return", "func.return"):
                 return []
@@ -100,7 +100,10 @@ def _scf_if(core: Core, op: Op) -> list:
     return core.block(op.regions[1]) if len(op.regions) > 1 else []
 
 
-HANDLERS: dict[str, Handler] = {"scf.for": _scf_for, "scf.if": _scf_if, **handlers.HANDLERS}
+HANDLERS: dict[str, Handler] = {"scf.for": _scf_for, "scf.if": _scf_if, **handlers.HANDLERS,
+                                "ktdp.inter_tile_produce": exchange.produce,
+                                "ktdp.inter_tile_reduce": exchange.reduce}
+COMMUNICATION = ("ktdp.inter_tile_produce", "ktdp.inter_tile_reduce")
 
 
 def elements(t: torch.Tensor) -> int:

@@ -21,7 +21,8 @@ import torch
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.isa import CoreOps, TileProgram
 from spyre_lab.ktir.errors import KTIRUnsupported
-from spyre_lab.ktir.interpret import Core
+from spyre_lab.ktir.exchange import Turns
+from spyre_lab.ktir.interpret import COMMUNICATION, Core
 from spyre_lab.ktir.memory import Buffer, Pointer
 from spyre_lab.ktir.syntax import Document, Op, parse
 from spyre_lab.ktir.values import CoreRun
@@ -59,14 +60,23 @@ class KTIRFunction:
         bound = self._bind(inputs, named)
         buffers = {k: Buffer(k, v.flatten().clone()) for k, v in bound.items() if isinstance(v, torch.Tensor)}
         shapes = {k: tuple(v.shape) for k, v in bound.items() if isinstance(v, torch.Tensor)}
-        runs = []
-        for c in range(self.cores):
+        runs: list[CoreRun | None] = [None] * self.cores
+        turns = Turns(self.cores, cfg.cores) if _talks(self.op) else None
+
+        def run_core(c: int) -> None:
             core = Core(tuple(int(i) for i in np.unravel_index(c, self.grid)), buffers, self.aliases,
                         cfg.stick_bytes, c)
+            core.turns = turns
             for (arg, _), value in zip(self.args, bound.values()):
                 core.env[arg] = Pointer(arg[1:]) if isinstance(value, torch.Tensor) else value
+            runs[c] = core.run
             core.block(self.op.regions[0])
-            runs.append(core.run)
+
+        if turns is not None:
+            turns.run(run_core)
+        else:
+            for c in range(self.cores):
+                run_core(c)
         outputs = {k: _view_back(buffers[k].data, shapes[k]) for k in buffers}
         return KTIRResult(outputs, lower(self.name, runs, cfg), runs)
 
@@ -104,6 +114,11 @@ class KTIRFunction:
         return out
 
 
+def _talks(op: Op) -> bool:
+    """Does the function use inter-tile communication (then cores take turns as threads)?"""
+    return any(o.name in COMMUNICATION or _talks(o) for r in op.regions for o in r.ops)
+
+
 def _view_back(flat: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
     n = math.prod(shape)
     return flat[:n].reshape(shape) if shape and flat.numel() >= n else flat
@@ -128,6 +143,10 @@ def lower(name: str, runs: list[CoreRun], cfg: SpyreConfig) -> TileProgram:
                 p.load(op.out, op.nbytes, deps=op.deps, name=op.name, share=groups[(op.key, step)])
             elif op.kind == "store":
                 p.store(op.nbytes, deps=op.deps, name=op.name)
+            elif op.kind == "ring_send":
+                p.ring_send(op.nbytes, op.peer, op.hops, op.tag, deps=op.deps, name=op.name)
+            elif op.kind == "ring_recv":
+                p.ring_recv(op.out, op.nbytes, op.peer, op.tag, deps=op.deps, name=op.name)
             elif op.kind == "matmul":
                 p.matmul(op.out, *op.mnk, deps=op.deps, out_bytes=op.out_bytes, name=op.name)
             else:

@@ -19,7 +19,7 @@ class TVal:
 class Recorded:
     """One tile op of one core, before shares across cores are known."""
 
-    kind: str                 # load, store, vector, special, matmul
+    kind: str                 # load, store, vector, special, matmul, ring_send, ring_recv
     name: str
     deps: tuple[int, ...]
     out: str | None = None
@@ -29,6 +29,9 @@ class Recorded:
     mnk: tuple[int, int, int] = (0, 0, 0)
     key: tuple | None = None  # loads: the sticks read, to find cores loading the same bytes at once
     line: int = 0
+    peer: int = -1            # ring ops: the other core, the hops to it, and the tag pairing send and recv
+    hops: int = 0
+    tag: str = ""
 
 
 @dataclass

@@ -23,13 +23,22 @@ def test_softmax_writes_one_loadable_file_per_kernel(tmp_path, capsys) -> None:
 
 
 def test_a_refused_kernel_is_printed_with_its_reason(tmp_path, capsys) -> None:
-    cli.main(["compile", "--ktir", str(tmp_path), "--example", "mlp"])
+    cli.main(["compile", "--ktir", str(tmp_path), "--example", "layer"])
     printed = capsys.readouterr().out
     reasons = sorted(tmp_path.glob("*.unsupported.txt"))
-    assert reasons, "the fused MLP's matmul with an epilogue is outside the exported subset"
+    assert [p.name for p in reasons] == [p.name for p in reasons if "attention" in p.name] != [], \
+        "fused attention is the layer's one kernel outside the exported subset"
     for path in reasons:
         kernel = path.name.removesuffix(".unsupported.txt")
-        assert f"refused {kernel}: " in printed and "matmul" in path.read_text()
+        assert f"refused {kernel}: " in printed and "not written as KTIR" in path.read_text()
+    assert len(list(tmp_path.glob("*.mlir"))) == 23
+
+
+def test_the_fused_mlp_example_is_written(tmp_path) -> None:
+    cli.main(["compile", "--ktir", str(tmp_path), "--example", "mlp"])
+    assert not list(tmp_path.glob("*.unsupported.txt"))
+    (path,) = tmp_path.glob("*.mlir")
+    assert spyre_lab.ktir.load(path).main.simulate().ring_bytes > 0, "the down projection's I partners meet"
 
 
 def test_every_example_is_offered_and_an_unknown_one_is_named() -> None:

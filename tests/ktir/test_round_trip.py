@@ -30,8 +30,11 @@ def test_granite_layer_round_trips() -> None:
     inputs = layer_inputs(256, 4, 2, 512, 64)
     program = compile_graph(lambda *a: granite_layer(*a, heads=4, kv_heads=2), inputs)
     records = round_trip(program, inputs)
-    _check(records, must_export=14)
+    _check(records, must_export=23)
     assert {"reduction_fusion", "restickify", "single"} <= {r.rule for r in records if r.exported}
+    assert sum(r.rule == "single" and "matmul" in r.kernel for r in records if r.exported) == 4, "four projections"
+    assert sum("cat" in r.kernel for r in records if r.exported) == 2, "the rotary embedding of q and of k"
+    assert [r.rule for r in records if not r.exported] == ["attention"], [r.reason for r in records]
 
 
 @pytest.mark.parametrize("fn", [
@@ -40,19 +43,45 @@ def test_granite_layer_round_trips() -> None:
     lambda x, y: x - x.amax(-1, keepdim=True),
     lambda x, y: x / (x.abs().sum(-1, keepdim=True) + 1),
     lambda x, y: F.silu(x) * y,
-], ids=["softmax", "pointwise", "amax", "sum", "silu_mul"])
+    lambda x, y: torch.where(y > 0.25, x, y * 0.5),
+    lambda x, y: torch.where(x < y, x, y) + 1,
+    lambda x, y: F.gelu(x) + torch.relu(y),
+], ids=["softmax", "pointwise", "amax", "sum", "silu_mul", "where_threshold", "where_compare", "gelu_relu"])
 def test_row_families_round_trip(fn) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(48, 150, generator=g).half(), torch.randn(48, 150, generator=g).half()
     program = compile_graph(fn, [x, y])
-    _check(round_trip(program, [x, y]), must_export=1)
+    records = round_trip(program, [x, y])
+    _check(records, must_export=1)
+    assert all(r.exported for r in records), [r.reason for r in records if not r.exported]
 
 
-def test_layer_norm_is_reported_not_written() -> None:
-    """var_mean has no KTIR spelling in this writer yet: the kernel says so instead of exporting something else."""
+def test_rotate_half_round_trips_and_a_tiled_cat_is_refused() -> None:
+    """cat of two half rows (the rotary embedding's rotate_half): each piece at its own extent, tensor.concat
+    joins them. A cat along a dim the plan tiles is refused by name."""
+    g = torch.Generator().manual_seed(0)
+
+    def rotate(x, y):
+        half = x.shape[-1] // 2
+        return torch.cat([-x[..., half:], x[..., :half]], -1) * y
+
+    x, y = torch.randn(4, 48, 64, generator=g).half(), torch.randn(4, 48, 64, generator=g).half()
+    records = round_trip(compile_graph(rotate, [x, y]), [x, y])
+    _check(records, must_export=len(records))
+    assert any("tensor.concat" in r.text for r in records)
+    x, y = torch.randn(48, 300, generator=g).half(), torch.randn(48, 300, generator=g).half()
+    records = round_trip(compile_graph(rotate, [x, y]), [x, y])
+    assert any("cat along" in r.reason and "split or tiled" in r.reason for r in records if not r.exported)
+
+
+def test_layer_norm_round_trips() -> None:
+    """var_mean is written as its definition (mean, subtract, square, sum, divide by n - correction)."""
     x = torch.randn(48, 150, generator=torch.Generator().manual_seed(0)).half()
-    records = round_trip(compile_graph(lambda t: F.layer_norm(t, t.shape[-1:]), [x]), [x])
-    assert records and all("reduction var is not written out" in r.reason for r in records if not r.exported)
+    program = compile_graph(lambda t: F.layer_norm(t, t.shape[-1:]), [x])
+    records = round_trip(program, [x])
+    _check(records, must_export=len(records))
+    text = next(r.text for r in records if "var" in r.kernel)
+    assert text.count("linalg.reduce") >= 3, "mean, then the sum of squares about it"
 
 
 def test_explain_shows_the_ktir_next_to_the_loopir() -> None:
