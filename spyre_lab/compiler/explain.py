@@ -135,16 +135,14 @@ def collectives_section(collectives: Sequence[Any]) -> str:
     return "\n".join(lines)
 
 
+COLLECTIVE_SOURCES: list[Callable[[], list[Any]]] = []
+"""Where this process's modeled collectives come from: ``spyre_lab.distributed`` registers its default group's
+history when imported (a layer above the compiler, so it comes to explain(), not the reverse)."""
+
+
 def group_collectives() -> list[Any]:
-    """The modeled collectives of the default spyreccl process group of this process (empty without one)."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
-        return []
-    from spyre_lab.distributed import SpyreCCLProcessGroup
-
-    group = dist.group.WORLD
-    return list(group.history) if isinstance(group, SpyreCCLProcessGroup) else []
+    """The modeled collectives of this process's default spyreccl group (empty without one)."""
+    return [c for source in COLLECTIVE_SOURCES for c in source()]
 
 
 def explain(what: Program | Sequence[Program], mode: str | None = None, ktir: bool = False,

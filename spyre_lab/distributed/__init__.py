@@ -8,6 +8,7 @@ compute their values through gloo and charge **modeled** time from named algorit
 
 from __future__ import annotations
 
+from spyre_lab.compiler.explain import COLLECTIVE_SOURCES
 from spyre_lab.distributed.algorithms import (
     CollectiveCost,
     allgather_cost,
@@ -34,4 +35,17 @@ __all__ = [
     "gather_cost", "host_staged_link", "pcie_link", "reduce_cost", "register", "send_cost", "set_card_link",
 ]
 
+
+
+def _world_history() -> list[CollectiveCost]:
+    """The collectives the default process group has run, when it is a spyreccl group (for explain())."""
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        return []
+    group = dist.group.WORLD
+    return list(group.history) if isinstance(group, SpyreCCLProcessGroup) else []
+
+
 register()
+COLLECTIVE_SOURCES.append(_world_history)
