@@ -1,7 +1,7 @@
 """Per-sequence prefill attention (the cpu platform, dynamic shapes): each sequence over only its own keys.
 
 It must give the dense path's outputs (the same softmax over the same keys) for fresh prompts and for sequences
-behind a cached prefix, write the same cache, and the model runner must build the spans and no dense mask.
+behind a cached prefix, and write the same cache (the runner's side: test_cpu_decode_attention.py).
 """
 
 from __future__ import annotations
@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import AttentionMetadata, causal_bias, paged_attention
 from spyre_lab.engine.layers.attention_spans import prefill_spans
 
@@ -46,32 +45,3 @@ def test_per_sequence_prefill_equals_the_dense_path(seed):
     out_spans = paged_attention(query, key, value, *written[1], per_sequence, heads, kv, d, d ** -0.5)
     assert torch.equal(written[0], written[1])
     torch.testing.assert_close(out_spans, out_dense, atol=1e-6, rtol=1e-5)
-
-
-def _prefills(llm: LLM, prompts: list[str]) -> list[AttentionMetadata]:
-    runner, seen = llm.llm_engine.runner, []
-    execute = runner.execute
-
-    def record(model_input):
-        seen.append(model_input.meta)
-        return execute(model_input)
-
-    runner.execute = record
-    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=3), use_tqdm=False)
-    return [m for m in seen if m.key_mask is None]
-
-
-def test_the_runner_builds_spans_and_no_dense_mask_for_cpu_prefill():
-    llm = LLM("tiny-granite", max_model_len=64, max_num_seqs=2, enable_prefix_caching=False)
-    prefills = _prefills(llm, ["3 + 4 =", "count from 5 to 12:"])
-    assert prefills and all(m.attn_bias is None and m.prefill_spans is not None for m in prefills)
-    assert sum(len(m.prefill_spans) for m in prefills) == 2
-
-
-def test_a_static_shape_step_keeps_the_dense_path():
-    from spyre_lab.engine.platforms.cpu import CpuPlatform
-
-    platform = CpuPlatform(static_shapes=True, prefill_buckets=[64], batch_buckets=[2])
-    llm = LLM("tiny-granite", platform=platform, max_model_len=64, max_num_seqs=2, enable_prefix_caching=False)
-    prefills = _prefills(llm, ["3 + 4 ="])
-    assert prefills and all(m.prefill_spans is None and m.attn_bias is not None for m in prefills)
