@@ -19,6 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from spyre_lab.engine.layers.attention import Attention, AttentionMetadata, causal_bias
+from spyre_lab.engine.layers.attention_spans import prefill_spans
 from spyre_lab.engine.models.granite import GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampler import Sampler
@@ -151,8 +152,13 @@ class ModelRunner:
         token_offset += [0] * padding
         ends = torch.tensor(query_lens).cumsum(0) - 1
         seq_query_lens = [(len(seq), query_len) for seq, query_len in zip(seqs, query_lens)]
+        spans = None
+        if self.platform.per_sequence_attention and bucket is None:
+            starts = (ends - torch.tensor(query_lens) + 1).tolist()
+            spans = prefill_spans(starts, query_lens, [len(seq) for seq in seqs], [seq.block_table for seq in seqs],
+                                  self.block_size)
         return self._to_input(input_ids, positions, slots, tables, query_index, query_positions, token_seq,
-                              token_offset, ends, bucket, seq_query_lens)
+                              token_offset, ends, bucket, seq_query_lens, spans=spans)
 
     def prepare_decode(self, seqs: list[Sequence]) -> ModelInput:
         bucket = None
@@ -175,7 +181,7 @@ class ModelRunner:
                               token_offset, ends, bucket, seq_query_lens)
 
     def _to_input(self, input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset,
-                  ends, bucket, seq_query_lens) -> ModelInput:
+                  ends, bucket, seq_query_lens, spans=None) -> ModelInput:
         """The step's inputs on the device: every integer field packed into one host buffer, copied over once.
 
         As a real runner prepares a step: the host writes token ids, positions, slot mapping, block tables,
@@ -187,7 +193,8 @@ class ModelRunner:
         prepared. The additive mask (model dtype, not an integer) is built and copied only for a platform
         whose attention reads it (``Platform.needs_attn_bias``); a decode step on a platform with
         ``decode_key_mask`` gets the boolean key mask instead (``AttentionMetadata.key_mask``, also given as
-        ``attn_bias``: SDPA reads either form, so attention written against the additive mask still works)."""
+        ``attn_bias``: SDPA reads either form, so attention written against the additive mask still works). A
+        prefill step with per-sequence ``spans`` (``Platform.per_sequence_attention``) needs no mask at all."""
         max_query = query_index.shape[1] if isinstance(query_index, torch.Tensor) else len(query_index[0])
         out_index = [s * max_query + o for s, o in zip(_ints(token_seq), _ints(token_offset), strict=True)]
         fields = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slots),
@@ -203,7 +210,7 @@ class ModelRunner:
             num_keys = len(tables[0]) * self.block_size
             key_mask = attn_bias = (torch.arange(num_keys).view(1, 1, 1, -1)
                                     <= torch.as_tensor(query_positions).view(-1, 1, 1, 1)).to(self.device)
-        elif self.platform.needs_attn_bias:
+        elif self.platform.needs_attn_bias and spans is None:
             attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
                                     self.dtype).to(self.device)
         meta = AttentionMetadata(
@@ -214,6 +221,7 @@ class ModelRunner:
             out_index=views["out_index"],
             seq_query_lens=views.get("seq_query_lens"),
             key_mask=key_mask,
+            prefill_spans=spans,
         )
         return ModelInput(views["input_ids"], views["positions"], meta, views["logits_indices"], bucket)
 

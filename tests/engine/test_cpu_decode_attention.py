@@ -11,6 +11,7 @@ import torch
 
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import AttentionMetadata, causal_bias, paged_attention
+from spyre_lab.engine.platforms.cpu import CpuPlatform
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -38,8 +39,12 @@ def test_decode_path_equals_the_causal_path(seed):
     torch.testing.assert_close(out_decode, out_dense, atol=1e-6, rtol=1e-5)
 
 
-def test_the_runner_builds_a_key_mask_for_cpu_decode_steps():
-    llm = LLM("tiny-granite", max_model_len=64, max_num_seqs=2, enable_prefix_caching=False)
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_the_runner_builds_a_key_mask_for_cpu_decode_steps(static):
+    """Decode: the key mask. Prefill: per-sequence spans and no dense mask (dynamic shapes, `attention_spans`),
+    the dense [B, 1, Q, L] mask with static shapes (padded steps keep the one-graph path)."""
+    platform = CpuPlatform(static_shapes=True, prefill_buckets=[64], batch_buckets=[2]) if static else "cpu"
+    llm = LLM("tiny-granite", platform=platform, max_model_len=64, max_num_seqs=2, enable_prefix_caching=False)
     runner, seen = llm.llm_engine.runner, []
     execute = runner.execute
 
@@ -54,4 +59,9 @@ def test_the_runner_builds_a_key_mask_for_cpu_decode_steps():
     assert decodes and prefills
     assert all(m.key_mask is not None and m.key_mask.dtype == torch.bool and m.attn_bias is m.key_mask
                and m.key_mask.shape[:3] == (m.block_tables.shape[0], 1, 1) for m in decodes)
-    assert all(m.key_mask is None and m.attn_bias.dtype == runner.dtype for m in prefills)
+    if static:
+        assert all(m.key_mask is None and m.prefill_spans is None and m.attn_bias.dtype == runner.dtype
+                   for m in prefills)
+    else:
+        assert all(m.key_mask is None and m.attn_bias is None and m.prefill_spans is not None for m in prefills)
+        assert sum(len(m.prefill_spans) for m in prefills) == 2

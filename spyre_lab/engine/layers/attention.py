@@ -11,6 +11,9 @@ One call handles prefill and decode alike:
 2. gather each sequence's pages through its block table into `[B, kv_heads, L, d]`,
 3. attend from each query (laid out `[B, max_query_len]`) to every key at a position <= its own
    (an additive mask the model runner builds on the host), then put the outputs back in flat token order.
+
+A decode step on a platform with ``decode_key_mask`` reads a boolean key mask instead (`_decode_attention`), and
+a prefill step on one with ``per_sequence_attention`` attends sequence by sequence (`attention_spans`).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from spyre_lab.engine.layers.attention_spans import PrefillSpan, per_sequence_prefill
 from spyre_lab.engine.layers.custom_op import CustomOp
 
 
@@ -46,6 +50,9 @@ class AttentionMetadata:
     # for it (``Platform.decode_key_mask``): True for the keys a sequence's context covers. It replaces ``attn_bias``
     # there: no [B, 1, Q, L] float mask to build and add, and the pages are gathered with one ``index_select``
     key_mask: torch.Tensor | None = None
+    # a prefill step on a platform with ``Platform.per_sequence_attention`` (dynamic shapes): its sequences, each
+    # attending alone over only its own keys (`attention_spans`); no gathered rectangle, no dense mask
+    prefill_spans: tuple[PrefillSpan, ...] | None = None
 
 
 def causal_bias(query_positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -86,6 +93,9 @@ def paged_attention(
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
     if meta.key_mask is not None:
         return _decode_attention(query, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
+    if meta.prefill_spans is not None:
+        return per_sequence_prefill(query, key, value, k_cache, v_cache, meta.prefill_spans, num_heads,
+                                    num_kv_heads, head_dim, scale)
 
     keys = k_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)  # [B, kv_heads, L, d]
     values = v_cache[meta.block_tables].flatten(1, 2).transpose(1, 2)

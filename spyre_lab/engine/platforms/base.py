@@ -74,6 +74,9 @@ class Platform:
     #: context covers) instead of the additive mask: ``layers.attention``'s decode path; the model runner then builds
     #: that [B, 1, 1, L] mask for decode steps and no [B, 1, Q, L] float mask
     decode_key_mask: bool = False
+    #: its prefill attention reads only the keys each sequence owns when shapes are dynamic
+    #: (``layers.attention_spans``): the model runner then builds per-sequence spans and no [B, 1, Q, L] mask
+    per_sequence_attention: bool = False
 
     def __init__(
         self,

@@ -16,3 +16,4 @@ class CpuPlatform(Platform):
     device_type: ClassVar[str] = "cpu"
     dispatch_mode: str = "eager"
     decode_key_mask: bool = True
+    per_sequence_attention: bool = True
