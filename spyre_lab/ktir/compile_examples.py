@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from spyre_lab.compiler.examples import granite_layer, layer_inputs, rms_norm
 from spyre_lab.ktir.export import write_program
+from spyre_lab.ktir.roundtrip import KernelRoundTrip, round_trip
 
 
 def _softmax(x: torch.Tensor) -> torch.Tensor:
@@ -45,11 +46,12 @@ EXAMPLES: dict[str, tuple[Callable, Callable[[], list[torch.Tensor]]]] = {
 }
 
 
-def compile_example(name: str, out: str | Path) -> tuple[list[Path], list[tuple[str, str]]]:
-    """Compile example ``name`` and write one ``.mlir`` per kernel into ``out``.
+def compile_example(name: str, out: str | Path) -> tuple[list[Path], list[tuple[str, str]], list[KernelRoundTrip]]:
+    """Compile example ``name``, write one ``.mlir`` per kernel into ``out``, and hold each written kernel
+    against the compiled one (re-imported and run on the values the program feeds it, timed analytically).
 
-    Returns the KTIR files written and ``(kernel, reason)`` for each kernel the exporter refused (the
-    reason is also written to ``<kernel>.unsupported.txt`` beside the files).
+    Returns the KTIR files written, ``(kernel, reason)`` for each kernel the exporter refused (the reason is
+    also written to ``<kernel>.unsupported.txt`` beside the files) and the round trip of each written kernel.
     """
     from spyre_lab.compiler import compile_graph
 
@@ -57,20 +59,28 @@ def compile_example(name: str, out: str | Path) -> tuple[list[Path], list[tuple[
         raise ValueError(f"no example program {name!r}; choose one of {sorted(EXAMPLES)}")
     fn, make_inputs = EXAMPLES[name]
     torch.manual_seed(0)
-    program = compile_graph(fn, make_inputs())
+    inputs = make_inputs()
+    program = compile_graph(fn, inputs)
     paths = write_program(program, out)
     written = [p for p in paths if p.suffix == ".mlir"]
     refused = [(p.name.removesuffix(".unsupported.txt"), p.read_text().strip()) for p in paths
                if p.name.endswith(".unsupported.txt")]
-    return written, refused
+    checks = [r for r in round_trip(program, inputs, modes=("analytic",)) if r.exported]
+    return written, refused, checks
 
 
 def main(name: str, out: str) -> int:
-    """Print what was written and what was refused; exit status 0 (a refusal is reported, not an error)."""
-    written, refused = compile_example(name, out)
+    """Print what was written (with its round trip) and what was refused; exit status 0 (a refusal is
+    reported, not an error)."""
+    written, refused, checks = compile_example(name, out)
+    by_kernel = {c.kernel: c for c in checks}
     print(f"{name}: {len(written)} kernel(s) written as KTIR to {out}")
     for path in written:
-        print(f"  {path}")
+        check = by_kernel.get(path.stem)
+        held = "" if check is None else (
+            f"  (read back: max |error| {check.max_abs_error:.3g}; modeled {check.ktir_us['analytic']:.2f} us, "
+            f"compiled {check.compiled_us['analytic']:.2f} us)")
+        print(f"  {path}{held}")
     for kernel, reason in refused:
         print(f"  refused {kernel}: {reason}")
     return 0

@@ -17,6 +17,8 @@ def test_softmax_writes_one_loadable_file_per_kernel(tmp_path, capsys) -> None:
     assert f"2 kernel(s) written as KTIR to {tmp_path}" in printed
     for path in files:
         assert str(path) in printed
+        line = next(ln for ln in printed.splitlines() if str(path) in ln)
+        assert "read back: max |error|" in line and "modeled" in line and "compiled" in line
         function = spyre_lab.ktir.load(path).main
         assert function.name == path.stem and function.grid == (32,)
         assert function.simulate().time_us > 0
@@ -48,3 +50,11 @@ def test_every_example_is_offered_and_an_unknown_one_is_named() -> None:
     assert refused.value.code == 2, "argparse refuses an example outside its choices"
     with pytest.raises(ValueError, match="no example program 'no_such_program'; choose one of"):
         compile_example("no_such_program", "unused")
+
+
+def test_every_written_kernel_reads_back_to_the_compiled_values(tmp_path) -> None:
+    written, _, checks = compile_example("layer", tmp_path)
+    assert sorted(c.kernel for c in checks) == sorted(p.stem for p in written)
+    for check in checks:
+        assert check.max_abs_error <= 2e-2, check.kernel        # fp16 outputs; a matmul's K order may differ
+        assert check.ktir_us["analytic"] > 0
