@@ -54,7 +54,7 @@ def _add_reproduce(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--fresh", action="store_true",
                      help="compute again even if this source's result is cached (results are cached by source hash)")
     rep.add_argument("--machine", choices=("measured", "datasheet"), default=None,
-                     help="the modeled card: datasheet (peak numbers, default) or measured (fitted to the real card)")
+                     help="the modeled card: measured (fitted to the real card, default) or datasheet (peak numbers)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,11 +6,11 @@ Each field names its source. "official" is an IBM product figure, "code" is a co
 open torch-spyre stack, "measured" is fitted to kernels timed on the card (torch-spyre's analytical
 cost model, ``docs/source/compiler/cost_model.md``), "estimate" is ours, with the reasoning next to it.
 
-Two named machines share every mechanism and differ only in numbers: ``datasheet`` (the peak figures, still
-the default :data:`SPYRE`) and ``measured`` (the card as it runs, fitted to torch-spyre's hardware-fitted cost
-model). ``measured`` is closer on every category but the one-core softmax ladder, the lesson of tutorial 05,
-so it becomes the default only once a mechanism explains that ladder. ``SpyreConfig.preset("measured")`` is one
-switch away; ``docs/fidelity.md`` shows how far each is from the reference times.
+Two named machines share every mechanism and differ only in numbers: ``measured`` (the card as it runs,
+fitted to torch-spyre's hardware-fitted cost model; the default :data:`SPYRE` and what ``SpyreConfig()``
+builds) and ``datasheet`` (the peak figures). ``SpyreConfig.preset("datasheet")`` or
+``SPYRE_LAB_MACHINE=datasheet`` is one switch away; ``docs/fidelity.md`` shows how far each is from the
+reference times, including the one-core softmax ladder neither machine meets (and why).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ class SpyreConfig:
     Use :meth:`replace` for experiments: ``SPYRE.replace(cores=8, dram_bandwidth=100e9)``.
     """
 
-    name: str = "datasheet"
+    name: str = "measured"
 
     # --- compute ---------------------------------------------------------------------------
     # official: 32 cores per card (torch-spyre docs architecture/spyre_accelerator.md).
@@ -80,7 +80,7 @@ class SpyreConfig:
     transcendental_factor: int = 4
     # measured: the PT arrays sustain about 1140 MAC/ns per core on real matmuls against the datasheet's
     # 1536 (torch-spyre cost model, mac_peak_per_core_ns): 1140 / 1536 of the peak. datasheet: 1.0.
-    pt_sustained_fraction: float = 1.0
+    pt_sustained_fraction: float = 1140 / 1536
     # estimate: not published. 1.5 GHz is the clock that turns the cost model's 98.304 TFLOP/s
     # into the documented array shape (see pe_lanes).
     clock_hz: float = 1.5e9
@@ -99,12 +99,12 @@ class SpyreConfig:
     dram_usable_bytes: int = 112 * GiB
     # measured: about 150 GB/s when traffic runs one way (read-only or write-only kernels), the card's
     # DRAM peak in torch-spyre's fitted cost model (bw_peak_gbps). datasheet: 204.8 GB/s (work_division.py).
-    dram_bandwidth: float = 204.8e9
+    dram_bandwidth: float = 150e9
     # measured: about 105 GB/s = 0.7 x the peak when reads and writes are balanced: the shared bus turns
     # around between them (torch-spyre cost model, rw_turnaround_ns_per_byte, solved from a balanced copy).
     # The rate at any read/write mix follows, see dram_bandwidth_at(). datasheet: 1.0 (no turnaround).
     # A fraction, so that replace(dram_bandwidth=...) scales both rates.
-    dram_balanced_fraction: float = 1.0
+    dram_balanced_fraction: float = 105 / 150
     # estimate: one core's DMA engine moves at most one stick per cycle (128 B x 1.5 GHz =
     # 192 GB/s), so a single core cannot quite saturate DRAM alone.
     core_dma_bytes_per_cycle: int = 128
@@ -137,7 +137,7 @@ class SpyreConfig:
     # measured: torch-spyre's cost model fits no fixed term to the profiler's kernel time (intercept ~0);
     # the host-side launch costs above stay. datasheet: 6000 cycles (4 us, an estimate): the softmax
     # study attributes its gap to the ideal speed-up to such a per-bundle overhead.
-    kernel_launch_cycles: int = 6000
+    kernel_launch_cycles: int = 0
 
     def __post_init__(self) -> None:
         positive_ints = ("cores", "corelets_per_core", "pe_rows", "pe_cols", "pe_lanes", "sfu_lanes",
@@ -182,7 +182,7 @@ class SpyreConfig:
 
     @classmethod
     def preset(cls, name: str) -> SpyreConfig:
-        """A named machine: ``"datasheet"`` (peak numbers, the default) or ``"measured"`` (the card as it runs)."""
+        """A named machine: ``"measured"`` (the card as it runs, the default) or ``"datasheet"`` (peak numbers)."""
         return get_config(name)
 
     def replace(self, **changes: object) -> SpyreConfig:
@@ -277,32 +277,32 @@ class SpyreConfig:
         )
 
 
-MEASURED = SpyreConfig(name="measured", dram_bandwidth=150e9, dram_balanced_fraction=105 / 150,
-                        pt_sustained_fraction=1140 / 1536, kernel_launch_cycles=0)
+MEASURED = SpyreConfig()
 """The Spyre card as it runs (preset ``measured``): DRAM, PT and launch numbers fitted to measured kernels."""
 
-DATASHEET = SpyreConfig()
+DATASHEET = SpyreConfig(name="datasheet", dram_bandwidth=204.8e9, dram_balanced_fraction=1.0,
+                         pt_sustained_fraction=1.0, kernel_launch_cycles=6000)
 """The Spyre card by its peak numbers (preset ``datasheet``): 204.8 GB/s either way, the full PT peak, a 4 us launch."""
 
 PRESETS: dict[str, SpyreConfig] = {"measured": MEASURED, "datasheet": DATASHEET}
 MACHINES: tuple[str, ...] = tuple(PRESETS)
 
 MACHINE_ENV = "SPYRE_LAB_MACHINE"
-"""Environment variable naming the preset every layer defaults to (``datasheet`` when unset); read once at import."""
+"""Environment variable naming the preset every layer defaults to (``measured`` when unset); read once at import."""
 
 
 def _default_machine() -> SpyreConfig:
-    name = os.environ.get(MACHINE_ENV) or "datasheet"
+    name = os.environ.get(MACHINE_ENV) or "measured"
     if name not in PRESETS:
         raise ValueError(f"{MACHINE_ENV}={name!r} names no SpyreConfig preset; use one of {list(MACHINES)} or unset it")
     return PRESETS[name]
 
 
 SPYRE = _default_machine()
-"""The card every layer uses unless told otherwise: ``datasheet``, or the preset ``$SPYRE_LAB_MACHINE`` names."""
+"""The card every layer uses unless told otherwise: ``measured``, or the preset ``$SPYRE_LAB_MACHINE`` names."""
 
 
-def get_config(name: str = "datasheet") -> SpyreConfig:
+def get_config(name: str = "measured") -> SpyreConfig:
     """A preset by name; the error lists the presets that exist."""
     try:
         return PRESETS[name]

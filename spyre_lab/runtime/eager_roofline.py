@@ -36,12 +36,13 @@ def op_roofline_us(name: str, inputs: list[torch.Tensor], outputs: list[torch.Te
     elif name in _GATHERS and len(inputs) == 2 and outputs:
         _source, index = inputs
         inputs = [index, outputs[0]]
-    nbytes = sum(device_nbytes(t) for t in (*inputs, *outputs))
+    read = sum(device_nbytes(t) for t in inputs)
+    written = sum(device_nbytes(t) for t in outputs)
     if name in _MATMULS:
-        return roofline_us(nbytes, _matmul_flops(name, inputs, outputs), "pt", cfg)
+        return roofline_us(read, written, _matmul_flops(name, inputs, outputs), "pt", cfg)
     elems = max([t.numel() for t in (*inputs, *outputs)] or [0])
     passes = cfg.transcendental_factor if name in _TRANSCENDENTAL else 1
-    return roofline_us(nbytes, elems * passes, "sfu", cfg)
+    return roofline_us(read, written, elems * passes, "sfu", cfg)
 
 
 _SCATTERS = frozenset({"index_copy"})

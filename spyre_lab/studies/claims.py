@@ -156,11 +156,13 @@ def softmax_claim(cfg: SpyreConfig = SPYRE) -> Claim:
     first, last = measured[0], measured[-1]
     note = (f"The model's no-planning point is {first.bottleneck}-bound: each spilled tile is a DRAM store and a "
             f"reload, and a reduction result moves a whole stick per value, so switching the steps on saves more "
-            f"({first.time_us / last.time_us:.2f}x) than the published 1.37x; the gap to the ideal is the fixed "
-            f"per-launch cost in both. 4 cores: the model gives {four.time_us:.1f} us, "
+            f"({first.time_us / last.time_us:.2f}x) than the published 1.37x: the card's no-planning run took less "
+            f"time than the plan's bytes need at the fitted DRAM rate (docs/fidelity.md). 4 cores: the model gives "
+            f"{four.time_us:.1f} us, "
             f"{'faster' if four.time_us < last.time_us else 'slower'} than one core ({last.time_us:.1f} us), where "
             f"the published run was slower (32.17 us). Each core holds a quarter of the rows and DRAM is shared, "
-            f"so the time falls until the launch cost and DRAM ({four.bottleneck}-bound) limit it; the model has no "
+            f"so the time falls until {'the launch cost and ' if cfg.kernel_launch_cycles else ''}DRAM "
+            f"({four.bottleneck}-bound) limits it; the model has no "
             "cost that grows with the cores a small kernel spreads over (synchronising the cores, a per-core "
             "program load), which is what the measured slowdown points to.")
     before, after = CompileOptions(**SOFTMAX_LADDER[0][1]), CompileOptions(**SOFTMAX_LADDER[-1][1])

@@ -69,8 +69,9 @@ def test_ops_the_compiler_does_not_take_use_a_labelled_roofline_kernel():
     assert compute.args["not_compiled"] and compute.args["not_compiled"] == one_op_compile.not_compiled()["aten::sign"]
     cfg = torch.spyre.get_device(0).config
     assert compute.args["bytes"] == 2 * 64 * 64 * 2
+    read = written = 64 * 64 * 2                               # reads x, writes sign(x): a balanced mix
     assert compute.dur_us == pytest.approx(compute.args["launch_us"] + max(
-        compute.args["bytes"] / cfg.dram_bandwidth,
+        compute.args["bytes"] / cfg.dram_bandwidth_at(read, written),
         compute.args["flops"] / (cfg.sfu_elems_per_cycle_per_core * cfg.cores * cfg.clock_hz)) * 1e6)
     assert torch.equal(y.cpu(), torch.sign(half(64, 64)))
 
@@ -93,7 +94,11 @@ def test_roofline_matmul_counts_two_flops_per_multiply_add():
     time_us, detail = eager_programs.op_roofline_us("mm", [a, b], [c], cfg)
     assert detail["flops"] == 2 * 128 * 64 * 256
     assert detail["bytes"] == (128 * 256 + 256 * 64 + 128 * 64) * 2      # fp32 is held as fp16
-    expected = max(detail["bytes"] / cfg.dram_bandwidth, detail["flops"] / cfg.peak_flops) * 1e6
+    read, written = (128 * 256 + 256 * 64) * 2, 128 * 64 * 2
+    assert (detail["read_bytes"], detail["write_bytes"]) == (read, written)
+    rate = cfg.dram_bandwidth_at(read, written)           # the mix's rate, below the one-way peak on `measured`
+    assert rate <= cfg.dram_bandwidth
+    expected = max(detail["bytes"] / rate, detail["flops"] / (cfg.peak_flops * cfg.pt_sustained_fraction)) * 1e6
     assert time_us == pytest.approx(expected + cfg.cycles_to_us(cfg.kernel_launch_cycles))
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from spyre_lab.device.config import SPYRE
 from spyre_lab.studies.reproduce import SCHEMA, cached_reproduce, to_markdown
 from spyre_lab.studies.sweeps import SweepResult, configurations
 
@@ -41,7 +42,17 @@ def test_engine_directions(result):
     claims = {c["key"]: c for c in result["claims"]}
     for key in ("prefill", "decode"):
         assert claims[key]["ratio"] > 1                               # all mechanisms on beats all off
-        assert claims[key]["dominant_before"].startswith("host-bound")
+    # all off, decode waits on the host; prefill, with its longer kernels, is host-bound on datasheet and
+    # device-bound on measured (the card's time grows at the fitted DRAM rates, the host estimates stay). Either
+    # way the host is a smaller share of the all-off prefill step than of decode's, which is why the published
+    # gain is smaller for prefill (1.7x) than for decode (2.4x).
+    assert claims["decode"]["dominant_before"].startswith("host-bound")
+    assert claims["prefill"]["dominant_before"].startswith("host-bound" if SPYRE.name == "datasheet" else "device")
+    host_share = {}
+    for key in ("prefill", "decode"):
+        off = claims[key]["rows"][0]
+        host_share[key] = off["host_us"] / off["step_us"]
+    assert host_share["prefill"] < host_share["decode"]
     steps = [r for r in result["engine"]["steps"] if r["kind"] == "decode"]
     # batching amortises the weight reads
     assert all(a["tokens_per_s"] < b["tokens_per_s"] for a, b in itertools.pairwise(steps))

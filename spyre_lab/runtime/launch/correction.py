@@ -231,7 +231,8 @@ def writebacks(program: LaunchProgram, cfg: SpyreConfig) -> list[WriteBack]:
     for target, read in program.mutations:
         if read.buffer == target and read.is_identity:
             continue                          # the value is the input itself: nothing to write
-        time_us, _ = roofline_us(2 * device_nbytes(read.meta), 0, "sfu", cfg)   # read it, write it
+        nbytes = device_nbytes(read.meta)
+        time_us, _ = roofline_us(nbytes, nbytes, 0, "sfu", cfg)   # read it, write it
         out.append(WriteBack(target, read, time_us))
     return out
 
