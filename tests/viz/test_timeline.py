@@ -193,15 +193,27 @@ def test_device_row_splits_each_step_into_card_work_and_waiting_for_the_host(spy
         card_ms = sum(e.dur_us for e in trace.events if e.lane.startswith("stream")) / 1e3
         assert solid[s.step] == pytest.approx(card_ms)
         assert solid[s.step] + waits[s.step] == pytest.approx(s.device_ms_modeled)
-    served = [s.device_ms_modeled for s in stats.steps if not s.kind.startswith("warmup")]
-    notes = [a.text for a in fig.layout.annotations if a.name == "same cost"]
-    assert max(served) - min(served) < 5e-4 * max(served)         # tiny-granite: every step is host-bound
-    (note,) = notes
-    trace = stats.details[view.step].device_trace
+    assert all(waits[x] > solid[x] for x in solid)                # tiny-granite: the card mostly waits
+
+
+def test_steps_that_cost_the_same_get_the_host_bound_reason(spyre_runs):
+    """When every served step costs the same and the host bounds them, the row and the caption say why. On the
+    measured machine tiny-granite's steps are host-bound but differ a little (a prefill step enqueues a few more
+    launches than a decode step), so the run's own rows are made equal here; the reason still reads its traces."""
+    from spyre_lab.viz.timeline import same_cost_reason
+
+    _, runs = spyre_runs
+    view = DecodeTimeline(runs["aot_patch"])
+    run = view.runs[0]
+    served = [r["device_ms_modeled"] for r in run.served]
+    has_note = [a for a in view.figure.layout.annotations if a.name == "same cost"]
+    assert bool(has_note) == (max(served) - min(served) < 5e-4 * max(served))
+    equal = [dict(r, device_ms_modeled=run.served[0]["device_ms_modeled"]) for r in run.served]
+    note = same_cost_reason(run, equal)
+    trace = runs["aot_patch"].details[view.step].device_trace
     enqueues = sum(e.lane == "host" and e.name.startswith("enqueue") for e in trace.events)
-    assert "host-bound" in note and f"{enqueues} host enqueues" in note and "host_launch_us" in note
-    assert "Why the steps cost the same" in view.caption and "host-bound" in view.caption
-    assert all(waits[x] > solid[x] for x in solid)                # mostly waiting: what makes every step alike
+    counts = note.split(" host enqueues")[0].rsplit(",<br>", 1)[-1].split("/")
+    assert "host-bound" in note and str(enqueues) in counts and "host_launch_us" in note
 
 
 def test_no_same_cost_note_when_steps_differ(spyre_runs):
