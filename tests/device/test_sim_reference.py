@@ -41,7 +41,7 @@ def _assert_same(kernel: TileProgram, cfg=SPYRE, capacity: int | None = None) ->
     lambda: matmul_kernel(256, 256, 512, 2, 2, 2),
     lambda: matmul_kernel(128, 256, 256, 1, 2, 1, broadcast=False),
 ], ids=["elementwise", "sum_ring", "softmax_staged", "matmul_k_split", "matmul_plain"])
-@pytest.mark.parametrize("cfg", [SPYRE, DATASHEET], ids=["measured", "datasheet"])
+@pytest.mark.parametrize("cfg", [MEASURED, DATASHEET], ids=["measured", "datasheet"])
 def test_reference_and_fast_agree_on_the_reference_kernels(build, cfg):
     _assert_same(build(), cfg)
 
@@ -72,6 +72,6 @@ def random_kernels(draw):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(kernel=random_kernels(), capacity=st.sampled_from([20000, 60000, 1 << 21]),
-       cfg=st.sampled_from([SPYRE, DATASHEET]))
+       cfg=st.sampled_from([MEASURED, DATASHEET]))
 def test_fast_event_loop_equals_the_reference_on_random_kernels(kernel, capacity, cfg):
     _assert_same(kernel, cfg, capacity)
