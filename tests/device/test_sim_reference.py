@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spyre_lab.device.config import DATASHEET, SPYRE
+from spyre_lab.device.config import DATASHEET, MEASURED, SPYRE
 from spyre_lab.device.isa import CoreOps, LXOverflowError, TileProgram
 from spyre_lab.device.kernels import elementwise_kernel, matmul_kernel, softmax_kernel, sum_kernel
 from spyre_lab.device.sim_costs import RECV, RING
