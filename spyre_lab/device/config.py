@@ -124,6 +124,11 @@ class SpyreConfig:
     pcie_bandwidth: float = 50e9
     # estimate: one DMA's fixed cost (doorbell, descriptor fetch, completion interrupt).
     pcie_latency_us: float = 2.0
+    # --- card to card (estimates, not published: no peer link is published for Spyre) -------
+    # estimate: a peer-to-peer DMA through a PCIe switch, one crossing per byte at 80 % of pcie_bandwidth.
+    card_link_bandwidth: float = 40e9
+    # estimate: one doorbell plus a DMA descriptor on each card, per message.
+    card_link_latency_us: float = 3.0
 
     # --- host-side costs the runtime charges (all estimates, measured nowhere) --------------
     # enqueue of one JobPlan step on a stream (driver call, queue bookkeeping).

@@ -22,10 +22,11 @@ from __future__ import annotations
 import collections
 import datetime
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
+from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
 
 from spyre_lab.distributed import algorithms
 from spyre_lab.distributed.algorithms import CollectiveCost
@@ -34,15 +35,45 @@ from spyre_lab.distributed.staging import card_bytes, empty_wire, from_wire, is_
 BACKEND_NAME = "spyreccl"
 HISTORY_LIMIT = 4096
 
-WORKAROUNDS = {
-    "scatter": "broadcast the whole tensor from the source and keep this rank's slice",
-    "reduce_scatter": "all_reduce the whole tensor and keep this rank's slice",
-    "alltoall": "exchange the chunks with send/recv pairs, or all_gather and slice",
-    "alltoall_base": "exchange the chunks with send/recv pairs, or all_gather and slice",
-    "_allgather_base": "use list-form all_gather (one output tensor per rank) and torch.cat the list",
-    "_reduce_scatter_base": "all_reduce the whole tensor and keep this rank's slice",
-    "allreduce_coalesced": "call all_reduce once per tensor (or flatten the tensors into one)",
-}
+@dataclass(frozen=True)
+class Unsupported:
+    """One collective spyreccl refuses on spyre tensors (as torch-spyre does), and what to do instead.
+
+    ``method`` is the ``ProcessGroup`` method torch calls, ``refused_as`` the collective the error names,
+    ``gloo`` the gloo method that still serves CPU tensors; the first ``tensor_args`` positional arguments hold
+    tensors and ``arity`` arguments come before the options.
+    """
+
+    method: str
+    refused_as: str
+    gloo: str
+    options: Callable[[], object]
+    workaround: str
+    tensor_args: int = 2
+    arity: int = 2
+
+
+_SLICE_OF_ALLREDUCE = "all_reduce the whole tensor and keep this rank's slice"
+_SEND_RECV_PAIRS = "exchange the chunks with send/recv pairs, or all_gather and slice"
+
+UNSUPPORTED = (
+    Unsupported("scatter", "scatter", "scatter", dist.ScatterOptions,
+                "broadcast the whole tensor from the source and keep this rank's slice"),
+    Unsupported("reduce_scatter", "reduce_scatter", "reduce_scatter", dist.ReduceScatterOptions,
+                _SLICE_OF_ALLREDUCE),
+    Unsupported("reduce_scatter_single", "_reduce_scatter_base", "_reduce_scatter_base", dist.ReduceScatterOptions,
+                _SLICE_OF_ALLREDUCE),
+    Unsupported("alltoall", "alltoall", "alltoall", dist.AllToAllOptions, _SEND_RECV_PAIRS),
+    Unsupported("all_to_all_single", "alltoall_base", "alltoall_base", dist.AllToAllOptions, _SEND_RECV_PAIRS,
+                arity=4),
+    Unsupported("all_gather_single", "_allgather_base", "_allgather_base", AllgatherOptions,
+                "use list-form all_gather (one output tensor per rank) and torch.cat the list"),
+    Unsupported("allreduce_coalesced", "allreduce_coalesced", "allreduce_coalesced", dist.AllreduceCoalescedOptions,
+                "call all_reduce once per tensor (or flatten the tensors into one)", tensor_args=1, arity=1),
+)
+"""The one place that names each refused collective and its workaround."""
+
+WORKAROUNDS = {spec.refused_as: spec.workaround for spec in UNSUPPORTED}
 
 
 class SpyreCCLNotSupportedError(RuntimeError):
@@ -153,7 +184,7 @@ class SpyreCCLProcessGroup(dist.ProcessGroup):
 
     def allgather(self, outputs: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                   opts: object = None) -> dist.Work:
-        opts = opts or dist.AllgatherOptions()
+        opts = opts or AllgatherOptions()
         card = _card_of([outputs, inputs])
         if card is None:
             return self._gloo.allgather(outputs, inputs, opts)
@@ -202,43 +233,24 @@ class SpyreCCLProcessGroup(dist.ProcessGroup):
         self._charge(algorithms.barrier_cost(self.size()), torch.spyre.current_device())
         return _done(None)
 
-    # --- not supported on spyre (as in torch-spyre) ---------------------------------------------
-    def scatter(self, outputs: list, inputs: list, opts: object = None) -> dist.Work:
-        if _card_of([outputs, inputs]) is not None:
-            raise _unsupported("scatter")
-        return self._gloo.scatter(outputs, inputs, opts or dist.ScatterOptions())
 
-    def reduce_scatter(self, outputs: list, inputs: list, opts: object = None) -> dist.Work:
-        if _card_of([outputs, inputs]) is not None:
-            raise _unsupported("reduce_scatter")
-        return self._gloo.reduce_scatter(outputs, inputs, opts or dist.ReduceScatterOptions())
+def _refusing(spec: Unsupported) -> Callable[..., dist.Work]:
+    """The ``ProcessGroup`` method for ``spec``: refuse spyre tensors, hand CPU tensors to gloo."""
 
-    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
-        if _card_of([output, input]) is not None:
-            raise _unsupported("_reduce_scatter_base")
-        return self._gloo._reduce_scatter_base(output, input, opts or dist.ReduceScatterOptions())
+    def method(self: SpyreCCLProcessGroup, *args: object, opts: object = None) -> dist.Work:
+        if _card_of(list(args[:spec.tensor_args])) is not None:
+            raise _unsupported(spec.refused_as)
+        if len(args) > spec.arity:
+            args, opts = args[:spec.arity], args[spec.arity]
+        return getattr(self._gloo, spec.gloo)(*args, opts or spec.options())
 
-    def alltoall(self, outputs: list, inputs: list, opts: object = None) -> dist.Work:
-        if _card_of([outputs, inputs]) is not None:
-            raise _unsupported("alltoall")
-        return self._gloo.alltoall(outputs, inputs, opts or dist.AllToAllOptions())
+    method.__name__ = method.__qualname__ = spec.method
+    method.__doc__ = f"Refused on spyre tensors (workaround: {spec.workaround}); CPU tensors go to gloo."
+    return method
 
-    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list,
-                      input_split_sizes: list, opts: object = None) -> dist.Work:
-        if _card_of([output, input]) is not None:
-            raise _unsupported("alltoall_base")
-        return self._gloo.alltoall_base(output, input, output_split_sizes, input_split_sizes,
-                                        opts or dist.AllToAllOptions())
 
-    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: object = None) -> dist.Work:
-        if _card_of([output, input]) is not None:
-            raise _unsupported("_allgather_base")
-        return self._gloo._allgather_base(output, input, opts or dist.AllgatherOptions())
-
-    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: object = None) -> dist.Work:
-        if _card_of(tensors) is not None:
-            raise _unsupported("allreduce_coalesced")
-        return self._gloo.allreduce_coalesced(tensors, opts or dist.AllreduceCoalescedOptions())
+for _spec in UNSUPPORTED:   # not supported on spyre (as in torch-spyre)
+    setattr(SpyreCCLProcessGroup, _spec.method, _refusing(_spec))
 
 
 def _create(backend_opts: object, pg_options: object = None) -> SpyreCCLProcessGroup:

@@ -1,9 +1,9 @@
 """The links a collective crosses: PCIe to the host (the card's own config) and card to card (an estimate).
 
 Why a module of its own: no card-to-card bandwidth is published for Spyre, so every number a collective
-charges rests on :data:`CARD_LINK`, an *estimate* with one switch (:func:`set_card_link`) to change it.
-The PCIe numbers are the ones ``SpyreConfig`` already models (``pcie_bandwidth``, ``pcie_latency_us``).
-These fields belong in ``SpyreConfig`` next to the PCIe ones once that class can take them.
+charges rests on :data:`CARD_LINK`, an *estimate* read from ``SpyreConfig`` (``card_link_bandwidth``,
+``card_link_latency_us``, next to ``pcie_bandwidth`` and ``pcie_latency_us``) with one switch
+(:func:`set_card_link`) to change it for this process.
 """
 
 from __future__ import annotations
@@ -48,14 +48,19 @@ class CardLinkEstimate:
     route through host memory (:func:`host_staged_link`: two PCIe crossings, 25 GB/s and 4 us per message).
     """
 
-    bandwidth: float = 40e9  # estimate: not published (0.8 x SpyreConfig.pcie_bandwidth, one crossing)
-    latency_us: float = 3.0  # estimate: not published (doorbell + DMA setup on both cards)
+    bandwidth: float = SPYRE.card_link_bandwidth  # estimate: not published (see SpyreConfig)
+    latency_us: float = SPYRE.card_link_latency_us  # estimate: not published (see SpyreConfig)
+
+    @classmethod
+    def of(cls, config: SpyreConfig) -> CardLinkEstimate:
+        """The estimate a device config carries."""
+        return cls(config.card_link_bandwidth, config.card_link_latency_us)
 
     def link(self) -> Link:
         return Link("card-to-card", self.bandwidth, self.latency_us, estimate=True)
 
 
-CARD_LINK = CardLinkEstimate()
+CARD_LINK = CardLinkEstimate.of(SPYRE)
 """The one switch: every collective's modeled time uses this estimate (change it with :func:`set_card_link`)."""
 
 

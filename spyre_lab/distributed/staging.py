@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from spyre_lab.runtime.tensor import device_nbytes, host_view, write_into
+from spyre_lab.runtime import device_nbytes, host_view, write_into
 
 WIRE_FLOAT_DTYPES = (torch.float16, torch.float32)
 

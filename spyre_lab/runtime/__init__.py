@@ -10,6 +10,8 @@ to switch that off).
 * :func:`last_plan`          the JobPlan submitted last (``last_plan().describe()``)
 * :func:`launch`             run a program through the one launch route (program correction, H2D, Compute)
 * :func:`run_program`        launch a compiler ``Program`` on spyre tensors
+* :func:`host_view`, :func:`write_into`, :func:`device_nbytes`   read, write and size a spyre tensor's
+  values on the host, for code that moves them itself (the collectives' staging) and models the DMA
 
 The public names are loaded on first use so that the autoload inside ``import torch`` stays small.
 """
@@ -35,6 +37,9 @@ _EXPORTS = {
     "last_trace": "spyre_lab.runtime.timeline",
     "recording": "spyre_lab.runtime.timeline",
     "configure": "spyre_lab.runtime.devices",
+    "host_view": "spyre_lab.runtime.tensor",
+    "write_into": "spyre_lab.runtime.tensor",
+    "device_nbytes": "spyre_lab.runtime.tensor",
     "SpyreUsageError": "spyre_lab.runtime.errors",
     "SpyreDtypeError": "spyre_lab.runtime.errors",
     "SpyreRangeError": "spyre_lab.runtime.errors",

@@ -17,6 +17,7 @@ from typing import Any
 
 from spyre_lab.device.config import SPYRE
 from spyre_lab.studies import claims as C
+from spyre_lab.studies import tensor_parallel as TP
 from spyre_lab.studies.cache import FINGERPRINTED, cache_folder, read_json, write_json  # noqa: F401 (re-exported)
 from spyre_lab.studies.cache import source_fingerprint as _fingerprint
 from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PREFILL_TOKENS, PROBE_DEPTHS, ProbeCache, StepConfig, time_steps
@@ -34,7 +35,8 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
 
     Keys: ``schema``, ``modeled`` (always True), ``device`` (the swept SpyreConfig fields),
     ``model`` (the 8B architecture), ``engine`` (``method``, ``steps``: one row per bucket, ``attention``:
-    attention's share of the prefill and decode steps with the ``attention`` rule on and off), ``claims``
+    attention's share of the prefill and decode steps with the ``attention`` rule on and off, ``tensor_parallel``:
+    the TP 1/2/4/8 table of :mod:`~spyre_lab.studies.tensor_parallel`), ``claims``
     (one :class:`~spyre_lab.studies.claims.Claim` dict each, in order matmul, softmax, mlp, prefill,
     decode), ``sweep`` (None, or ``configurations``, ``ranges``, ``verdicts``, ``points``), ``wall_s``.
     The sweep runs on Dask: a local cluster of ``workers`` processes, or ``scheduler`` (see ``sweep_runner``).
@@ -63,6 +65,10 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
         claims.append(fn())
     claims += C.engine_claims(waterfall)
     wall["claims"] = time.perf_counter() - start
+    start = time.perf_counter()
+    say("engine: tensor parallel, TP 1/2/4/8 (one rank plus modeled collectives)")
+    tensor_parallel = TP.reproduce_section(depth, one_card=steps)   # TP 1 is the step table's own model
+    wall["tensor_parallel"] = time.perf_counter() - start
     result: dict[str, Any] = {
         "schema": SCHEMA,
         "modeled": True,
@@ -75,6 +81,7 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
             "steps": [_step_row(kind, size, t) for (kind, size), t in steps.items()],
             "attention": [_attention_row(kind, size, rule, t) for (kind, size) in C.ENGINE_BUCKETS
                           for rule, t in (("on", steps[kind, size]), ("off", rule_off[kind, size]))],
+            "tensor_parallel": tensor_parallel,
         },
         "claims": [c.to_dict() for c in claims],
         "sweep": None,
@@ -156,6 +163,12 @@ def to_markdown(result: dict[str, Any]) -> str:
             out.append(f"| {label} | {r['attention_rule']} | {_us(r['attention_us'])} | {r['attention_launches']} | "
                        f"{_us(r['device_us'])} | {r['share']:.1%} |")
         out.append("")
+    tp = result["engine"].get("tensor_parallel")
+    if tp:
+        out += ["### Tensor parallel: TP 1, 2, 4 and 8", "",
+                f"Method: {tp['method']}. Card-to-card link: {tp['link']}.", "", *TP.section_table(tp), "",
+                "Where TP stops paying for decode at batch 1 (from the rows above):", "", "```",
+                tp["decode_batch_1"], "```", ""]
     for c in result["claims"]:
         out += [f"## {c['title']}", "",
                 f"- published: **{c['published']}**",
@@ -212,6 +225,12 @@ def to_text(result: dict[str, Any]) -> str:
         lines.append(f"  8B {r['kind']:<7} {r['size']:>5}: attention rule {r['attention_rule']:<3}  attention "
                      f"{_us(r['attention_us']):>12} in {r['attention_launches']:>4} launches = {r['share']:.1%} of "
                      f"device {_us(r['device_us'])}")
+    tp = result["engine"].get("tensor_parallel")
+    if tp:
+        lines.append(f"  8B tensor parallel ({tp['method']}; link {tp['link']}):")
+        lines += [f"    TP {r['tp']} {r['kind']:<7} {r['size']:>5}: step {_us(r['step_us']):>12}  collectives "
+                  f"{_us(r['collective_us']):>12} = {r['collective_share']:.1%}" for r in tp["rows"]]
+        lines += ["    " + line for line in tp["decode_batch_1"].splitlines()]
     lines.append("")
     for c in result["claims"]:
         lines += [f"{c['title']}",

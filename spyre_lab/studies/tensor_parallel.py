@@ -28,13 +28,13 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from spyre_lab.distributed.algorithms import CollectiveCost, allreduce_cost, gather_cost
 from spyre_lab.distributed.links import card_link
 from spyre_lab.engine.models.config import ModelConfig
-from spyre_lab.studies.granite8b import GRANITE_3_3_8B, StepConfig, time_steps
+from spyre_lab.studies.granite8b import GRANITE_3_3_8B, ProbeCache, StepConfig, StepTiming, time_steps
 
 TP_SIZES = (1, 2, 4, 8)
 BUCKETS = (("prefill", 1024), ("decode", 1))
@@ -104,14 +104,21 @@ class TPRow:
 
 def tensor_parallel_table(tp_sizes: Sequence[int] = TP_SIZES, buckets: Sequence[tuple[str, int]] = BUCKETS,
                           config: ModelConfig = GRANITE_3_3_8B, step: StepConfig | None = None,
-                          depth: str | int = "probe") -> list[TPRow]:
-    """One :class:`TPRow` per (TP size, bucket): one rank timed on the card plus the modeled collectives."""
+                          depth: str | int = "probe", probes: ProbeCache | None = None,
+                          one_card: Mapping[tuple[str, int], StepTiming] | None = None) -> list[TPRow]:
+    """One :class:`TPRow` per (TP size, bucket): one rank timed on the card plus the modeled collectives.
+
+    ``one_card``: the unsharded model's timings of these buckets, already computed with ``step`` (TP 1 is that
+    model, so it is not timed again)."""
     step = step or StepConfig()
     latency = card_link().latency_us
     rows = []
     for k in tp_sizes:
         shard = shard_config(config, k)
-        timings = time_steps(step, list(buckets), depth=depth, config=shard)
+        if k == 1 and one_card is not None and all(b in one_card for b in buckets):
+            timings = one_card
+        else:
+            timings = time_steps(step, list(buckets), depth=depth, config=shard, probes=probes)
         for kind, size in buckets:
             costs = step_collectives(config, k, kind, size)
             rows.append(TPRow(k, kind, size, timings[(kind, size)].step_us, sum(c.us for c in costs), len(costs),
@@ -155,6 +162,31 @@ def explain_decode(rows: Sequence[TPRow], size: int = 1) -> str:
     out.append(f"(card-to-card message latency in force: {latency:.1f} us, an estimate; each doubling of TP halves "
                "the weight bytes saved per card while a ring all-reduce's 2(k-1) latencies keep growing.)")
     return "\n".join(out)
+
+
+METHOD = ("one rank's programs (the spyre platform's real path on the shapes one card of k holds) plus the group's "
+          "modeled collectives (2 all-reduces per layer, one after the embedding, one logits gather), no overlap")
+
+
+def reproduce_section(depth: str | int = "probe",
+                      one_card: Mapping[tuple[str, int], StepTiming] | None = None) -> dict[str, object]:
+    """The TP table as ``spyre-lab reproduce`` carries it (JSON-ready): method, link, rows, the decode verdict."""
+    rows = tensor_parallel_table(depth=depth, one_card=one_card)
+    return {"method": METHOD, "link": card_link().describe(), "rows": [r.to_dict() for r in rows],
+            "decode_batch_1": explain_decode(rows)}
+
+
+def section_table(section: dict) -> list[str]:
+    """The section's rows as a Markdown table (modeled step times, speed-up over TP 1, collective share)."""
+    base = {(r["kind"], r["size"]): r["step_us"] for r in section["rows"] if r["tp"] == 1}
+    out = ["| step | TP | compute | collectives | step time | speed-up | collective share | weights per card |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in section["rows"]:
+        out.append(f"| {r['kind']} {r['size']} | {r['tp']} | {r['compute_us'] / 1e3:,.1f} ms | "
+                   f"{r['collective_us'] / 1e3:,.1f} ms | {r['step_us'] / 1e3:,.1f} ms | "
+                   f"{base[(r['kind'], r['size'])] / r['step_us']:.2f}x | {r['collective_share']:.1%} | "
+                   f"{r['weight_bytes_per_card'] / 1e9:.2f} GB |")
+    return out
 
 
 def main() -> None:

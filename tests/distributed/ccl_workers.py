@@ -85,6 +85,8 @@ def unsupported(rank: int, world: int) -> dict:
         "alltoall": lambda: dist.all_to_all(parts, [p.clone() for p in parts]),
         "_allgather_base": lambda: dist.all_gather_into_tensor(t, parts[0]),
         "allreduce_coalesced": lambda: dist.all_reduce_coalesced([parts[0], parts[1]]),
+        "_reduce_scatter_base": lambda: dist.reduce_scatter_tensor(parts[0], t),
+        "alltoall_base": lambda: dist.all_to_all_single(t, t.clone()),
     }
     seen = {}
     for name, call in calls.items():
@@ -95,6 +97,14 @@ def unsupported(rank: int, world: int) -> dict:
             seen[name] = str(exc)
         except Exception as exc:  # reported to the parent, which asserts on it
             seen[name] = f"wrong error {type(exc).__name__}: {exc}"
+    # the same methods still serve CPU tensors, through gloo
+    cpu_parts = [torch.full((4,), float(r), dtype=torch.float16) for r in range(world)]
+    got = torch.zeros(4, dtype=torch.float16)
+    dist.scatter(got, cpu_parts if rank == 0 else None, src=0)
+    seen["cpu scatter"] = got.tolist()
+    gathered = torch.zeros(world * 4, dtype=torch.float16)
+    dist.all_to_all_single(gathered, torch.full((world * 4,), float(rank), dtype=torch.float16))
+    seen["cpu all_to_all_single"] = gathered.tolist()
     dist.barrier()
     return seen
 

@@ -38,12 +38,19 @@ def test_collectives_on_spyre_equal_the_cpu_result(four_ranks: list[dict]) -> No
         assert result["numerics"]["failures"] == [], f"rank {rank}"
 
 
-@pytest.mark.parametrize("op", ["scatter", "reduce_scatter", "alltoall", "_allgather_base", "allreduce_coalesced"])
+@pytest.mark.parametrize("op", ["scatter", "reduce_scatter", "alltoall", "_allgather_base", "allreduce_coalesced",
+                                "_reduce_scatter_base", "alltoall_base"])
 def test_unsupported_collectives_raise_with_the_workaround(four_ranks: list[dict], op: str) -> None:
     for result in four_ranks:
         message = result["unsupported"][op]
         assert message.startswith(f"spyreccl does not support {op}"), message
         assert "workaround:" in message
+
+
+def test_refused_collectives_still_serve_cpu_tensors_through_gloo(four_ranks: list[dict]) -> None:
+    for rank, result in enumerate(four_ranks):
+        assert result["unsupported"]["cpu scatter"] == [float(rank)] * 4
+        assert result["unsupported"]["cpu all_to_all_single"] == [float(r) for r in range(WORLD) for _ in range(4)]
 
 
 def test_modeled_allreduce_is_charged_on_the_card_lane_by_the_ring_algorithm(four_ranks: list[dict]) -> None:
@@ -79,6 +86,16 @@ def test_the_card_link_estimate_is_one_switch() -> None:
     assert allreduce_cost(1 << 20, 4).us == pytest.approx(before)
     with pytest.raises(ValueError, match="bandwidth must be > 0"):
         set_card_link(bandwidth=0)
+
+
+def test_the_card_link_estimate_comes_from_the_device_config() -> None:
+    from spyre_lab.device.config import SPYRE
+    from spyre_lab.distributed.links import CardLinkEstimate
+
+    assert (card_link().bandwidth, card_link().latency_us) == (SPYRE.card_link_bandwidth, SPYRE.card_link_latency_us)
+    slow = CardLinkEstimate.of(SPYRE.replace(card_link_bandwidth=SPYRE.card_link_bandwidth / 4)).link()
+    assert slow.estimate and "(estimate)" in slow.describe()
+    assert allreduce_cost(1 << 20, 4, link=slow).us > allreduce_cost(1 << 20, 4).us
 
 
 def test_unknown_algorithm_names_the_choices() -> None:

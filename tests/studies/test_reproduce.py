@@ -74,3 +74,23 @@ def test_text_and_json_read_the_cached_result_of_this_source(result, capsys):
     assert "computed from this very source" in capsys.readouterr().out
     assert plain["sweep"] is None and "sweep" not in plain["wall_s"]
     assert plain["claims"] == result["claims"] and plain["engine"] == result["engine"]
+
+
+def test_tensor_parallel_section_is_the_tp_study_on_the_same_steps(result):
+    from spyre_lab.studies.tensor_parallel import METHOD
+
+    tp = result["engine"]["tensor_parallel"]
+    assert tp["method"] == METHOD and "one rank's programs" in tp["method"] and "(estimate)" in tp["link"]
+    assert [(r["tp"], r["kind"], r["size"]) for r in tp["rows"]] == [
+        (k, kind, size) for k in (1, 2, 4, 8) for kind, size in (("prefill", 1024), ("decode", 1))]
+    steps = {(r["kind"], r["size"]): r["step_us"] for r in result["engine"]["steps"]}
+    for r in tp["rows"]:
+        assert r["step_us"] == pytest.approx(r["compute_us"] + r["collective_us"])
+        if r["tp"] == 1:   # one card: no collective, and the rank's step is the engine table's step
+            assert r["collective_us"] == 0 and r["compute_us"] == pytest.approx(steps[r["kind"], r["size"]], rel=1e-3)
+        else:
+            assert r["collectives"] == 2 * result["model"]["num_hidden_layers"] + 2 and r["collective_share"] > 0
+    decode = [r["step_us"] for r in tp["rows"] if r["kind"] == "decode"]
+    assert decode[1] < decode[0]   # TP 2 pays for decode at batch 1
+    assert tp["decode_batch_1"].startswith("decode batch 1: fastest at TP")
+    assert "### Tensor parallel" in to_markdown(result) and "stops paying" in to_markdown(result)
