@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllgatherOptions, _create_work_from_future
+from torch._C._distributed_c10d import AllgatherOptions
 
 from spyre_lab.distributed import algorithms
 from spyre_lab.distributed.algorithms import CollectiveCost
@@ -107,10 +107,30 @@ def _card_of(tensors: Sequence) -> int | None:
     return cards.pop()
 
 
+class DoneWork(dist.Work):
+    """A collective that finished before it was returned: spyreccl is synchronous, as torch-spyre's is, so
+    ``wait()`` has nothing left to wait for and the future already holds the result."""
+
+    def __init__(self, result: object) -> None:
+        super().__init__()
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._future.set_result(result)
+
+    def wait(self, timeout: object = None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+
 def _done(result: object) -> dist.Work:
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(result)
-    return _create_work_from_future(future)
+    return DoneWork(result)
 
 
 class SpyreCCLProcessGroup(dist.ProcessGroup):
