@@ -71,8 +71,8 @@ class TensorParallelView(View):
                     hovertemplate="%{x}: %{customdata[0]} collectives, %{y:.2f} ms (modeled), "
                                   "%{customdata[1]:.2f} ms of it message latency<extra></extra>")
         for label, r in zip(x, rows):
-            speedup = f", {base / r.step_us:.2f}x" if base else ""
-            fig.add_annotation(x=label, y=r.step_us / 1e3, text=f"{r.collective_share:.1%}{speedup}",
+            speedup = f", {base / r.step_us:.2f}x faster" if base else ""
+            fig.add_annotation(x=label, y=r.step_us / 1e3, text=f"{r.collective_share:.1%} collectives{speedup}",
                                showarrow=False, yanchor="bottom", font=dict(size=11), name="share")
         fig.update_layout(barmode="stack", yaxis_title="step (modeled ms)", xaxis_title="cards (tensor parallel)",
                           legend=dict(orientation="h", yanchor="bottom", y=1.02, xanchor="right", x=1.0))

@@ -38,7 +38,7 @@ def test_bars_are_compute_under_collectives_per_tp_in_the_unit_colors() -> None:
     assert collectives.marker.color == style.UNIT_COLORS["link"]
     assert compute.marker.color == style.STEP_KIND_COLORS["decode"]
     shares = [a.text for a in view.figure.layout.annotations if a.name == "share"]
-    assert shares[0] == "0.0%, 1.00x" and shares[-1].startswith(f"{decode[-1].collective_share:.1%}")
+    assert shares[0] == "0.0% collectives, 1.00x faster" and shares[-1].startswith(f"{decode[-1].collective_share:.1%}")
     assert "(estimate)" in view.caption and "fastest at TP 8" in view.caption
 
 
