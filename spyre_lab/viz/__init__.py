@@ -15,6 +15,7 @@ from spyre_lab.viz.kv_cache import KVCacheView
 from spyre_lab.viz.layout import LayoutView
 from spyre_lab.viz.roofline import Roofline
 from spyre_lab.viz.router import RouterView
+from spyre_lab.viz.tensor_parallel import TensorParallelView
 from spyre_lab.viz.timeline import DecodeTimeline
 from spyre_lab.viz.whatif import WhatIf
 from spyre_lab.viz.work_division import WorkDivisionView
@@ -29,6 +30,7 @@ __all__ = [
     "LiveFigure",
     "Roofline",
     "RouterView",
+    "TensorParallelView",
     "View",
     "WhatIf",
     "WorkDivisionView",
