@@ -27,6 +27,8 @@ if TYPE_CHECKING:
 
 DEFAULT_MAX_MODEL_LEN = 2048
 """Used when the model allows more and ``max_model_len`` is not given (keeps the default KV cache small)."""
+TENSOR_PARALLEL_PLATFORMS = ("cpu", "spyre")
+"""Platforms (by name) a model can be split across cards on: the cpu one over gloo, spyre over spyreccl."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class EngineConfig:
     static_shapes: bool | None = None  # pad every step to a bucket (default: the platform's)
     prefill_buckets: list[int] | None = None  # token buckets of prefill steps (static shapes)
     batch_buckets: list[int] | None = None  # batch buckets of decode steps (static shapes)
-    tensor_parallel_size: int = 1  # cards the model is split across, one worker process each (cpu platform)
+    tensor_parallel_size: int = 1  # cards the model is split across, one worker process each (cpu, spyre)
     distributed_timeout_s: float = 60.0  # longest wait for a rendezvous, a collective or a worker's answer
 
     def __post_init__(self) -> None:
@@ -66,9 +68,10 @@ class EngineConfig:
         _positive_int("max_num_batched_tokens", self.max_num_batched_tokens, optional=True)
         _positive_int("max_model_len", self.max_model_len, optional=True, least=2)
         _positive_int("tensor_parallel_size", self.tensor_parallel_size)
-        if self.tensor_parallel_size > 1 and self.platform != "cpu":
-            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} runs on platform='cpu' (by name) "
-                             f"for now, got platform={self.platform!r}; use platform='cpu' or tensor_parallel_size=1")
+        if self.tensor_parallel_size > 1 and self.platform not in TENSOR_PARALLEL_PLATFORMS:
+            raise ValueError(f"tensor_parallel_size={self.tensor_parallel_size} runs on the platforms "
+                             f"{TENSOR_PARALLEL_PLATFORMS} (by name), got platform={self.platform!r}; use one of them "
+                             "or tensor_parallel_size=1")
         if not isinstance(self.distributed_timeout_s, int | float) or not self.distributed_timeout_s > 0:
             raise ValueError(f"distributed_timeout_s must be a positive number of seconds, got "
                              f"{self.distributed_timeout_s!r}")

@@ -162,7 +162,7 @@ def load_model(folder: Path, platform: Platform, dtype: torch.dtype,
     checkpoint tensor is sliced to them as it is loaded."""
     config = read_config(folder)
     with set_current_platform(platform), torch.device(platform.device), default_dtype(dtype), \
-            _sharded_layers(tensor_parallel):
+            _sharded_layers(tensor_parallel, platform):
         model = MODEL_REGISTRY[config.architecture](config).to(dtype)
     current: list[tuple[Path, str, torch.Tensor]] = []
     seen: set[str] = set()
@@ -193,13 +193,14 @@ def load_model(folder: Path, platform: Platform, dtype: torch.dtype,
 
 
 @contextlib.contextmanager
-def _sharded_layers(group: TensorParallelGroup | None) -> Iterator[None]:
+def _sharded_layers(group: TensorParallelGroup | None, platform: Platform) -> Iterator[None]:
     if group is None:
         yield
         return
     from spyre_lab.engine.layers.tensor_parallel import TENSOR_PARALLEL_LAYERS
 
-    with building_for(group), more_overrides(f"tensor_parallel_size={group.size}", TENSOR_PARALLEL_LAYERS):
+    layers = platform.sharded_layers(TENSOR_PARALLEL_LAYERS)
+    with building_for(group), more_overrides(f"tensor_parallel_size={group.size}", layers):
         yield
 
 

@@ -47,8 +47,10 @@ def active_override(op_name: str) -> type | None:
 
 @contextlib.contextmanager
 def more_overrides(owner: str, extra: Mapping[str, type]) -> Iterator[None]:
-    """`layer_overrides` with ``extra`` added to those in force; a TypeError if both name the same layer."""
-    clash = sorted(set(extra) & set(_active_overrides))
+    """`layer_overrides` with ``extra`` added to those in force; a TypeError if both name the same layer, unless
+    ``extra``'s form subclasses the one in force (it is that form, specialised: e.g. a platform's sharded form)."""
+    clash = sorted(name for name in set(extra) & set(_active_overrides)
+                   if not issubclass(extra[name], _active_overrides[name]))
     if clash:
         raise TypeError(f"{_active_owner} and {owner} both replace {clash}; {owner} needs forms of these layers "
                         f"written for {_active_owner}")

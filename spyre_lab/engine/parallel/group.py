@@ -6,8 +6,15 @@ state. Outside that block the group is None: every layer is its single-card form
 
 The collectives go through ``torch.distributed`` on the group's process group: gloo for host
 tensors (fp32 or fp16; gloo has no bfloat16 reduction, so a bf16 model is refused before any
-worker starts). A card backend registered for device tensors (``"cpu:gloo,spyre:spyreccl"``) would
-be picked by ``torch.distributed`` from the tensor's device with no change here.
+worker starts); on the spyre platform the group is ``"cpu:gloo,spyre:spyreccl"`` and
+``torch.distributed`` hands the card tensors to spyreccl, which charges each collective's modeled
+time on the card's clock.
+
+On a card the all-reduce is one opaque op, ``spyre_engine::all_reduce_``: ``torch.compile`` records it as
+a single node instead of tracing into ``torch.distributed``, and the spyre platform's piecewise backend
+cuts its graphs there (as at attention), so each collective runs on the host between two compiled
+pieces, as spyreccl's host-driven collectives do in torch-spyre. On host tensors the layers call
+``dist.all_reduce`` directly.
 """
 
 from __future__ import annotations
@@ -61,9 +68,41 @@ def current_group() -> TensorParallelGroup | None:
     return _current
 
 
+ALL_REDUCE_OP = "spyre_engine::all_reduce_"
+
+
+def _all_reduce_(tensor: torch.Tensor) -> None:
+    """Sum ``tensor`` in place over the default process group (the engine's tensor-parallel group)."""
+    dist.all_reduce(tensor)
+
+
+card_all_reduce_ = torch.library.custom_op(ALL_REDUCE_OP, mutates_args=("tensor",))(_all_reduce_)
+
+
+@card_all_reduce_.register_fake
+def _(tensor: torch.Tensor) -> None:
+    return None
+
+
+COLLECTIVE_FUNCTIONS = {torch.ops.spyre_engine.all_reduce_.default: _all_reduce_,
+                        torch.ops.spyre_engine.all_reduce_: _all_reduce_, _all_reduce_: _all_reduce_}
+"""The collective ops a compiled graph may hold, each mapped to the function its registration runs."""
+
+
+def is_collective(node: torch.fx.Node) -> bool:
+    """Is this FX node a call of the card all-reduce op (as Dynamo recorded it, or as a direct call)?"""
+    return node.op == "call_function" and node.target in COLLECTIVE_FUNCTIONS
+
+
 def all_reduce(tensor: torch.Tensor, group: TensorParallelGroup) -> torch.Tensor:
-    """Sum ``tensor`` over the group in place (the partial outputs of a row-parallel matmul); returns it."""
-    dist.all_reduce(tensor, group=group.process_group)
+    """Sum ``tensor`` over the group in place (the partial outputs of a row-parallel matmul); returns it.
+
+    A card tensor goes through the opaque op (so a compiled graph is cut there); a host tensor straight to
+    ``torch.distributed``."""
+    if tensor.device.type == "spyre" and group.process_group is None:
+        card_all_reduce_(tensor)
+    else:
+        dist.all_reduce(tensor, group=group.process_group)
     return tensor
 
 

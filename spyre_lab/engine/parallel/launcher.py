@@ -23,7 +23,7 @@ from typing import Any
 import torch.distributed as dist
 
 from spyre_lab.engine.parallel.group import TensorParallelGroup
-from spyre_lab.engine.parallel.worker import init_group, worker_main
+from spyre_lab.engine.parallel.worker import backend_for, init_group, worker_main
 
 REPORT_GRACE_S = 5.0  # how long a failed step waits for a worker's report or exit code
 STOP_GRACE_S = 5.0  # how long a stopping worker may take before it is killed
@@ -56,7 +56,7 @@ class TensorParallelWorkers:
         self._finalizer = weakref.finalize(self, _stop, self.workers)
         self.failed: TensorParallelError | None = None
         try:
-            init_group(0, size, self.rendezvous, timeout_s)
+            init_group(0, size, self.rendezvous, timeout_s, backend_for(config.platform))
         except Exception as error:
             raise self.failure(error) from error
 

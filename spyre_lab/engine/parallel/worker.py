@@ -22,14 +22,28 @@ import torch.distributed as dist
 POLL_S = 0.5  # how often an idle worker checks that its parent is still there
 
 
-def init_group(rank: int, size: int, rendezvous: str, timeout_s: float) -> None:
-    """Join the group through the rendezvous file rank 0 chose, with gloo for host tensors.
+CARD_BACKEND = "cpu:gloo,spyre:spyreccl"
+"""The init string of a group of spyre cards, as torch-spyre spells it: gloo for host tensors, spyreccl for the cards'."""
+
+
+def backend_for(platform: object) -> str:
+    """The c10d backend a group on ``platform`` (a name) uses: spyreccl for spyre tensors, else gloo alone."""
+    if platform == "spyre":
+        import spyre_lab.distributed  # noqa: F401  (registers spyreccl)
+
+        return CARD_BACKEND
+    return "gloo"
+
+
+def init_group(rank: int, size: int, rendezvous: str, timeout_s: float, backend: str = "gloo") -> None:
+    """Join the group through the rendezvous file rank 0 chose, with gloo for host tensors (and spyreccl for the
+    cards' with ``backend=CARD_BACKEND``).
 
     A file, not a TCP store: nothing listens for the rendezvous (a TCP store serves on every interface),
     and the group's own connections are between the ranks' gloo endpoints on this machine."""
     try:
         with _loopback_only():
-            dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=size,
+            dist.init_process_group(backend, init_method=f"file://{rendezvous}", rank=rank, world_size=size,
                                     timeout=timedelta(seconds=timeout_s))
     except BaseException:
         # A failed init leaves torch's count of groups made one higher (only destroy_process_group resets it), and
@@ -58,7 +72,7 @@ def _loopback_only() -> Iterator[None]:
 def worker_main(rank: int, size: int, rendezvous: str, config, timeout_s: float, conn: Connection, parent: int) -> None:
     """Build this rank's shard of the model as ``config`` describes, then serve rank 0's commands."""
     try:
-        init_group(rank, size, rendezvous, timeout_s)
+        init_group(rank, size, rendezvous, timeout_s, backend_for(config.platform))
         runner = _build_runner(rank, size, config)
         conn.send(("ready",))
         _serve(rank, runner, conn, parent)

@@ -10,7 +10,7 @@ Platforms import layers, never the reverse. How a platform is found by name: `re
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -93,6 +93,12 @@ class Platform:
     # ---- hooks a platform overrides -------------------------------------------------------
     def register_ops(self) -> None:
         """Register layer replacements with `self.register_oot(...)`. Default: none."""
+
+    def sharded_layers(self, sharded: Mapping[str, type]) -> dict[str, type]:
+        """The layers a tensor-parallel rank's model is built with here: the portable sharded forms ``sharded``,
+        with this platform's own form of each where it replaces the single-card layer too (a form that keeps the
+        platform's form as a base class). Default: ``sharded`` as it is."""
+        return dict(sharded)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Last step of loading (e.g. move to device, compile decoder blocks). Default: identity."""

@@ -1,4 +1,5 @@
-"""Piecewise compilation: split a Dynamo graph at paged attention, compile the pieces, run attention between them.
+"""Piecewise compilation: split a Dynamo graph at paged attention (and at the tensor-parallel all-reduces),
+compile the pieces, run attention and the collectives between them.
 
 This is vLLM's piecewise CUDA-graph scheme on the spyre backend. Dynamo traces the whole model once
 per shape bucket (``fullgraph=True``, ``dynamic=False``); attention is one opaque node
@@ -13,6 +14,12 @@ Identical decoder blocks give identical pieces. Dynamo names a piece's inputs af
 came from (``..._layers_modules_2_...``), so each piece is renamed to positional names before it is
 compiled; the compiler's program cache (keyed by graph code and input shapes) then compiles the
 first middle piece and hits for every later one: three compiles per bucket however deep the model.
+
+A tensor-parallel rank's graph also holds the row-parallel all-reduces (``spyre_engine::all_reduce_``, one
+after ``o_proj`` and one after ``down_proj`` of every layer, one after the vocab-parallel embedding). They are
+cut out like attention and run on the host between the pieces (spyreccl moves the values and charges the
+card's modeled collective time), so each decoder block is three pieces instead of one, still shared by
+every layer through the program cache.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import torch
 import torch.fx as fx
 from torch.fx.passes.split_module import split_module
 
+from spyre_lab.engine.parallel.group import COLLECTIVE_FUNCTIONS, is_collective
 from spyre_lab.engine.platforms.paged_attention_op import call_directly, is_paged_attention
 from spyre_lab.runtime.dynamo_backend import CompiledGraph, spyre_backend
 
@@ -55,11 +63,16 @@ def canonicalize(gm: fx.GraphModule) -> fx.GraphModule:
     return gm
 
 
+def runs_between_pieces(node: fx.Node) -> bool:
+    """Does this node run on its own between compiled pieces (a paged attention or a collective)?"""
+    return is_paged_attention(node) or is_collective(node)
+
+
 def split_at_attention(gm: fx.GraphModule) -> fx.GraphModule:
-    """The graph as a sequence of submodules: pieces, each attention node alone, pieces, ..."""
+    """The graph as a sequence of submodules: pieces, each attention (or collective) node alone, pieces, ..."""
     partition, current = {}, 0
     for node in gm.graph.nodes:
-        if is_paged_attention(node):
+        if runs_between_pieces(node):
             partition[node] = current + 1
             current += 2
         elif node.op not in ("placeholder", "output"):
@@ -77,7 +90,7 @@ def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     # values made inside the graph get the fake tensors Dynamo recorded for them
     real = dict(zip((node.name for node in gm.graph.nodes if node.op == "placeholder"), example_inputs))
     for name, piece in list(split.named_children()):
-        if any(is_paged_attention(node) for node in piece.graph.nodes):
+        if any(runs_between_pieces(node) for node in piece.graph.nodes):
             continue
         example = [real.get(node.name, node.meta.get("example_value")) for node in piece.graph.nodes
                    if node.op == "placeholder"]
@@ -92,7 +105,7 @@ def inline_attention(split: fx.GraphModule) -> fx.GraphModule:
     graph = split.graph
     for node in list(graph.nodes):
         sub = getattr(split, node.target) if node.op == "call_module" else None
-        if not isinstance(sub, fx.GraphModule) or not any(is_paged_attention(n) for n in sub.graph.nodes):
+        if not isinstance(sub, fx.GraphModule) or not any(runs_between_pieces(n) for n in sub.graph.nodes):
             continue
         env = dict(zip((n for n in sub.graph.nodes if n.op == "placeholder"), node.args, strict=True))
         with graph.inserting_before(node):
@@ -103,6 +116,8 @@ def inline_attention(split: fx.GraphModule) -> fx.GraphModule:
                     env[inner] = copied = graph.node_copy(inner, env.__getitem__)
                     if is_paged_attention(copied):
                         call_directly(copied)
+                    elif is_collective(copied):
+                        copied.target = COLLECTIVE_FUNCTIONS[copied.target]
         node.replace_all_uses_with(result)
         graph.erase_node(node)
         delattr(split, node.target)

@@ -98,6 +98,15 @@ class SpyrePlatform(Platform):
             for name, layer in TRANSPOSED_LINEARS.items():
                 self.register_oot(name, layer)
 
+    def sharded_layers(self, sharded: Mapping[str, type]) -> dict[str, type]:
+        """The sharded layers in this platform's forms (`spyre_parallel`): transposed weights, the paged-attention
+        op, the all-reduce as an op the piecewise backend runs between pieces."""
+        from spyre_lab.engine.platforms.spyre_parallel import spyre_sharded_layers
+
+        if not self.compile_blocks:
+            return dict(sharded)
+        return spyre_sharded_layers(sharded, self.oot_ops.get("Attention"), self.transpose_weights)
+
     def prepare_model(self, model: nn.Module) -> nn.Module:
         """Store linear weights transposed, then compile the model piecewise (traced lazily, per bucket)."""
         if not self.compile_blocks:
