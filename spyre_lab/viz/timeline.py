@@ -23,6 +23,7 @@ import ipywidgets as W
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from spyre_lab.device.trace import card_of_lane
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, note_annotation
 from spyre_lab.viz.sources import Run, as_run, symmetric_cards
@@ -62,6 +63,7 @@ class DecodeTimeline(View):
         self._step_slots: dict[int, list[int]] = {}
         self._reasons: dict[tuple[int, bool], str] = {}
         self._mirrored: list[int] = []
+        self._recorded: list[int] = []  # cards whose collectives the step's trace holds as recorded by their rank
         served = [r for run in self.runs for r in (run.rows if include_warmup else run.served)]
         if not served:
             raise ValueError("the run has no served steps yet; call llm.generate(...) first")
@@ -83,7 +85,11 @@ class DecodeTimeline(View):
     def _cards_note(self) -> str:
         """What the per-card collective lanes are drawn from (recorded, or mirrored from a symmetric rank)."""
         if not self._mirrored:
-            return ""
+            if len(self._recorded) < 2:
+                return ""
+            return (" Collectives: one lane per card, lines join each collective to its peers; each card's lane is "
+                    "its own rank's recording (every card has its own modeled clock: the ranks' steps are aligned at "
+                    "their first event).")
         cards = ", ".join(str(c) for c in self._mirrored)
         which = f"cards {cards} are" if len(self._mirrored) > 1 else f"card {cards} is"
         return (f" Collectives: one lane per card, lines join each collective to its peers; {which} drawn "
@@ -250,6 +256,7 @@ class DecodeTimeline(View):
         if detail is None or detail.device_trace is None or not len(detail.device_trace):
             return None
         trace, self._mirrored = symmetric_cards(detail.device_trace)
+        self._recorded = sorted({c for e in detail.device_trace.events if (c := card_of_lane(e.lane)) is not None})
         lanes, order = step_lanes(trace)
         bars = []
         for name in order:

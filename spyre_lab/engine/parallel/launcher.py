@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from spyre_lab.device.trace import Trace, TraceEvent
 from spyre_lab.engine.parallel.group import TensorParallelGroup
 from spyre_lab.engine.parallel.worker import backend_for, init_group, worker_main
 
@@ -85,6 +86,16 @@ class TensorParallelWorkers:
         """``function(rank, runner, *args)`` on every worker; their results in rank order (1..k-1)."""
         self.send("call", function, args)
         return [self._reply(rank, conn, None)[1] for rank, _, conn in self.workers]
+
+    def collect(self, kind: str) -> list[Any]:
+        """Every worker's next message, which must be a ``kind`` one: its payloads in rank order (1..k-1)."""
+        payloads = []
+        for rank, _, conn in self.workers:
+            reply = self._reply(rank, conn, None)
+            if reply[0] != kind:
+                raise self.failure(RuntimeError(f"rank {rank} answered {reply[0]!r} instead of {kind!r}"))
+            payloads.append(reply[1])
+        return payloads
 
     def _reply(self, rank: int, conn: Any, timeout_s: float | None) -> tuple:
         process = dict((r, p) for r, p, _ in self.workers)[rank]
@@ -174,6 +185,19 @@ def _stop(workers: list[tuple[int, Any, Any]]) -> None:
         conn.close()
 
 
+def with_peer_collectives(trace: Any, peers: list[list[tuple]]) -> Any:
+    """Rank 0's step ``trace`` with each worker's collectives of the same step added on that card's lane.
+
+    Every card has its own modeled clock; the workers' events are placed from the start of rank 0's step (their
+    offsets from their own step's start are kept), so one step's collectives line up card by card."""
+    if trace is None or not len(trace) or not any(peers):
+        return trace
+    t0 = trace.start_us
+    events = [TraceEvent(lane, name, t0 + start, dur, args) for events in peers for lane, name, start, dur, args
+              in events]
+    return Trace([*trace.events, *events], meta=trace.meta)
+
+
 class TensorParallelRunner:
     """Rank 0's `ModelRunner` with the workers in step: every step and warmup runs on all ranks."""
 
@@ -184,12 +208,19 @@ class TensorParallelRunner:
         return getattr(self.runner, name)
 
     def run(self, seqs: list, is_prefill: bool) -> Any:
-        self.workers.send("run", seqs, is_prefill)
-        return self._guarded(self.runner.run, seqs, is_prefill)
+        """One step on every rank; on a platform that records modeled traces, rank 0's step trace also gets each
+        worker's collectives, on that card's own lane (`with_peer_collectives`)."""
+        records = self.runner.platform.device_type != "cpu"
+        self.workers.send("run", seqs, is_prefill, records)
+        result = self._guarded(self.runner.run, seqs, is_prefill)
+        if records:
+            peers = self._guarded(self.workers.collect, "collectives")
+            result.device_trace = with_peer_collectives(result.device_trace, peers)
+        return result
 
     def step_logits(self, seqs: list, is_prefill: bool) -> Any:
         """Rank 0's logits of one step over ``seqs`` (each sequence's last token), every rank running it."""
-        self.workers.send("run", seqs, is_prefill)
+        self.workers.send("run", seqs, is_prefill, False)
         prepare = self.runner.prepare_prefill if is_prefill else self.runner.prepare_decode
         return self._guarded(lambda: self.runner.execute(prepare(seqs)))
 

@@ -101,6 +101,26 @@ def _build_runner(rank: int, size: int, config):
                        config.dtype, config.seed)
 
 
+def _run_step(runner, seqs, is_prefill: bool):
+    """One step of this rank's shard, timed as rank 0 times its own (the platform knows the step's bucket); the
+    step's modeled events (None on a platform without a device model)."""
+    model_input = runner.prepare_prefill(seqs) if is_prefill else runner.prepare_decode(seqs)
+    kind = "prefill" if is_prefill else "decode"
+    with runner.platform.device_timer(kind, model_input.input_ids.numel(), len(seqs)) as timing:
+        runner.execute(model_input)
+        runner.platform.synchronize()
+    return timing.trace
+
+
+def step_collectives(trace) -> list[tuple]:
+    """The collectives of one step's modeled trace (events on the ``card<r>.ccl`` lanes spyreccl charges), as
+    (lane, name, start from the step's first event in us, duration us, args): what a rank sends rank 0."""
+    if trace is None or not len(trace):
+        return []
+    t0 = trace.start_us
+    return [(e.lane, e.name, e.start_us - t0, e.dur_us, e.args) for e in trace.events if e.lane.endswith(".ccl")]
+
+
 def _serve(rank: int, runner, conn: Connection, parent: int) -> None:
     while True:
         if not conn.poll(POLL_S):
@@ -111,8 +131,10 @@ def _serve(rank: int, runner, conn: Connection, parent: int) -> None:
         if command == "stop":
             return
         if command == "run":
-            seqs, is_prefill = args
-            runner.execute(runner.prepare_prefill(seqs) if is_prefill else runner.prepare_decode(seqs))
+            seqs, is_prefill, send_collectives = args
+            trace = _run_step(runner, seqs, is_prefill)
+            if send_collectives:
+                conn.send(("collectives", step_collectives(trace)))
         elif command == "warmup":
             runner.warmup(show_progress=False)
         elif command == "call":
