@@ -2,6 +2,8 @@
 worker is reported (rank and cause) instead of hanging, leaving no process, socket or rendezvous file behind.
 
 Every LLM with tensor_parallel_size > 1 spawns k - 1 workers (at most 3 here) and is closed before the next one.
+Each spawn starts an interpreter that imports torch, so the tests that only read a TP-2 tiny-granite engine share
+one (`two_cards`), and the one-card results are computed once.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -16,6 +19,7 @@ import torch
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.parallel.drills import fail_next_step
 from spyre_lab.engine.parallel.launcher import TensorParallelError
+from spyre_lab.engine.platforms.cpu import CpuPlatform
 from spyre_lab.engine.sequence import Sequence
 
 PROMPTS = [[1, 5, 17, 33, 9, 40, 12], [1, 7, 8, 9, 10, 11, 12, 13, 14, 3], [1, 3, 4]]  # ids in both vocabularies
@@ -99,13 +103,59 @@ def listening_sockets() -> set[int]:
     return listening & ours
 
 
-@pytest.mark.parametrize("size", [2, 4])
-def test_tiny_granite_sharded_matches_one_card(size):
-    logits, tokens = results("tiny-granite", 1)
-    sharded_logits, sharded_tokens = results("tiny-granite", size)
-    torch.testing.assert_close(sharded_logits, logits, **FP32_TOLERANCE)
-    assert sharded_tokens == tokens
-    assert all(len(t) == 32 for t in tokens)
+@dataclass
+class TwoCards:
+    """What the module's shared TP-2 tiny-granite engine (fp32) showed, and the one-card engine beside it."""
+
+    rendezvous_error: str           # what a rank 0 whose worker never joins raised, before the engine started
+    logits: dict[int, torch.Tensor]
+    tokens: dict[int, list[list[int]]]
+    heads: tuple[int, int]          # rank 0's layer-0 attention: (query heads, KV heads)
+    kv_cache_bytes: dict[int, int]
+    weights: dict[int, int]         # rank 0's parameter count
+    worker_weights: list[int]       # the workers' parameter counts (rank 1..)
+    after_idle: list[list[int]]     # the first prompt's tokens again, after idling past the collective timeout
+    idle_s: float
+
+
+IDLE_TIMEOUT_S = 8
+
+
+@pytest.fixture(scope="module")
+def two_cards(tmp_path_factory) -> TwoCards:
+    """One TP-2 engine for the tests that only read it (each spawn imports torch in a new interpreter); it is
+    closed before any other test starts its own (a process belongs to one group at a time)."""
+    from spyre_lab.engine.parallel.worker import init_group
+
+    with pytest.raises(Exception, match=r"[Tt]ime") as failed:   # a rendezvous that times out leaves no group
+        init_group(0, 2, str(tmp_path_factory.mktemp("rendezvous") / "rendezvous"), timeout_s=1)
+    assert not torch.distributed.is_initialized()
+    with LLM("tiny-granite", **OPTIONS) as one:
+        one_logits, one_tokens = prefill_logits(one, PROMPTS), token_ids(one, PROMPTS)
+        one_kv, one_weights = one.llm_engine.runner.kv_cache_bytes, weight_count(0, one.llm_engine.runner)
+    with LLM("tiny-granite", tensor_parallel_size=2, **{**OPTIONS, "distributed_timeout_s": IDLE_TIMEOUT_S}) as two:
+        logits, tokens = prefill_logits(two, PROMPTS), token_ids(two, PROMPTS)
+        attention = two.llm_engine.model.model.layers[0].self_attn.attn
+        start = time.monotonic()
+        time.sleep(IDLE_TIMEOUT_S + 1)
+        idle_s = time.monotonic() - start
+        return TwoCards(str(failed.value), {1: one_logits, 2: logits}, {1: one_tokens, 2: tokens},
+                        (attention.num_heads, attention.num_kv_heads),
+                        {1: one_kv, 2: two.llm_engine.runner.kv_cache_bytes},
+                        {1: one_weights, 2: weight_count(0, two.llm_engine.runner)},
+                        two.llm_engine.tensor_parallel.call(weight_count), token_ids(two, PROMPTS[:1]), idle_s)
+
+
+def test_tiny_granite_on_two_cards_matches_one_card(two_cards):
+    torch.testing.assert_close(two_cards.logits[2], two_cards.logits[1], **FP32_TOLERANCE)
+    assert two_cards.tokens[2] == two_cards.tokens[1]
+    assert all(len(t) == 32 for t in two_cards.tokens[1])
+
+
+def test_tiny_granite_on_four_cards_matches_one_card(two_cards):
+    sharded_logits, sharded_tokens = results("tiny-granite", 4)
+    torch.testing.assert_close(sharded_logits, two_cards.logits[1], **FP32_TOLERANCE)
+    assert sharded_tokens == two_cards.tokens[1]
 
 
 def test_llama_shaped_model_sharded_matches_one_card(llama_dir):
@@ -136,22 +186,16 @@ def test_static_shapes_warm_up_every_rank_and_decode_the_same_tokens():
         assert token_ids(two, PROMPTS) == tokens
 
 
-def test_an_idle_engine_outlives_the_collective_timeout():
+def test_an_idle_engine_outlives_the_collective_timeout(two_cards):
     """Workers wait for commands on a pipe, not in a collective: idling past the timeout breaks nothing."""
-    with LLM("tiny-granite", tensor_parallel_size=2, **{**OPTIONS, "distributed_timeout_s": 8}) as llm:
-        first = token_ids(llm, PROMPTS[:1])
-        time.sleep(9)
-        assert token_ids(llm, PROMPTS[:1]) == first
+    assert two_cards.idle_s > IDLE_TIMEOUT_S
+    assert two_cards.after_idle == two_cards.tokens[2][:1]
 
 
-def test_each_rank_holds_its_share_of_weights_and_kv_cache():
-    with LLM("tiny-granite", **OPTIONS) as one, LLM("tiny-granite", tensor_parallel_size=2, **OPTIONS) as two:
-        attention = two.llm_engine.model.model.layers[0].self_attn
-        assert (attention.attn.num_heads, attention.attn.num_kv_heads) == (2, 1)
-        assert two.llm_engine.runner.kv_cache_bytes * 2 == one.llm_engine.runner.kv_cache_bytes
-        sizes = two.llm_engine.tensor_parallel.call(weight_count)
-        ours = sum(p.numel() for p in two.llm_engine.model.parameters())
-        assert sizes == [ours] and ours < sum(p.numel() for p in one.llm_engine.model.parameters())
+def test_each_rank_holds_its_share_of_weights_and_kv_cache(two_cards):
+    assert two_cards.heads == (2, 1)
+    assert two_cards.kv_cache_bytes[2] * 2 == two_cards.kv_cache_bytes[1]
+    assert two_cards.worker_weights == [two_cards.weights[2]] and two_cards.weights[2] < two_cards.weights[1]
 
 
 def weight_count(rank, runner) -> int:
@@ -192,21 +236,17 @@ def test_a_worker_that_dies_is_named_within_the_timeout():
     llm.close()
 
 
-def test_a_rendezvous_that_times_out_leaves_the_next_engine_able_to_start(tmp_path):
-    """Rank 0 waits for a worker that never joins: a timeout, no group, and the next group forms normally."""
-    from spyre_lab.engine.parallel.worker import init_group
-
-    with pytest.raises(Exception, match=r"[Tt]ime"):
-        init_group(0, 2, str(tmp_path / "rendezvous"), timeout_s=1)
-    assert not torch.distributed.is_initialized()
-    with LLM("tiny-granite", tensor_parallel_size=2, **OPTIONS) as llm:
-        assert len(token_ids(llm, PROMPTS[:1])[0]) == 32
+def test_a_rendezvous_that_times_out_leaves_the_next_engine_able_to_start(two_cards):
+    """Rank 0 waits for a worker that never joins: a timeout, no group, and the next group forms normally (the
+    shared engine was started right after such a failure)."""
+    assert "ime" in two_cards.rendezvous_error
+    assert all(len(t) == 32 for t in two_cards.tokens[2])
 
 
 @pytest.mark.parametrize(("options", "message"), [
     (dict(tensor_parallel_size=3), "num_attention_heads=4 does not split across tensor_parallel_size=3"),
     (dict(tensor_parallel_size=2, dtype="bfloat16"), "gloo, which has no bfloat16 sum"),
-    (dict(tensor_parallel_size=2, platform="spyre"), "runs on platform='cpu'"),
+    (dict(tensor_parallel_size=2, platform=CpuPlatform()), r"runs on the platforms \('cpu', 'spyre'\) \(by name\)"),
 ])
 def test_unsupported_tensor_parallel_settings_fail_before_any_worker_starts(options, message):
     before = children()

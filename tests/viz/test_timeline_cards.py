@@ -1,7 +1,9 @@
 """Many cards in the trace and the timeline: a lane group per card, flows between one collective's cards.
 
 The collectives come from real spyreccl processes (``run_ranks``, two ranks, one all-reduce per size); the
-DecodeTimeline test puts rank 0's recorded collectives into a real engine step of the spyre platform.
+first DecodeTimeline test puts rank 0's recorded collectives into a real one-card engine step of the spyre platform
+(card 1 mirrored); the last draws an engine-recorded tensor-parallel run (``tensor_parallel_size=2`` on the spyre
+platform), where each card's lane is its own rank's recording.
 """
 
 from __future__ import annotations
@@ -162,3 +164,30 @@ def test_explain_of_a_program_appends_the_steps_collectives_only_when_there_are_
     assert "  collectives (82, modeled" in text and "81x allreduce  [ring]        8,192 B over 4 cards" in text
     assert f"collectives total: {sum(c.us for c in step):,.2f} us modeled" in text
     assert "collectives (" not in explain(program)          # no spyreccl group in this process: no section
+
+
+@pytest.fixture(scope="module")
+def engine_tp_run():
+    """A real tensor-parallel run on the spyre platform (two ranks, shared with the engine's TP tests)."""
+    from spyre_tp_runs import spyre_runs
+
+    return spyre_runs()[2].stats
+
+
+def test_decode_timeline_of_an_engine_tp_run_draws_each_cards_own_collectives(engine_tp_run) -> None:
+    """No mirroring: every card's lane is the collectives its own rank recorded, joined to the peer's."""
+    from spyre_lab.viz.timeline import DecodeTimeline
+
+    decode = next(s.step for s in engine_tp_run.steps if s.kind == "decode")
+    view = DecodeTimeline(engine_tp_run, step=decode)
+    fig = view.figure
+    lanes = [t.name for t in fig.data if t.type == "bar" and t.orientation == "h" and t.xaxis == "x4"]
+    assert lanes[-2:] == ["card 0 collectives", "card 1 collectives"]
+    card0, card1 = (next(t for t in fig.data if t.name == f"card {c} collectives" and t.xaxis == "x4") for c in (0, 1))
+    assert len(card0.x) == len(card1.x) > 0
+    trace = engine_tp_run.details[decode].device_trace
+    assert all("mirrored_from" not in e.args and e.args["rank"] == 1 for e in trace.on("card1.ccl"))
+    (flows,) = [t for t in fig.data if t.name == FLOWS_NAME]
+    assert list(flows.y).count(None) == len(card0.x)                   # one segment per collective
+    assert "each card's lane is its own rank's recording" in view.caption
+    assert "drawn from the recorded rank's timing" not in view.caption

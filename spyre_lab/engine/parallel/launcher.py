@@ -20,11 +20,12 @@ import time
 import weakref
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from spyre_lab.device.trace import Trace, TraceEvent
 from spyre_lab.engine.parallel.group import TensorParallelGroup
-from spyre_lab.engine.parallel.worker import backend_for, init_group, worker_main
+from spyre_lab.engine.parallel.worker import backend_for, init_group, threads_per_rank, worker_main
 
 REPORT_GRACE_S = 5.0  # how long a failed step waits for a worker's report or exit code
 STOP_GRACE_S = 5.0  # how long a stopping worker may take before it is killed
@@ -43,6 +44,8 @@ class TensorParallelWorkers:
                                "tensor_parallel_size > 1 is open?); close it first (LLM.close())")
         size = config.tensor_parallel_size
         self.group = TensorParallelGroup(0, size)
+        self._threads = torch.get_num_threads()  # rank 0 shares the cores with its workers until close()
+        torch.set_num_threads(min(self._threads, threads_per_rank(size)))
         self._rendezvous_dir = tempfile.TemporaryDirectory(prefix="spyre-lab-tp-")
         self.rendezvous = os.path.join(self._rendezvous_dir.name, "rendezvous")
         context = mp.get_context("spawn")
@@ -143,6 +146,7 @@ class TensorParallelWorkers:
         if dist.is_initialized():
             dist.destroy_process_group()
         self._rendezvous_dir.cleanup()
+        torch.set_num_threads(self._threads)
 
 
 def _drop_frames(error: BaseException | None) -> None:
