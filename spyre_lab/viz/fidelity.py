@@ -113,6 +113,16 @@ class Fidelity(View):
     def make_controls(self) -> list[W.Widget]:
         return [self.bind("machine", toggle(CHOICES, self.machine, "machine"))]
 
+    def on_change(self, name: str) -> None:
+        """Replace the traces, sent once. The toggle changes which traces exist (the connector comes and goes, the
+        markers change machine), and an update in place would leave a removed trace's properties on the one taking
+        its slot: after "measured" then "both", the connector kept a category's legend group and marker meta."""
+        if self._fig_widget is None:
+            return
+        with self._fig_widget.batch_update():
+            self._fig_widget.data = ()
+            self.refresh()
+
     def band_traces(self) -> list[dict[str, Any]]:
         """Per category, the band ``reference x (1 ± RMS)`` over the category's reference times."""
         traces = []

@@ -26,6 +26,8 @@ from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
 
 WALL_S_AXIS = "wall time since the run started (s)"
+LEGEND_Y = 1.07
+"""The replica legend sits above the requests panel's title (at the panel's top it printed over it)."""
 
 
 def _load(source: str | Path | dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +111,7 @@ class RouterView(View):
         base = base_layout(f"Routing a fleet: {self.workload} workload, {self.policy} (recorded run, wall clock)",
                            height=self.figure_height)
         layout.update({k: v for k, v in base.items() if k not in ("annotations", "height", "margin", "template")})
+        layout["legend"] = {**layout["legend"], "y": LEGEND_Y}
         fig = go.Figure(data=traces, layout=layout, _validate=False)
         x1, y1 = axes[(1, 1)]
         fig.update_layout({f"{x1.replace('x', 'xaxis')}": dict(title=WALL_S_AXIS),

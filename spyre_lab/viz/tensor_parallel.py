@@ -20,6 +20,10 @@ from spyre_lab.distributed.links import card_link
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, toggle
 
+LINK_HATCH = dict(shape="/", fgcolor=style.NEUTRAL["white"], size=7, solidity=0.35)
+"""The collectives' segment is hatched: prefill's step-kind color is the link's, and a bar in one flat color would
+hide where the card's compute ends and the collectives begin."""
+
 
 def _bucket(row: Any) -> str:
     return f"{row.kind} {row.size}"
@@ -66,7 +70,7 @@ class TensorParallelView(View):
                     marker_color=style.STEP_KIND_COLORS.get(kind, style.UNIT_COLORS["pt"]),
                     hovertemplate="%{x}: compute %{y:.2f} ms (modeled)<extra></extra>")
         fig.add_bar(x=x, y=[r.collective_us / 1e3 for r in rows], name="collectives (card-to-card link, estimate)",
-                    marker_color=style.UNIT_COLORS["link"],
+                    marker_color=style.UNIT_COLORS["link"], marker_pattern=LINK_HATCH,
                     customdata=[[r.collectives, r.collective_latency_us / 1e3] for r in rows],
                     hovertemplate="%{x}: %{customdata[0]} collectives, %{y:.2f} ms (modeled), "
                                   "%{customdata[1]:.2f} ms of it message latency<extra></extra>")

@@ -38,6 +38,8 @@ def test_the_view_draws_every_request_and_the_hit_rates_it_recorded(record, tmp_
     assert list(bars.y) == [record["runs"]["shared-prefix"][p]["summary"]["prefix_hit_rate"] for p in bars.x]
     assert bars.y[1] > bars.y[0]  # the warm pass reuses the cold pass's prefixes
     assert "wall" in fig.layout.title.text and "cold" in view.caption
+    panel_titles = [a.y for a in fig.layout.annotations if a.yref == "paper"]
+    assert fig.layout.legend.y > max(panel_titles), "the replica legend does not print over the panel titles"
     view.widget  # noqa: B018
     view.controls["policy"].value = "warm"
     assert "warm" in view.fig_widget.layout.title.text and "warm" in view.caption

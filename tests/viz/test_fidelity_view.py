@@ -114,3 +114,16 @@ def test_bad_input_says_what_to_pass(result, tmp_path):
         Fidelity(result, machine="card")
     with pytest.raises(FileNotFoundError, match="spyre-lab fidelity --json"):
         Fidelity(tmp_path / "missing.json")
+
+
+def test_the_live_figure_is_the_built_one_after_every_toggle_sent_once(result):
+    from spyre_lab.viz.base import widget_safe
+
+    view = Fidelity(result, machine="measured")
+    sent = []
+    view.fig_widget.output.observe(lambda change: sent.append(change["new"]), names="outputs")
+    for machine in ("both", "datasheet", "both", "measured"):
+        view.controls["machine"].value = machine
+        live = [{k: v for k, v in t.items() if k != "uid"} for t in view.fig_widget.to_plotly_json()["data"]]
+        assert live == widget_safe(view.build()).to_plotly_json()["data"], machine   # no property left over
+    assert len(sent) == 4, "one figure sent per toggle"

@@ -47,6 +47,9 @@ def test_the_bucket_toggle_redraws_the_live_figure() -> None:
     view.controls["bucket"].value = "prefill 256"
     assert list(view.fig_widget.data[0].y) == pytest.approx([120.0 / k for k in (1, 2, 4, 8)])
     assert view.fig_widget.data[0].marker.color == style.STEP_KIND_COLORS["prefill"]
+    compute, collectives = view.fig_widget.data
+    if compute.marker.color == collectives.marker.color:   # prefill's color is the link's: the hatch tells them apart
+        assert collectives.marker.pattern.shape and not compute.marker.pattern.shape
 
 
 def test_caption_names_the_link_the_rows_were_made_with_and_bad_input_is_named() -> None:
