@@ -97,7 +97,16 @@ def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analy
         return _execute(program, inputs, mode, tile_by_tile)
 
 
-def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_by_tile: bool) -> ExecutionResult:
+def execute_values(program: Program, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``execute(program, inputs).outputs`` without timing the program or building its trace: the same kernels,
+    run on the same per-core slices, for a caller that checks the numbers only (an eager op's one-op program
+    against the CPU op)."""
+    with _cpu_threads(program), torch.no_grad():
+        return _execute(program, inputs, "analytic", False, timed=False).outputs
+
+
+def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_by_tile: bool,
+             timed: bool = True) -> ExecutionResult:
     env: dict[str, torch.Tensor] = dict(zip(program.inputs, _check_inputs(program, inputs)))
     env.update(program.constants)
     trace = Trace(meta={"program": program.name, "mode": mode})
@@ -106,6 +115,10 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
     clock = 0.0
     for launch, kernel in zip(program.launches, program.kernels):
         if isinstance(launch, HostFallback):
+            if not timed:
+                for node in kernel.nodes:
+                    env[node.output] = run_node(node, env)
+                continue
             clock = _host_fallback(program, kernel, env, trace, clock)
             times[launch.name] = None
             continue
@@ -113,7 +126,7 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
         core_tiles = run_kernel(kernel, program, env, slices, tiles=tile_by_tile)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
-        if isinstance(launch, UnplannedSpec):
+        if isinstance(launch, UnplannedSpec) or not timed:
             times[launch.name] = None
             continue
         sim = launch.simulate(mode)
