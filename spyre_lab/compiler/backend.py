@@ -114,10 +114,13 @@ def _check_inputs(example_inputs: Sequence[Any]) -> None:
 
 
 def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
-                  options: CompileOptions | None = None, cfg: SpyreConfig = SPYRE) -> Program:
+                  options: CompileOptions | None = None, cfg: SpyreConfig = SPYRE, *,
+                  aten_graph: fx.GraphModule | None = None) -> Program:
     """Compile ``fn`` (an FX GraphModule, nn.Module or function) for ``example_inputs``' shapes into a Program.
 
-    Cached: the same graph at the same shapes, options and config returns the cached Program.
+    Cached: the same graph at the same shapes, options and config returns the cached Program. ``aten_graph``:
+    ``fn``'s ATen graph at these inputs, when the caller has it already (an eager op's one-op graph,
+    :mod:`~spyre_lab.compiler.one_op_graph`): it is not traced again.
     """
     options = options or CompileOptions()
     if not isinstance(options, CompileOptions):
@@ -130,7 +133,7 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
         hit.cache_note = "cache hit: same graph, shapes, options and config; nothing compiled"
         return hit
     start = time.perf_counter()
-    aten_gm = _traced(fn, example_inputs)
+    aten_gm = _traced(fn, example_inputs) if aten_graph is None else aten_graph
     lowered = lower(aten_gm)
     restickifies = propagate_layouts(lowered, cfg)
     scheduled = schedule(lowered, options, cfg)

@@ -97,7 +97,29 @@ def execute(program: Program, inputs: Sequence[torch.Tensor], mode: str = "analy
         return _execute(program, inputs, mode, tile_by_tile)
 
 
-def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_by_tile: bool) -> ExecutionResult:
+def slices_that_matter(spec: object) -> list[dict[str, tuple[int, int]]] | None:
+    """A launch's per-core slices when they change its numbers, else None (computed whole, as the runtime does).
+
+    They matter only when a reduction is split across cores: then the partial sums are added in core order,
+    which changes the rounding. Without such a split each core computes exactly its part of the whole-tensor
+    result, so the whole tensor is computed at once."""
+    if not isinstance(spec, KernelSpec) or not spec.slices:
+        return None
+    division = spec.division
+    reduced = set(division.reduction_dims) | {"K"}
+    return spec.slices if any(division.splits.get(d, 1) > 1 for d in reduced) else None
+
+
+def execute_values(program: Program, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The outputs of ``program`` on ``inputs`` as a launch on the card computes them: the same kernels, on per-core
+    slices where those change the numbers (:func:`slices_that_matter`), without timing the program or building
+    its trace; for a caller that checks the numbers only (an eager op's one-op program against the CPU op)."""
+    with _cpu_threads(program), torch.no_grad():
+        return _execute(program, inputs, "analytic", False, timed=False).outputs
+
+
+def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_by_tile: bool,
+             timed: bool = True) -> ExecutionResult:
     env: dict[str, torch.Tensor] = dict(zip(program.inputs, _check_inputs(program, inputs)))
     env.update(program.constants)
     trace = Trace(meta={"program": program.name, "mode": mode})
@@ -106,14 +128,21 @@ def _execute(program: Program, inputs: Sequence[torch.Tensor], mode: str, tile_b
     clock = 0.0
     for launch, kernel in zip(program.launches, program.kernels):
         if isinstance(launch, HostFallback):
+            if not timed:
+                for node in kernel.nodes:
+                    env[node.output] = run_node(node, env)
+                continue
             clock = _host_fallback(program, kernel, env, trace, clock)
             times[launch.name] = None
             continue
-        slices = launch.slices if isinstance(launch, KernelSpec) else None
+        if timed:
+            slices = launch.slices if isinstance(launch, KernelSpec) else None
+        else:
+            slices = slices_that_matter(launch)
         core_tiles = run_kernel(kernel, program, env, slices, tiles=tile_by_tile)
         if tile_by_tile:
             tiles[launch.name] = core_tiles
-        if isinstance(launch, UnplannedSpec):
+        if isinstance(launch, UnplannedSpec) or not timed:
             times[launch.name] = None
             continue
         sim = launch.simulate(mode)

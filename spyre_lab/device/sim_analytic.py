@@ -365,8 +365,9 @@ def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, 
     volumes = sorted((max(loads[c], stores[c]), c) for c in loads if loads[c] or stores[c])
     rates: dict[int, float] = {}
     clock = moved = 0.0
+    shares = [drawn[c] for _, c in volumes]      # summed from each stream on, in order (the same float sums)
     for i, (volume, c) in enumerate(volumes):
-        clock += (volume - moved) / min(dma, dram / sum(drawn[v] for _, v in volumes[i:]))
+        clock += (volume - moved) / min(dma, dram / sum(shares[i:]))
         moved = volume
         rates[c] = volume / clock if clock > 0 else dma
     card_floor = sum((loads[c] + stores[c]) * drawn[c] for c in loads) / dram

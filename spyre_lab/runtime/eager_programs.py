@@ -14,7 +14,6 @@ and labelled so. Either way it is one launch through the one launch route, :mod:
 from __future__ import annotations
 
 import functools
-import struct
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,7 +33,14 @@ from spyre_lab.runtime.launch.kernels import LoadedFunction, Operands
 from spyre_lab.runtime.launch.options import is_timing_only
 from spyre_lab.runtime.launch.route import launch
 from spyre_lab.runtime.one_op_compile import compile_one_op, not_compiled
-from spyre_lab.runtime.op_schema import packet_name, rewrap_numbers, to_cpu_kwargs, written_leaves
+from spyre_lab.runtime.op_schema import (
+    KEYED_BY_PARTS,
+    constant_key,
+    packet_name,
+    rewrap_numbers,
+    to_cpu_kwargs,
+    written_leaves,
+)
 from spyre_lab.runtime.programs import run_program
 from spyre_lab.runtime.stream import current_stream
 from spyre_lab.runtime.tensor import empty_spyre, resize
@@ -241,29 +247,11 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
                 raise TypeError(f"a {device} operand of shape {tuple(x.shape)} is not a cacheable constant")
         else:
             kind = type(x)
-            if (kind is float and (x == 0.0 or x != x)) or kind in _KEYED_BY_PARTS:
+            if (kind is float and (x == 0.0 or x != x)) or kind in KEYED_BY_PARTS:
                 parts.append(constant_key(x))
             else:
                 parts.append((kind, x))
     return tuple(parts), index      # hashed (an unhashable constant raises TypeError) by the cache lookup
-
-
-_FLOAT_BITS = struct.Struct("<d").pack
-_KEYED_BY_PARTS = frozenset({complex, list, tuple})
-
-
-def constant_key(value: Any) -> Any:
-    """A cache key for a constant that is equal exactly when the constants are the same value: ``0.0`` and
-    ``-0.0`` (equal under ``==``, yet ``1 / x`` tells them apart) get different keys, and every NaN with the
-    same bits gets one key (``nan != nan`` would make each call a cache miss that evicts a useful program)."""
-    kind = type(value)
-    if kind is float:
-        return (float, value) if value == value and value != 0.0 else (float, _FLOAT_BITS(value))
-    if kind is complex:
-        return (complex, constant_key(value.real), constant_key(value.imag))
-    if kind is list or kind is tuple:
-        return (kind, tuple(constant_key(v) for v in value))
-    return (kind, value)
 
 
 def _held_constants(leaves: list[Any], written: list[int]) -> list[Any]:

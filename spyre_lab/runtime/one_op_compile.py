@@ -17,11 +17,18 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from spyre_lab.compiler.backend import compile_graph
-from spyre_lab.compiler.executor import execute
+from spyre_lab.compiler.backend import compile_graph, to_aten
+from spyre_lab.compiler.executor import execute_values
+from spyre_lab.compiler.one_op_graph import one_op_graph
 from spyre_lab.compiler.program import HostFallback, Program, UnplannedSpec
 from spyre_lab.runtime.launch.options import is_timing_only
-from spyre_lab.runtime.op_schema import functional_variant, mutated_args, rewrap_numbers, to_cpu_kwargs
+from spyre_lab.runtime.op_schema import (
+    constant_key,
+    functional_variant,
+    mutated_args,
+    rewrap_numbers,
+    to_cpu_kwargs,
+)
 
 _NOT_COMPILED: dict[str, str] = {}
 
@@ -67,7 +74,8 @@ def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inpu
     try:
         with warnings.catch_warnings(record=True):
             warnings.simplefilter("always")   # a compiler notice here only means: not this op, see below
-            program = compile_graph(one_op, examples)
+            graph = one_op_graph(one_op, examples, functional, _form(functional, leaves, spec, inputs), to_aten)
+            program = compile_graph(one_op, examples, aten_graph=graph)
     except Exception as exc:                  # a compiler gap must not break an eager op: say so, run the reference
         reason = f"the compiler raised {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         name = f"aten::{op.overloadpacket.__name__}"
@@ -87,6 +95,38 @@ def compile_one_op(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, inpu
         return None
     # timing_only() produces no values, so the sample check that guards them is skipped
     return program if is_timing_only() or _agrees_with_reference(op, program, one_op, examples) else None
+
+
+def _form(functional: torch._ops.OpOverload, leaves: list[Any], spec: Any, inputs: set[int]) -> tuple | None:
+    """What fixes the one-op graph but its shapes: the op, the call's structure, each input's dtype, each constant's
+    value (keyed as the eager cache keys it) and the host's autocast state (a traced op under CPU autocast gets
+    its casts). None: a constant with no such key (the graph is traced every time)."""
+    parts: list[Any] = [functional, spec, torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")]
+    for i, x in enumerate(leaves):
+        if i in inputs:
+            parts.append(("input", x.dtype))
+        elif isinstance(x, torch.Tensor):
+            if x.dim() or x.device.type != "cpu":
+                return None
+            parts.append((torch.Tensor, x.dtype, constant_key(x.item())))
+        else:
+            parts.append(constant_key(x))
+    try:
+        hash(tuple(parts))
+    except TypeError:
+        return None
+    return tuple(parts)
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor) -> bool:
+    """``torch.testing.assert_close(actual, expected, atol=1e-3, rtol=1e-3, equal_nan=True)`` passes, asked the
+    way it asks for two dense tensors of one dtype and device (its own checks cost more than the program it
+    guards); False sends the pair to ``assert_close`` itself, for its verdict and its message."""
+    return (type(actual) is torch.Tensor and type(expected) is torch.Tensor and actual.shape == expected.shape
+            and actual.dtype == expected.dtype and actual.device == expected.device
+            and actual.layout is torch.strided and expected.layout is torch.strided
+            and not (actual.dtype.is_floating_point and actual.dtype.itemsize == 1)
+            and bool(torch.isclose(actual, expected, rtol=1e-3, atol=1e-3, equal_nan=True).all()))
 
 
 def _runs_on_the_host(one_op: Callable[..., Any], examples: list[torch.Tensor]) -> bool:
@@ -109,9 +149,10 @@ def _agrees_with_reference(op: torch._ops.OpOverload, program: Program, one_op: 
         with warnings.catch_warnings():   # notices about the sample data (a std over nothing) are not the user's
             warnings.simplefilter("ignore")
             expected = [t for t in tree_flatten(one_op(*samples))[0] if isinstance(t, torch.Tensor)]
-            got = execute(program, samples).outputs
+            got = execute_values(program, samples)
         for e, o in zip(expected, got, strict=True):
-            torch.testing.assert_close(o, e, atol=1e-3, rtol=1e-3, equal_nan=True)
+            if not _close(o, e):
+                torch.testing.assert_close(o, e, atol=1e-3, rtol=1e-3, equal_nan=True)   # raises, saying how
     except Exception as exc:
         name = f"aten::{op.overloadpacket.__name__}"
         if name not in _NOT_COMPILED and _runs_on_the_host(one_op, examples):  # else the CPU's own error follows

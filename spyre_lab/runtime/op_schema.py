@@ -7,6 +7,7 @@ The eager dispatcher treats ops generically, so it reads everything it needs fro
 from __future__ import annotations
 
 import functools
+import struct
 from typing import Any
 
 import torch
@@ -100,3 +101,21 @@ def rewrap_numbers(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> tupl
             else:
                 kwargs[argument.name] = torch.tensor(value)
     return tuple(args), kwargs
+
+
+_FLOAT_BITS = struct.Struct("<d").pack
+KEYED_BY_PARTS = frozenset({complex, list, tuple})
+
+
+def constant_key(value: Any) -> Any:
+    """A cache key for a constant that is equal exactly when the constants are the same value: ``0.0`` and
+    ``-0.0`` (equal under ``==``, yet ``1 / x`` tells them apart) get different keys, and every NaN with the
+    same bits gets one key (``nan != nan`` would make each call a cache miss that evicts a useful program)."""
+    kind = type(value)
+    if kind is float:
+        return (float, value) if value == value and value != 0.0 else (float, _FLOAT_BITS(value))
+    if kind is complex:
+        return (complex, constant_key(value.real), constant_key(value.imag))
+    if kind is list or kind is tuple:
+        return (kind, tuple(constant_key(v) for v in value))
+    return (kind, value)

@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 import torch
 
 from spyre_lab.compiler.access import Read
-from spyre_lab.compiler.executor import per_core_slices, run_kernel
+from spyre_lab.compiler.executor import per_core_slices, run_kernel, slices_that_matter
 from spyre_lab.compiler.ir import NodeGroup
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.program import HostFallback, Launch, Program
@@ -106,32 +106,18 @@ class LoadedKernel:
     def args(self) -> dict[str, Any]:
         return self._time()[3]
 
-    def _slices_that_matter(self) -> list[dict[str, tuple[int, int]]] | None:
-        """Per-core slices only when a reduction is split across cores: then the partial sums are
-        added in core order, which changes the rounding. Without such a split each core computes
-        exactly its part of the whole-tensor result, so the whole tensor is computed at once."""
-        if not isinstance(self.spec, KernelSpec):
-            return None
-        return self.spec.slices if self.spec.slices and _splits_a_reduction(self.spec) else None
-
     def run(self, operands: Operands) -> None:
         if self._plan is None:           # decided once per kernel: which inputs, constants and per-core slices
             read = {b for node in self.kernel.nodes for b in node.inputs}
             self._plan = ([b for b in self.kernel.inputs if b in operands],
                           [(b, t) for b, t in self.program.constants.items() if b in read and b not in operands],
-                          per_core_slices(self.kernel, self.program, self._slices_that_matter()))
+                          per_core_slices(self.kernel, self.program, slices_that_matter(self.spec)))
         inputs, constants, slices = self._plan
         env: dict[str, torch.Tensor] = {b: operands[b] for b in inputs}
         env.update(constants)
         run_kernel(self.kernel, self.program, env, slices, checked=True, tiles=False)   # numbers only: no views
         for b in self.kernel.outputs:
             operands.write(b, env[b])
-
-
-def _splits_a_reduction(spec: KernelSpec) -> bool:
-    division = spec.division
-    reduced = set(division.reduction_dims) | {"K"}
-    return any(division.splits.get(d, 1) > 1 for d in reduced)
 
 
 @dataclass(eq=False)

@@ -30,7 +30,7 @@ def test_a_compiler_failure_warns_with_its_reason_and_the_op_still_runs(monkeypa
 def test_a_program_that_disagrees_with_the_cpu_is_refused_with_a_warning(monkeypatch):
     real = one_op_compile.compile_graph
 
-    def wrong_op(fn, examples, *args, **kwargs):           # compile a different op than the one asked for
+    def wrong_op(fn, examples, *args, aten_graph=None, **kwargs):  # compile a different op than the one asked for
         return real(lambda *t: fn(*t) + 1, examples, *args, **kwargs)
 
     monkeypatch.setattr(one_op_compile, "compile_graph", wrong_op)
