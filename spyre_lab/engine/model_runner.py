@@ -208,8 +208,11 @@ class ModelRunner:
         attn_bias = key_mask = None
         if max_query == 1 and self.platform.decode_key_mask:        # one query per sequence, at its last position
             num_keys = len(tables[0]) * self.block_size
-            key_mask = attn_bias = (torch.arange(num_keys).view(1, 1, 1, -1)
-                                    <= torch.as_tensor(query_positions).view(-1, 1, 1, 1)).to(self.device)
+            key_mask = (torch.arange(num_keys).view(1, 1, 1, -1)
+                        <= torch.as_tensor(query_positions).view(-1, 1, 1, 1))
+            # its additive form, made once per step: SDPA given the boolean mask would make it in every layer
+            attn_bias = torch.zeros(key_mask.shape, dtype=self.dtype).masked_fill_(~key_mask, float("-inf"))
+            key_mask, attn_bias = key_mask.to(self.device), attn_bias.to(self.device)
         elif self.platform.needs_attn_bias and spans is None:
             attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
                                     self.dtype).to(self.device)

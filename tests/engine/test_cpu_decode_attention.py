@@ -1,4 +1,5 @@
-"""The cpu platform's decode attention: one index_select per cache and a boolean key mask, no additive mask.
+"""The cpu platform's decode attention: one index_select per cache and a [B, 1, 1, L] key mask (boolean, and its
+additive form made once per step), no [B, 1, Q, L] causal mask.
 
 It must give the causal path's outputs (the same softmax over the same keys), and the model runner must build
 the key mask, not the [B, 1, Q, L] float mask, for a decode step on the cpu platform.
@@ -57,7 +58,8 @@ def test_the_runner_builds_a_key_mask_for_cpu_decode_steps(static):
     decodes = [m for m in seen if m.query_index.shape[1] == 1]
     prefills = [m for m in seen if m.query_index.shape[1] > 1]
     assert decodes and prefills
-    assert all(m.key_mask is not None and m.key_mask.dtype == torch.bool and m.attn_bias is m.key_mask
+    assert all(m.key_mask is not None and m.key_mask.dtype == torch.bool and m.attn_bias.dtype == runner.dtype
+               and torch.equal(m.attn_bias == 0, m.key_mask)
                and m.key_mask.shape[:3] == (m.block_tables.shape[0], 1, 1) for m in decodes)
     if static:
         assert all(m.key_mask is None and m.prefill_spans is None and m.attn_bias.dtype == runner.dtype

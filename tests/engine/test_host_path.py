@@ -107,7 +107,7 @@ def _reference(runner, seqs: list[Sequence], decode: bool) -> dict[str, torch.Te
            "logits_indices": ends, "seq_query_lens": torch.tensor(lens)}
     ref["attn_bias"] = causal_bias(query_positions, width * bs, runner.dtype)
     if decode and runner.platform.decode_key_mask:              # the key mask: True where the bias is 0
-        ref["attn_bias"] = ref["key_mask"] = ref["attn_bias"] == 0
+        ref["key_mask"] = ref["attn_bias"] == 0                 # and the bias itself, made once from it
     return ref
 
 

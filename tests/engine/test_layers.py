@@ -213,3 +213,17 @@ def test_rotary_built_on_meta_computes_no_table():
     assert rope.cos_sin_cache.dtype == torch.get_default_dtype()
     cpu = RotaryEmbedding(head_dim=128, max_position=16, base=10_000_000.0)
     assert cpu.cos_sin_cache.device.type == "cpu" and cpu.cos_sin_cache.abs().max() <= 1.0
+
+
+def test_rotating_adjacent_q_and_k_in_one_pass_equals_two_rotations():
+    """q and k sliced from one fused qkv rotate in one pass; the values are those of rotating each alone."""
+    from spyre_lab.engine.layers.rotary import _adjacent
+
+    rope = RotaryEmbedding(32, 64)
+    qkv = torch.randn(7, (4 + 2 + 2) * 32, generator=torch.Generator().manual_seed(0))
+    q, k, _ = qkv.split([128, 64, 64], dim=-1)
+    cos_sin = rope.cos_sin(torch.arange(7))
+    assert _adjacent(q, k) and not _adjacent(q, k.clone()) and not _adjacent(k, q)
+    joint = rope(cos_sin, q, k)
+    apart = rope(cos_sin, q.clone(), k.clone())                  # not adjacent: one rotation each
+    assert all(torch.equal(a, b) for a, b in zip(joint, apart, strict=True))

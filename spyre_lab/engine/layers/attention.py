@@ -49,6 +49,7 @@ class AttentionMetadata:
     # [B, 1, 1, L] bool, decode steps only (one query per sequence, at its last position), on a platform that asks
     # for it (``Platform.decode_key_mask``): True for the keys a sequence's context covers. It replaces ``attn_bias``
     # there: no [B, 1, Q, L] float mask to build and add, and the pages are gathered with one ``index_select``
+    # (``attn_bias`` is then its additive [B, 1, 1, L] form, made once per step for every layer's SDPA)
     key_mask: torch.Tensor | None = None
     # a prefill step on a platform with ``Platform.per_sequence_attention`` (dynamic shapes): its sequences, each
     # attending alone over only its own keys (`attention_spans`); no gathered rectangle, no dense mask
@@ -120,5 +121,7 @@ def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
     keys = k_cache.index_select(0, blocks).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)   # [B, kv, L, d]
     values = v_cache.index_select(0, blocks).view(batch, -1, num_kv_heads, head_dim).transpose(1, 2)
     queries = query.view(batch, num_kv_heads, num_heads // num_kv_heads, head_dim)   # a KV head's group as rows
-    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=meta.key_mask, scale=scale)
+    bias = meta.attn_bias            # the key mask's additive form when the runner made it (once per step)
+    mask = bias if bias is not None and bias.dtype.is_floating_point else meta.key_mask
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=scale)
     return out.view(batch, num_heads * head_dim)

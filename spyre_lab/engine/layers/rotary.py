@@ -50,6 +50,16 @@ def rotary_table(head_dim: int, max_position: int, base: float = 10000.0) -> tor
     return table
 
 
+def _adjacent(query: torch.Tensor, key: torch.Tensor) -> bool:
+    """Is ``key`` the columns right after ``query``'s in the same rows (the q and k slices of a fused qkv)?
+
+    Then both rotate in one pass over ``[T, (heads + kv_heads) * d]``: the same elementwise math on the same
+    values, half the ops per layer (a decode step on the cpu platform is bound by per-op host cost)."""
+    return (query.dim() == key.dim() == 2 and query.stride() == key.stride() and query.stride(1) == 1
+            and query.dtype == key.dtype and query.device == key.device and query.shape[0] == key.shape[0]
+            and key.data_ptr() == query.data_ptr() + query.shape[1] * query.element_size())
+
+
 class RotaryEmbedding(CustomOp):
     op_name = "RotaryEmbedding"
 
@@ -77,6 +87,11 @@ class RotaryEmbedding(CustomOp):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotate query [T, heads*d] and key [T, kv_heads*d] by the angles `cos_sin(positions)` gathered."""
         cos, sin = cos_sin
+        width = query.shape[1]
+        # eager only: a traced graph (a compiling platform) keeps its two rotations, and its kernels as they were
+        if not torch.compiler.is_compiling() and _adjacent(query, key):   # neighbouring qkv columns: one rotation
+            both = self._rotate(query.as_strided((query.shape[0], width + key.shape[1]), query.stride()), cos, sin)
+            return both[:, :width], both[:, width:]
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
