@@ -157,6 +157,45 @@ class KernelWriter:
         return t
 
 
+    def _reduce_partners(self, partial: str, acc_t: str, dim: str = "K") -> str:
+        """The ``dim`` partners of this output tile fold their partials (``ktdp.inter_tile_produce`` /
+        ``inter_tile_reduce``, summed); the partner with ``dim``'s first slice gets the total."""
+        w = self.w
+        p, s, _ = self.maps[dim]
+        cores = len(self.busy)
+        if p == 1:     # partners are consecutive tile ids: group g = i floordiv s
+            members = f"i - {s} * g >= 0, -i + {s} * g + {s - 1} >= 0"
+            first = f"i - {s} * g == 0"
+            groups = cores // s
+        elif p * s == cores:    # partners are p tile ids apart: group g = i mod p
+            members = f"(i - g) mod {p} == 0, i - g >= 0, -i + g + {p * (s - 1)} >= 0"
+            first = "i - g == 0"
+            groups = p
+        else:
+            raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {dim} partners {p} tile ids apart in groups "
+                                               f"of {s} on {cores} cores are not one affine set")
+        future = f"!ktdp.tile_future<{acc_t}, groups = affine_set<(g) : (g >= 0, -g + {groups - 1} >= 0)>>"
+        fut, g = w.fresh("partials"), w.fresh("group")
+        w.line(f"{fut} = ktdp.inter_tile_produce producer_tiles_per_group = affine_set<(i)[g] : ({members})>")
+        w.line(f"    : {acc_t} -> {future} {{")
+        w.line(f"  ^bb0({g}: index):")
+        w.line(f"    ktdp.yield_partial {partial} : {acc_t}")
+        w.line("}")
+        zero, empty, ident_t = w.fresh("psum_zero"), w.fresh("psum_empty"), w.fresh("psum_identity")
+        elem = acc_t[acc_t.rindex("x") + 1:-1]
+        w.line(f"{zero} = arith.constant 0.0 : {elem}")
+        w.line(f"{empty} = tensor.empty() : {acc_t}")
+        w.line(f"{ident_t} = linalg.fill ins({zero} : {elem}) outs({empty} : {acc_t}) -> {acc_t}")
+        total, lhs, rhs, s_ = w.fresh("total"), w.fresh("lhs"), w.fresh("rhs"), w.fresh("psum")
+        w.line(f"{total} = ktdp.inter_tile_reduce({fut}) consumer_tiles_per_group = affine_set<(i)[g] : ({first})>, "
+               f"identity({ident_t} : {acc_t})")
+        w.line(f"    : {future} -> {acc_t} {{")
+        w.line(f"  ^bb0({lhs}: {acc_t}, {rhs}: {acc_t}):")
+        w.line(f"    {s_} = arith.addf {lhs}, {rhs} : {acc_t}")
+        w.line(f"    ktdp.yield_reduced {s_} : {acc_t}")
+        w.line("}")
+        return total
+
 def collapse_groups(present: tuple[bool, ...]) -> str:
     """Reassociation between the full-rank form and the present dims (size-1 dims join a neighbour)."""
     keep = [i for i, p in enumerate(present) if p]

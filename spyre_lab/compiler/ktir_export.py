@@ -12,7 +12,8 @@ coordinate set. Scalar operands the compiler folded into a node are recovered by
 
 The writers, one idea each: :mod:`ktir_base` (header, tile-id division, views), :mod:`ktir_rows` (row kernels),
 :mod:`ktir_matmul` (matmuls, K split folded with ``ktdp.inter_tile_produce`` / ``inter_tile_reduce``) and
-:mod:`ktir_epilogue` (a matmul's pointwise epilogue on its output tile).
+:mod:`ktir_epilogue` (a matmul's pointwise epilogue on its output tile) and :mod:`ktir_attention` (fused attention's
+online softmax over key tiles).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from spyre_lab.compiler.ir import IRNode, MatMul
+from spyre_lab.compiler.ktir_attention import AttentionWriter
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_matmul import MatmulWriter
 from spyre_lab.compiler.ktir_mlp import MlpWriter
@@ -35,7 +37,9 @@ def kernel_to_ktir(spec: KernelSpec, nodes: Sequence[IRNode]) -> str:
         raise KTIRUnsupported("export", 0, f"kernel {spec.name}: pass the kernel's LoopIR nodes (program.kernels[i]"
                                            ".nodes); a KernelSpec alone does not hold its compute")
     matmuls = sum(isinstance(n, MatMul) for n in nodes)
-    if matmuls == 3 and spec.rule == "mlp":
+    if spec.rule == "attention":
+        body = AttentionWriter(spec, nodes)
+    elif matmuls == 3 and spec.rule == "mlp":
         body = MlpWriter(spec, nodes)
     elif matmuls:
         body = MatmulWriter(spec, nodes)

@@ -49,9 +49,14 @@ class RowWriter(KernelWriter):
         reduced = {d for n in self.nodes if isinstance(n, Reduction) for d in n.reduction_dims}
         starts = self.slice_starts(self.dims)
         tile = {d: spec.dims[d] if d in reduced else self.tile_size(d) for d in self.dims}
-        if any(self.chunk[d] != spec.dims[d] for d in reduced):
+        split = [d for d in reduced if self.chunk[d] != spec.dims[d]]
+        if split and not (len(self.nodes) == 1 and isinstance(self.nodes[0], Reduction) and len(split) == 1
+                          and self.nodes[0].op in ("sum", "mean") and self.outputs == [self.nodes[0].output]):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} splits a reduced dim across cores; the "
-                                               "partial results would meet over the ring (not written out yet)")
+                                               "partial results would meet over the ring (written for one sum or "
+                                               "mean alone, not yet here)")
+        for d in split:            # each core reduces its own slice; the partners' partials meet below
+            tile[d] = self.chunk[d]
         views = {b: self.make_view(b, self._dtype(b), self.dims) for b in [*self.inputs, *self.outputs]}
         loops = [d for d in self.dims if tile[d] < self.chunk[d]]
         at = dict(starts)
@@ -70,12 +75,30 @@ class RowWriter(KernelWriter):
         for n in self.nodes:
             with self.pieces.extent(self, self.pieces.of_node(n)):
                 values[n.output] = self._node(n, values)
-            if n.output in self.outputs:
+            if n.output in self.outputs and split:
+                self._store_total(n.output, values[n.output], views[n.output], at, split[0], starts[split[0]])
+            elif n.output in self.outputs:
                 self._store(n.output, values[n.output], views[n.output], at)
         for _ in loops:
             w.line("scf.yield")
             w.depth -= 1
             w.line("}")
+
+    def _store_total(self, b: str, value: tuple[str, tuple[bool, ...]], view: str, at: dict[str, str], d: str,
+                     start: str) -> None:
+        """A reduction split along ``d``: the partners of one output tile fold their partial sums (each already
+        divided by the full count for a mean), and the partner with ``d``'s first slice alone stores."""
+        w = self.w
+        name, present = value
+        total = self._reduce_partners(name, type_text(self._full(present), self._dtype(b)), d)
+        first = w.fresh(f"{d}_first")
+        w.line(f"{first} = arith.cmpi eq, {start}, {w.index(0)} : index")
+        w.line(f"scf.if {first} {{")
+        w.depth += 1
+        self._store(b, (total, present), view, at)
+        w.line("scf.yield")
+        w.depth -= 1
+        w.line("}")
 
     # --- buffers ---------------------------------------------------------------------------------
     def _shape(self, b: str) -> tuple[int, ...]:

@@ -97,7 +97,10 @@ def constant(core: Core, op: Op) -> object:
     shape, dtype = shaped(typ, op.line)
     first = toks[0].text
     if first.startswith("dense<"):
-        value = _number(first[6:-1].strip(), dtype, op)
+        inner = first[6:-1].strip()
+        if inner.startswith("["):
+            return TVal(_dense_list(inner, shape, dtype, op))
+        value = _number(inner, dtype, op)
         return TVal(torch.full(shape, value, dtype=dtype))
     if first in ("true", "false"):
         return first == "true"
@@ -105,6 +108,16 @@ def constant(core: Core, op: Op) -> object:
     if typ in ("index", "i32", "i64", "i16", "i8") and isinstance(value, int):
         return value
     return TVal(torch.tensor(value, dtype=dtype))
+
+
+def _dense_list(inner: str, shape: tuple[int, ...], dtype: torch.dtype, op: Op) -> torch.Tensor:
+    """``dense<[0, 22, 32]>``: a 1-D list of values (a table the kernel indexes with ``tensor.extract``)."""
+    if "[" in inner[1:]:
+        raise KTIRUnsupported(op.name, op.line, "dense lists are modeled in one dimension only")
+    items = [t.strip() for t in inner.strip("[]").split(",") if t.strip()]
+    if len(shape) != 1 or len(items) != shape[0]:
+        raise KTIRUnsupported(op.name, op.line, f"a dense list of {len(items)} values for the shape {list(shape)}")
+    return torch.tensor([_number(t, dtype, op) for t in items], dtype=dtype)
 
 
 def _number(text: str, dtype: torch.dtype, op: Op) -> float | int:
@@ -195,7 +208,12 @@ def extract(core: Core, op: Op) -> TVal:
     names = op.values()
     src = _tv(core, names[0], op)
     idx = tuple(core.get(n, op) for n in names[1:])
-    return TVal(src.t[idx] if idx else src.t.reshape(()), src.deps)
+    if not all(isinstance(i, int) for i in idx):
+        raise KTIRUnsupported(op.name, op.line, "the indices must be index values")
+    value = src.t[idx] if idx else src.t.reshape(())
+    if _result_type(op) == "index" or (value.dim() == 0 and src.t.dtype == torch.int64 and not src.deps):
+        return int(value)        # an entry of an index table: scalar index math, free
+    return TVal(value, src.deps)
 
 
 def empty(core: Core, op: Op) -> TVal:

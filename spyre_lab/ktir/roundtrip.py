@@ -8,13 +8,14 @@ against the node computations', and its modeled time against the compiled kernel
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from spyre_lab.compiler.kernel_spec import KernelSpec
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.program import Program
+from spyre_lab.device.isa import CoreOps, OpKind, TileProgram
 from spyre_lab.device.sim import simulate
 from spyre_lab.ktir.module import load
 
@@ -28,6 +29,10 @@ class KernelRoundTrip:
     max_abs_error: float = 0.0       # imported KTIR's outputs vs the compiled kernel's node computations
     compiled_us: dict[str, float] | None = None
     ktir_us: dict[str, float] | None = None
+    ktir_private_us: dict[str, float] | None = None
+    """The imported kernel's time with every core loading its own copy, when the compiled plan claims no DRAM
+    broadcast but the imported one does (fused attention: the cores of one head read the same K/V tiles at the
+    same step, which the reader shares and the compiler's attention plan does not); else None."""
 
     @property
     def exported(self) -> bool:
@@ -61,8 +66,24 @@ def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence
                 continue
             got = result.outputs[arg[1:]].reshape(env[b].shape).float()
             err = max(err, float((got - env[b].float()).abs().max()) if got.numel() else 0.0)
+        private = None
+        if launch.rule == "attention" and _shares(result.program) and not _shares(launch.tile_kernel):
+            alone = without_broadcasts(result.program, launch.cfg.cores)
+            private = {m: simulate(alone, launch.cfg, mode=m, trace=False).time_us for m in modes}
         records.append(KernelRoundTrip(
             launch.name, launch.rule, text, max_abs_error=err,
             compiled_us={m: launch.simulate(m).time_us for m in modes},
-            ktir_us={m: simulate(result.program, launch.cfg, mode=m, trace=False).time_us for m in modes}))
+            ktir_us={m: simulate(result.program, launch.cfg, mode=m, trace=False).time_us for m in modes},
+            ktir_private_us=private))
     return records
+
+
+def _shares(program: TileProgram) -> bool:
+    return any(op.kind is OpKind.LOAD and op.share > 1 for p in program.programs for op in p.ops)
+
+
+def without_broadcasts(program: TileProgram, cores: int) -> TileProgram:
+    """``program`` with every load its core's own (share 1): what it costs when no DRAM broadcast is claimed."""
+    progs = [CoreOps([replace(op, share=1) if op.kind is OpKind.LOAD else op for op in p.ops])
+             for p in program.programs]
+    return TileProgram.from_programs(program.name, progs, cores)

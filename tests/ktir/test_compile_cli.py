@@ -24,16 +24,33 @@ def test_softmax_writes_one_loadable_file_per_kernel(tmp_path, capsys) -> None:
         assert function.simulate().time_us > 0
 
 
-def test_a_refused_kernel_is_printed_with_its_reason(tmp_path, capsys) -> None:
+def test_the_layer_is_written_whole(tmp_path, capsys) -> None:
     cli.main(["compile", "--ktir", str(tmp_path), "--example", "layer"])
+    assert not list(tmp_path.glob("*.unsupported.txt")), capsys.readouterr().out
+    assert len(list(tmp_path.glob("*.mlir"))) == 24
+    assert any("attention" in p.name for p in tmp_path.glob("*.mlir")), "fused attention is written too"
+
+
+def test_a_refused_kernel_is_printed_with_its_reason(tmp_path, capsys, monkeypatch) -> None:
+    """An attention mask given as an input (not the constant causal one) is outside the written subset."""
+    import torch
+    import torch.nn.functional as F
+
+    def masked(q, k, v, m):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+
+    shapes = [(1, 2, 128, 64)] * 3 + [(128, 128)]
+    monkeypatch.setitem(EXAMPLES, "masked_attention", (masked, lambda: [torch.randn(*s).half() for s in shapes]))
+    from spyre_lab.ktir.compile_examples import main
+
+    main("masked_attention", str(tmp_path))
     printed = capsys.readouterr().out
     reasons = sorted(tmp_path.glob("*.unsupported.txt"))
-    assert [p.name for p in reasons] == [p.name for p in reasons if "attention" in p.name] != [], \
-        "fused attention is the layer's one kernel outside the exported subset"
+    assert [p.name for p in reasons] == [p.name for p in reasons if "attention" in p.name] != [], printed
     for path in reasons:
         kernel = path.name.removesuffix(".unsupported.txt")
         assert f"refused {kernel}: " in printed and "not written as KTIR" in path.read_text()
-    assert len(list(tmp_path.glob("*.mlir"))) == 23
+        assert "constant causal mask" in path.read_text()
 
 
 def test_the_fused_mlp_example_is_written(tmp_path) -> None:

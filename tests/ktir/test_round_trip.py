@@ -28,22 +28,30 @@ def _check(records, must_export: int, close: bool = True) -> None:
             continue
         # silu is written x / (1 + exp(-x)): one fp16 rounding from the compiled kernel's torch silu
         assert r.max_abs_error <= 8e-3, f"{r.kernel}: KTIR differs from the compiled kernel by {r.max_abs_error}"
+        # fused attention: the reader shares the K/V tiles one head's cores load at the same step, the compiled
+        # plan claims no such broadcast; with each core loading its own the two agree, and sharing only helps
+        ktir_us = r.ktir_private_us or r.ktir_us
+        if r.ktir_private_us:
+            assert all(r.ktir_us[m] <= r.ktir_private_us[m] * 1.001 for m in r.ktir_us), r.kernel
         for mode, t in r.compiled_us.items():
             if close:
-                assert abs(r.ktir_us[mode] - t) <= 0.06 * t, f"{r.kernel} {mode}: {r.ktir_us[mode]} vs {t} us"
+                assert abs(ktir_us[mode] - t) <= 0.06 * t, f"{r.kernel} {mode}: {ktir_us[mode]} vs {t} us"
             else:   # without double buffering the imported kernel can only be slower, never faster
-                assert r.ktir_us[mode] >= 0.98 * t, f"{r.kernel} {mode}: {r.ktir_us[mode]} vs {t} us"
+                assert ktir_us[mode] >= 0.98 * t, f"{r.kernel} {mode}: {ktir_us[mode]} vs {t} us"
 
 
 def test_granite_layer_round_trips() -> None:
     inputs = layer_inputs(256, 4, 2, 512, 64)
     program = compile_graph(lambda *a: granite_layer(*a, heads=4, kv_heads=2), inputs, cfg=DATASHEET)
     records = round_trip(program, inputs)
-    _check(records, must_export=23)
+    _check(records, must_export=24)
     assert {"reduction_fusion", "restickify", "single"} <= {r.rule for r in records if r.exported}
     assert sum(r.rule == "single" and "matmul" in r.kernel for r in records if r.exported) == 4, "four projections"
     assert sum("cat" in r.kernel for r in records if r.exported) == 2, "the rotary embedding of q and of k"
-    assert [r.rule for r in records if not r.exported] == ["attention"], [r.reason for r in records]
+    assert all(r.exported for r in records), [r.reason for r in records if not r.exported]
+    attention = next(r for r in records if r.rule == "attention")
+    assert "tensor.extract" in attention.text and "math.exp" in attention.text, "row table and online softmax"
+    assert attention.ktir_private_us is not None, "the compiled attention plan claims no K/V broadcast"
 
 
 @pytest.mark.parametrize("fn", [
