@@ -133,12 +133,10 @@ def two_cards(tmp_path_factory) -> TwoCards:
     with LLM("tiny-granite", **OPTIONS) as one:
         one_logits, one_tokens = prefill_logits(one, PROMPTS), token_ids(one, PROMPTS)
         one_kv, one_weights = one.llm_engine.runner.kv_cache_bytes, weight_count(0, one.llm_engine.runner)
-    with LLM("tiny-granite", tensor_parallel_size=2, **{**OPTIONS, "distributed_timeout_s": IDLE_TIMEOUT_S}) as two:
+    with LLM("tiny-granite", tensor_parallel_size=2, **OPTIONS) as two:
         logits, tokens = prefill_logits(two, PROMPTS), token_ids(two, PROMPTS)
         attention = two.llm_engine.model.model.layers[0].self_attn.attn
-        start = time.monotonic()
-        time.sleep(IDLE_TIMEOUT_S + 1)
-        idle_s = time.monotonic() - start
+        idle_s = 0.0
         return TwoCards(str(failed.value), {1: one_logits, 2: logits}, {1: one_tokens, 2: tokens},
                         (attention.num_heads, attention.num_kv_heads),
                         {1: one_kv, 2: two.llm_engine.runner.kv_cache_bytes},
@@ -186,10 +184,12 @@ def test_static_shapes_warm_up_every_rank_and_decode_the_same_tokens():
         assert token_ids(two, PROMPTS) == tokens
 
 
-def test_an_idle_engine_outlives_the_collective_timeout(two_cards):
+def test_an_idle_engine_outlives_the_collective_timeout():
     """Workers wait for commands on a pipe, not in a collective: idling past the timeout breaks nothing."""
-    assert two_cards.idle_s > IDLE_TIMEOUT_S
-    assert two_cards.after_idle == two_cards.tokens[2][:1]
+    with LLM("tiny-granite", tensor_parallel_size=2, **{**OPTIONS, "distributed_timeout_s": IDLE_TIMEOUT_S}) as llm:
+        first = token_ids(llm, PROMPTS[:1])
+        time.sleep(IDLE_TIMEOUT_S + 1)
+        assert token_ids(llm, PROMPTS[:1]) == first
 
 
 def test_each_rank_holds_its_share_of_weights_and_kv_cache(two_cards):
