@@ -149,6 +149,9 @@ class SpyrePlatform(Platform):
         (`dispatch.BucketDispatch`); the first call, and every call with ``skip_guards=False``, go through Dynamo."""
         if self.dispatch is None:
             return model(*inputs)
+        if self._bucket is None:                # called outside a timed step (runner.execute by hand)
+            with _room_for_every_bucket():
+                return self.dispatch(None, model, *inputs)
         return self.dispatch(self._bucket, model, *inputs)
 
     def explain_attention(self) -> str:
