@@ -7,15 +7,20 @@ Each run is a fresh ``python -m spyre_lab.cli reproduce`` subprocess with its ow
 accounting of the child), so other processes' load on a shared machine moves it far less than wall
 time, and its peak resident memory. Goals (issue 22): cold < 20 s CPU, warm < 3 s CPU. The modeled
 numbers the command prints are the same either way (a warm run reads the cold run's result, stored
-under the source fingerprint).
+under the source fingerprint). ``profile`` runs the studies once in this process and splits each stage's CPU
+into Dynamo tracing, compiling the pieces' Programs and the rest.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+import itertools
 import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from sections import chosen, parser
@@ -68,7 +73,62 @@ def warm() -> None:
     print(f"  warm --json {json_cpu:5.1f} s CPU   peak RSS {json_rss:7.0f} MB")
 
 
-SECTIONS = {"cold": cold, "warm": warm}
+def profile() -> None:
+    """Where a cold run's CPU goes: each stage, split into Dynamo tracing, spyre piece compiles and the rest."""
+    print("== profile: one cold reproduce in this process (text output's studies, no cache), CPU seconds")
+    start = time.process_time()
+    import importlib
+
+    import torch._dynamo.convert_frame as convert_frame
+
+    from spyre_lab.compiler import cache as program_cache
+    from spyre_lab.engine.platforms.spyre import SpyrePlatform
+
+    study = importlib.import_module("spyre_lab.studies.reproduce")
+    spent: collections.Counter = collections.Counter()
+    _count_cpu(convert_frame.ConvertFrameAssert, "__call__", spent, "dynamo")      # trace + its backend call
+    _count_cpu(SpyrePlatform, "_backend", spent, "compile")                        # the pieces' Programs
+    print(f"  imports {time.process_time() - start:6.1f} s")
+    marks: list[tuple[str, float, dict]] = []
+
+    def progress(enabled: bool):
+        return lambda message: marks.append((message, time.process_time(), dict(spent)))
+
+    study._progress = progress
+    study.reproduce(progress=True)
+    marks.append(("end", time.process_time(), dict(spent)))
+    print(f"  {'stage':<58}{'CPU':>7}{'traces':>8}{'tracing':>9}{'compile':>9}{'other':>7}")
+    for (label, t0, a), (_, t1, b) in itertools.pairwise(marks):
+        traces = b.get("dynamo#", 0) - a.get("dynamo#", 0)
+        comp = b.get("compile", 0) - a.get("compile", 0)
+        tracing = b.get("dynamo", 0) - a.get("dynamo", 0) - comp
+        print(f"  {label[:56]:<58}{t1 - t0:7.1f}{traces:8d}{tracing:9.1f}{comp:9.1f}{t1 - t0 - tracing - comp:7.1f}")
+    stats = program_cache.stats()
+    print(f"  total {time.process_time() - start:.1f} s CPU: {spent['dynamo#']} Dynamo traces "
+          f"({spent['dynamo'] - spent['compile']:.1f} s tracing), {spent['compile']:.1f} s compiling pieces; "
+          f"program cache {stats['compiles']} compiles, {stats['hits']} hits")
+
+
+def _count_cpu(owner: type, name: str, spent: collections.Counter, key: str) -> None:
+    """Wrap ``owner.name`` to add its calls' process CPU time (outermost calls only) and count to ``spent``."""
+    inner = getattr(owner, name)
+    depth = [0]
+
+    @functools.wraps(inner)
+    def timed(*args, **kwargs):
+        depth[0] += 1
+        start = time.process_time()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            depth[0] -= 1
+            if depth[0] == 0:
+                spent[key] += time.process_time() - start
+                spent[key + "#"] += 1
+    setattr(owner, name, timed)
+
+
+SECTIONS = {"cold": cold, "warm": warm, "profile": profile}
 
 
 if __name__ == "__main__":

@@ -171,8 +171,12 @@ def _rms(errors: list[float]) -> float:
     return math.sqrt(sum(e * e for e in errors) / len(errors)) if errors else 0.0
 
 
-def fidelity() -> dict[str, Any]:
-    """Every point on both machines, the error per point, the RMS error per category and the rank correlations."""
+def fidelity(mechanisms: bool = False) -> dict[str, Any]:
+    """Every point on both machines, the error per point, the RMS error per category and the rank correlations.
+
+    ``mechanisms``: also run the candidate-mechanism probes (:mod:`fidelity_mechanisms`, six more compiles of the
+    ladder) under ``"mechanisms"``. Only ``docs/fidelity.md`` and ``spyre-lab fidelity --markdown/--json`` show
+    them, so the demo, the report and the Fidelity view do not pay for them."""
     rows = []
     for p in points():
         modeled = {name: p.model(cfg) for name, cfg in MACHINES.items()}
@@ -195,7 +199,7 @@ def fidelity() -> dict[str, Any]:
     return {"schema": SCHEMA, "modeled": True, "points": rows, "categories": categories, "rank_correlation": ranked,
             "ladder_worst_pct": {m: max(abs(r["error_pct"][m]) for r in ladder) for m in MACHINES},
             "four_cores_slower": {m: four["modeled_us"][m] > ladder[-1]["modeled_us"][m] for m in MACHINES},
-            "mechanisms": fidelity_mechanisms.probes()}
+            **({"mechanisms": fidelity_mechanisms.probes()} if mechanisms else {})}
 
 
 def to_markdown(result: dict[str, Any]) -> str:
@@ -282,7 +286,7 @@ def main(as_json: bool = False, markdown: bool = False) -> int:
     """The ``spyre-lab fidelity`` command."""
     import json
 
-    result = fidelity()
+    result = fidelity(mechanisms=as_json or markdown)   # the text summary does not show the probes
     if as_json:
         print(json.dumps(result, indent=1))
     elif markdown:

@@ -56,7 +56,10 @@ class StepConfig:
     (the execution graph rebuilt on the host at every launch). ``overlap``: the host prepares the next
     launch while the card runs this one (False: it waits for every launch). ``attention_kernel``: with
     compiled blocks, each layer's paged attention is one kernel (the compiler's ``attention`` rule; False:
-    the engine's eager device ops), a mechanism beyond the published stack.
+    the engine's eager device ops), a mechanism beyond the published stack. ``tensor_parallel``: the cards the
+    model is split across (:mod:`~spyre_lab.studies.tp_sharding`): one rank's programs on the shapes one card of
+    ``k`` holds, timed on the real path, plus the group's modeled collectives (spyreccl is synchronous, so they
+    add to the step: :attr:`StepTiming.collective_us`).
     """
 
     compile_blocks: bool = True
@@ -64,6 +67,13 @@ class StepConfig:
     dispatch: str = "aot_patch"
     overlap: bool = True
     attention_kernel: bool = True
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tensor_parallel, int) or isinstance(self.tensor_parallel, bool) \
+                or self.tensor_parallel < 1:
+            raise ValueError(f"StepConfig.tensor_parallel is the number of cards, an int >= 1; got "
+                             f"{self.tensor_parallel!r}")
 
     def traced(self) -> StepConfig:
         """This configuration with the runtime-only options (``dispatch``, ``overlap``) at their defaults.
@@ -87,6 +97,9 @@ class StepTiming:
     event to last. ``launches``: compute launches on the card. ``attention_us``: the part of ``device_us``
     spent in paged attention (the one-launch kernels, or the eager ops of the attention regions the
     engine marks), ``attention_launches`` the launches it took; both read off the step's trace events.
+    ``collective_us``: at ``tensor_parallel > 1``, the part of ``step_us`` the group's collectives take
+    (``collectives`` of them, ``collective_latency_us`` of it message latency rather than bytes); ``compute_us``
+    is the rest, the rank's own step.
     """
 
     step_us: float
@@ -99,6 +112,27 @@ class StepTiming:
     log: object = field(default=None, repr=False, compare=False)   # the step's StepLog (retime.py), when recorded
     attention_us: float = 0.0
     attention_launches: int = 0
+    collective_us: float = 0.0
+    collectives: int = 0
+    collective_latency_us: float = 0.0
+
+    @property
+    def compute_us(self) -> float:
+        """The rank's own step: ``step_us`` without the collectives."""
+        return self.step_us - self.collective_us
+
+    @property
+    def collective_share(self) -> float:
+        """The collectives' share of the step (0 at TP 1)."""
+        return self.collective_us / self.step_us if self.step_us else 0.0
+
+    def with_collectives(self, costs: Sequence[object], latency_us: float) -> StepTiming:
+        """This rank's step followed by ``costs`` (CollectiveCosts; spyreccl is synchronous: no overlap)."""
+        total = sum(c.us for c in costs)
+        return dataclasses.replace(self, step_us=self.step_us + total, collective_us=self.collective_us + total,
+                                   collectives=self.collectives + len(costs),
+                                   collective_latency_us=self.collective_latency_us
+                                   + sum(c.rounds * latency_us for c in costs))
 
     @property
     def attention_share(self) -> float:
@@ -127,7 +161,8 @@ class StepTiming:
     def to_dict(self) -> dict[str, float | int | list[int]]:
         return {"step_us": self.step_us, "host_us": self.host_us, "device_us": self.device_us,
                 "launches": self.launches, "depth": self.depth, "extended_from": list(self.extended_from),
-                "attention_us": self.attention_us, "attention_launches": self.attention_launches}
+                "attention_us": self.attention_us, "attention_launches": self.attention_launches,
+                "collective_us": self.collective_us, "collectives": self.collectives}
 
 
 def _busy(intervals: list[tuple[float, float]]) -> float:
@@ -316,16 +351,35 @@ def time_steps(step: StepConfig, buckets: Sequence[tuple[str, int]], depth: str 
     ``"full"`` (or an int) runs that many layers directly. Pass one ``probes`` cache to successive calls
     to reuse a model between configurations that differ only in runtime options.
     """
+    from spyre_lab.studies.tp_sharding import shard_config
+
+    full, config = config, shard_config(config, step.tensor_parallel)   # the shapes one rank holds
+    rank = dataclasses.replace(step, tensor_parallel=1)   # a rank is one card running the sharded shapes
     prefill = tuple(sorted({s for k, s in buckets if k == "prefill"})) or (64,)
     batch = tuple(sorted({s for k, s in buckets if k == "decode"})) or (1,)
     depths = PROBE_DEPTHS if depth == "probe" else (config.num_hidden_layers if depth == "full" else int(depth),)
     per_depth = {}
     probes = probes or ProbeCache()
     for d in depths:
-        probe = probes.get(dataclasses.replace(config, num_hidden_layers=d), step, prefill, batch,
+        probe = probes.get(dataclasses.replace(config, num_hidden_layers=d), rank, prefill, batch,
                            dict(compile_options or {}))
-        per_depth[d] = {b: probe.time(*b, step=step) for b in buckets}
+        per_depth[d] = {b: probe.time(*b, step=rank) for b in buckets}
     if depth != "probe":
-        return per_depth[depths[0]]
-    shallow, deep = (per_depth[d] for d in PROBE_DEPTHS)
-    return {b: StepTiming.extend(shallow[b], deep[b], config.num_hidden_layers) for b in buckets}
+        timings = per_depth[depths[0]]
+    else:
+        shallow, deep = (per_depth[d] for d in PROBE_DEPTHS)
+        timings = {b: StepTiming.extend(shallow[b], deep[b], config.num_hidden_layers) for b in buckets}
+    return _with_collectives(timings, full, step.tensor_parallel, depths[-1] if depth != "probe" else None)
+
+
+def _with_collectives(timings: dict[tuple[str, int], StepTiming], config: ModelConfig, k: int,
+                      layers: int | None) -> dict[tuple[str, int], StepTiming]:
+    """Each bucket's rank step plus the group's collectives at ``layers`` layers (the model's by default)."""
+    if k == 1:
+        return timings
+    from spyre_lab.distributed.links import card_link
+    from spyre_lab.studies.tp_sharding import step_collectives
+
+    latency = card_link().latency_us
+    at = config if layers is None else dataclasses.replace(config, num_hidden_layers=layers)
+    return {b: t.with_collectives(step_collectives(at, k, *b), latency) for b, t in timings.items()}

@@ -36,7 +36,8 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
     Keys: ``schema``, ``modeled`` (always True), ``device`` (the swept SpyreConfig fields),
     ``model`` (the 8B architecture), ``engine`` (``method``, ``steps``: one row per bucket, ``attention``:
     attention's share of the prefill and decode steps with the ``attention`` rule on and off, ``tensor_parallel``:
-    the TP 1/2/4/8 table of :mod:`~spyre_lab.studies.tensor_parallel`), ``claims``
+    the TP 1/2/4/8 table of :mod:`~spyre_lab.studies.tensor_parallel`, each row the step study at
+    ``StepConfig(tensor_parallel=k)``; TP 1 is the step table's own row), ``claims``
     (one :class:`~spyre_lab.studies.claims.Claim` dict each, in order matmul, softmax, mlp, prefill,
     decode), ``sweep`` (None, or ``configurations``, ``ranges``, ``verdicts``, ``points``), ``wall_s``.
     The sweep runs on Dask: a local cluster of ``workers`` processes, or ``scheduler`` (see ``sweep_runner``).

@@ -1,9 +1,10 @@
 """Tensor parallelism for the Granite-8B shape: prefill and decode step times at TP 1, 2, 4 and 8.
 
-What is timed, and how: ranks of a tensor-parallel group are symmetric (each holds ``1/k`` of every
-sharded weight and runs the same programs), so the study times **one rank** in one process and adds the
-collectives the group would run. The rank's programs are the real spyre-platform path of
-:func:`spyre_lab.studies.granite8b.time_steps` on a *sharded* config, the shapes one card of ``k`` holds:
+What is timed, and how: each row is the 8B study's own step, ``time_steps(StepConfig(tensor_parallel=k))``.
+Ranks of a tensor-parallel group are symmetric (each holds ``1/k`` of every sharded weight and runs the same
+programs), so the study times **one rank** in one process and adds the collectives the group would run
+(:mod:`~spyre_lab.studies.tp_sharding`). The rank's programs are the real spyre-platform path on a *sharded*
+config, the shapes one card of ``k`` holds:
 
 * attention: ``32/k`` query heads and ``8/k`` KV heads (KV cache sharded by KV heads), head_dim 128;
   QKV column-parallel, ``o_proj`` row-parallel;
@@ -27,54 +28,21 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from spyre_lab.distributed.algorithms import CollectiveCost, allreduce_cost, gather_cost
 from spyre_lab.distributed.links import card_link
 from spyre_lab.engine.models.config import ModelConfig
 from spyre_lab.studies.granite8b import GRANITE_3_3_8B, ProbeCache, StepConfig, StepTiming, time_steps
+from spyre_lab.studies.tp_sharding import (  # noqa: F401 (the study's vocabulary, re-exported)
+    ACTIVATION_BYTES,
+    TP_SIZES,
+    shard_config,
+    step_collectives,
+    weight_bytes,
+)
 
-TP_SIZES = (1, 2, 4, 8)
 BUCKETS = (("prefill", 1024), ("decode", 1))
-ACTIVATION_BYTES = 2  # fp16 activations on the card
-
-
-def shard_config(config: ModelConfig, k: int) -> ModelConfig:
-    """The layer shapes one card of a ``k``-way tensor-parallel group holds."""
-    if k < 1:
-        raise ValueError(f"tensor_parallel must be >= 1, got {k}")
-    for name in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        if getattr(config, name) % k:
-            raise ValueError(f"{name}={getattr(config, name)} does not split over {k} cards; use a TP size that "
-                             f"divides it (one of {[d for d in TP_SIZES if getattr(config, name) % d == 0]})")
-    return dataclasses.replace(config, num_attention_heads=config.num_attention_heads // k,
-                               num_key_value_heads=config.num_key_value_heads // k,
-                               intermediate_size=config.intermediate_size // k,
-                               vocab_size=math.ceil(config.vocab_size / k))
-
-
-def weight_bytes(config: ModelConfig, dtype_bytes: int = 2) -> int:
-    """Bytes of the weights a card holds for ``config`` (linear layers, embedding; norms are negligible)."""
-    h, d = config.hidden_size, config.head_dim
-    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * config.intermediate_size
-    embed = config.vocab_size * h * (1 if config.tie_word_embeddings else 2)
-    return (per_layer * config.num_hidden_layers + embed) * dtype_bytes
-
-
-def step_collectives(config: ModelConfig, k: int, kind: str, size: int) -> list[CollectiveCost]:
-    """The modeled collectives of one step of one rank (empty at TP 1)."""
-    if k == 1:
-        return []
-    tokens = size  # prefill: one sequence of `size` tokens; decode: `size` sequences, one token each
-    rows = 1 if kind == "prefill" else size  # logits are taken for the last token of each sequence
-    activation = tokens * config.hidden_size * ACTIVATION_BYTES
-    per_layer = [allreduce_cost(activation, k), allreduce_cost(activation, k)]  # after o_proj, after down_proj
-    embedding = allreduce_cost(activation, k)
-    logits = gather_cost(rows * math.ceil(config.vocab_size / k) * ACTIVATION_BYTES, k)
-    return per_layer * config.num_hidden_layers + [embedding, logits]
 
 
 @dataclass(frozen=True)
@@ -111,18 +79,17 @@ def tensor_parallel_table(tp_sizes: Sequence[int] = TP_SIZES, buckets: Sequence[
     ``one_card``: the unsharded model's timings of these buckets, already computed with ``step`` (TP 1 is that
     model, so it is not timed again)."""
     step = step or StepConfig()
-    latency = card_link().latency_us
     rows = []
     for k in tp_sizes:
-        shard = shard_config(config, k)
+        at_k = dataclasses.replace(step, tensor_parallel=k)    # the step table's own configuration, on k cards
         if k == 1 and one_card is not None and all(b in one_card for b in buckets):
             timings = one_card
         else:
-            timings = time_steps(step, list(buckets), depth=depth, config=shard, probes=probes)
+            timings = time_steps(at_k, list(buckets), depth=depth, config=config, probes=probes)
         for kind, size in buckets:
-            costs = step_collectives(config, k, kind, size)
-            rows.append(TPRow(k, kind, size, timings[(kind, size)].step_us, sum(c.us for c in costs), len(costs),
-                              weight_bytes(shard), sum(c.rounds * latency for c in costs)))
+            t = timings[(kind, size)]
+            rows.append(TPRow(k, kind, size, t.compute_us, t.collective_us, t.collectives,
+                              weight_bytes(shard_config(config, k)), t.collective_latency_us))
     return rows
 
 

@@ -3,6 +3,7 @@
 import dataclasses
 
 import pytest
+from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.device.config import SPYRE
 from spyre_lab.studies.granite8b import GRANITE_3_3_8B, StepConfig, StepTiming, build_model, time_steps
@@ -37,12 +38,14 @@ ALL_OFF = StepConfig(compile_blocks=False, transpose_weights=False, dispatch="re
 
 @pytest.fixture(scope="module")
 def on_probe():
-    return time_steps(StepConfig(), SMALL_BUCKETS, depth="probe", config=SMALL)
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):        # the spyre platform's one-time host-fallback notices
+        return time_steps(StepConfig(), SMALL_BUCKETS, depth="probe", config=SMALL)
 
 
 @pytest.fixture(scope="module")
 def off_probe():
-    return time_steps(ALL_OFF, SMALL_BUCKETS, depth="probe", config=SMALL)
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
+        return time_steps(ALL_OFF, SMALL_BUCKETS, depth="probe", config=SMALL)
 
 
 def test_probe_extension_matches_running_every_layer(on_probe):

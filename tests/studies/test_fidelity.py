@@ -4,18 +4,43 @@ from pathlib import Path
 
 import pytest
 
+from spyre_lab.studies import fidelity as F
+from spyre_lab.studies import fidelity_mechanisms
 from spyre_lab.studies.fidelity import GOALS, SCHEMA, fidelity, fitted_us, spearman, to_markdown
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "fidelity.md"
+PROBE_CALLS: list[int] = []
 
 
 @pytest.fixture(scope="module")
 def result():
-    return fidelity()
+    """A plain fidelity() (as the demo, the report and the view call it), counting mechanism-probe runs."""
+    real = fidelity_mechanisms.probes
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fidelity_mechanisms, "probes", lambda: PROBE_CALLS.append(1) or real())
+        return fidelity()
+
+
+def test_a_plain_fidelity_call_runs_no_mechanism_probe(result):
+    assert PROBE_CALLS == [] and "mechanisms" not in result
+    assert "## Mechanisms tried" not in to_markdown(result)
+
+
+@pytest.mark.parametrize(("flags", "probed"), [((False, False), False), ((True, False), True), ((False, True), True)])
+def test_the_command_probes_only_where_it_shows_the_probes(monkeypatch, capsys, result, flags, probed):
+    asked = []
+    monkeypatch.setattr(F, "fidelity", lambda mechanisms=False: asked.append(mechanisms) or
+                        {**result, **({"mechanisms": []} if mechanisms else {})})
+    monkeypatch.setattr(fidelity_mechanisms, "to_markdown", lambda rows: ["## Mechanisms tried"])
+    assert F.main(*flags) == 0
+    out = capsys.readouterr().out
+    assert asked == [probed]
+    assert ('"mechanisms"' in out or "## Mechanisms tried" in out) == probed
 
 
 def test_docs_fidelity_md_is_current(result):
-    assert DOC.read_text() == to_markdown(result), (
+    shown = {**result, "mechanisms": fidelity_mechanisms.probes()}    # what `--markdown` adds
+    assert DOC.read_text() == to_markdown(shown), (
         "docs/fidelity.md is stale: regenerate it with `spyre-lab fidelity --markdown > docs/fidelity.md`")
 
 

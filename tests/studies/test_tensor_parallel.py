@@ -8,7 +8,7 @@ import pytest
 from warning_checks import SPYRE_ENGINE_WARNINGS, only_warnings
 
 from spyre_lab.distributed import allreduce_cost
-from spyre_lab.studies.granite8b import GRANITE_3_3_8B
+from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PROBE_DEPTHS, ProbeCache, StepConfig, time_steps
 from spyre_lab.studies.tensor_parallel import (
     explain_decode,
     format_table,
@@ -71,3 +71,28 @@ def test_printer_and_explanation_read_the_table(table: list) -> None:
     assert "decode batch 1: fastest at TP" in story and "TP 2->4" in story
     with pytest.raises(ValueError, match="two or more TP sizes"):
         explain_decode([r for r in table if r.tp == 1])
+
+
+def test_the_table_is_the_step_study_at_each_tensor_parallel_size(table: list) -> None:
+    """Each row is ``time_steps(StepConfig(tensor_parallel=k))``: the rank's step on the sharded shapes (one card,
+    the same probes) plus the collectives ``step_collectives`` lists."""
+    probes = ProbeCache()
+    with only_warnings(*SPYRE_ENGINE_WARNINGS):
+        at_2 = time_steps(StepConfig(tensor_parallel=2), BUCKETS, config=SMALL, probes=probes)
+        rank = time_steps(StepConfig(), BUCKETS, config=shard_config(SMALL, 2), probes=probes)
+    assert probes.built == len(PROBE_DEPTHS)       # one rank's model per depth: TP 2 and its shapes share them
+    for kind, size in BUCKETS:
+        t, row = at_2[(kind, size)], next(r for r in table if (r.tp, r.kind, r.size) == (2, kind, size))
+        costs = step_collectives(SMALL, 2, kind, size)
+        assert t.collectives == len(costs) and t.collective_us == pytest.approx(sum(c.us for c in costs))
+        assert t.compute_us == pytest.approx(rank[(kind, size)].step_us)
+        assert t.step_us == pytest.approx(t.compute_us + t.collective_us) and 0 < t.collective_share < 1
+        assert (row.compute_us, row.collective_us) == pytest.approx((t.compute_us, t.collective_us))
+
+
+def test_tensor_parallel_must_be_a_card_count() -> None:
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="tensor_parallel is the number of cards"):
+            StepConfig(tensor_parallel=bad)
+    with pytest.raises(ValueError, match="num_key_value_heads=8 does not split over 16 cards"):
+        time_steps(StepConfig(tensor_parallel=16), BUCKETS)
