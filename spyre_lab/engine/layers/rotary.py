@@ -88,8 +88,10 @@ class RotaryEmbedding(CustomOp):
         """Rotate query [T, heads*d] and key [T, kv_heads*d] by the angles `cos_sin(positions)` gathered."""
         cos, sin = cos_sin
         width = query.shape[1]
-        # eager only: a traced graph (a compiling platform) keeps its two rotations, and its kernels as they were
-        if not torch.compiler.is_compiling() and _adjacent(query, key):   # neighbouring qkv columns: one rotation
+        # host tensors in eager only. A traced graph keeps its two rotations and its kernels as they were, and a
+        # modeled card's eager launches stay the two rotations vLLM's rotary layer makes (the waterfall's all-off
+        # stage models the real stack's single-op launches, not this host shortcut)
+        if query.device.type == "cpu" and not torch.compiler.is_compiling() and _adjacent(query, key):
             both = self._rotate(query.as_strided((query.shape[0], width + key.shape[1]), query.stride()), cos, sin)
             return both[:, :width], both[:, width:]
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
