@@ -30,7 +30,8 @@ class SpyreRun:
     backend: str                         # the default group's backend name ("" on one card)
 
 
-def _prefill_logits(llm, prompts: list[list[int]]) -> torch.Tensor:
+def prefill_logits(llm, prompts: list[list[int]]) -> torch.Tensor:
+    """Last-position logits of one prefill step over ``prompts``, on the host (on every rank, as a step runs)."""
     from spyre_lab.engine import SamplingParams
     from spyre_lab.engine.sequence import Sequence
 
@@ -54,7 +55,7 @@ def _run(size: int) -> SpyreRun:
     greedy = SamplingParams(max_tokens=STEPS, temperature=0.0, ignore_eos=True)
     with only_warnings(*EXPECTED_WARNINGS), LLM("tiny-granite", tensor_parallel_size=size, **OPTIONS) as llm:
         llm.warmup(show_progress=False)
-        logits = _prefill_logits(llm, PROMPTS)
+        logits = prefill_logits(llm, PROMPTS)
         group = dist.group.WORLD if dist.is_initialized() else None
         before = len(group.history) if group is not None else 0
         tokens = [list(o.outputs[0].token_ids) for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]

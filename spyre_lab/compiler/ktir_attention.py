@@ -131,16 +131,9 @@ class AttentionWriter(KernelWriter):
         return self.w.access(self.views[role], shape, self.spec.buffers[b].dtype, starts, sizes, ident(b)), sizes
 
     def _load(self, role: str, at: dict[str, str]) -> str:
-        w, b = self.w, self.roles[role]
+        b = self.roles[role]
         acc, sizes = self._tile(role, at)
-        dtype, name = self.spec.buffers[b].dtype, w.fresh(ident(b))
-        w.line(f"{name} = ktdp.load {acc} : {w.tile_type(sizes)} -> {type_text(sizes, dtype)}")
-        if len(sizes) == 3:
-            flat = w.fresh(f"{ident(b)}_2d")
-            w.line(f"{flat} = tensor.collapse_shape {name} [[0, 1], [2]] : {type_text(sizes, dtype)} into "
-                   f"{type_text(sizes[1:], dtype)}")
-            name = flat
-        return name
+        return self.w.load(acc, sizes, self.spec.buffers[b].dtype, ident(b))
 
     def _splat(self, value: str, shape: tuple[int, ...], hint: str) -> str:
         w = self.w

@@ -130,16 +130,8 @@ class MatmulWriter(KernelWriter):
 
     def _load(self, x: str, view: str, at: dict[str, str], tile: dict[str, int], dtype: torch.dtype) -> str:
         """``x``'s tile as the 2-D tensor linalg.matmul takes (a batch dim of 1 folded away)."""
-        w = self.w
         acc, sizes = self._tile(x, view, at, tile, dtype)
-        name = w.fresh(ident(x))
-        w.line(f"{name} = ktdp.load {acc} : {w.tile_type(sizes)} -> {type_text(sizes, dtype)}")
-        if len(sizes) == 3:
-            flat = w.fresh(f"{ident(x)}_2d")
-            w.line(f"{flat} = tensor.collapse_shape {name} [[0, 1], [2]] : {type_text(sizes, dtype)} into "
-                   f"{type_text(sizes[1:], dtype)}")
-            name = flat
-        return name
+        return self.w.load(acc, sizes, dtype, ident(x))
 
     def _round(self, value: str, tile: dict[str, int], dtype: torch.dtype) -> str:
         """The fp32 accumulator tile rounded to the output's dtype."""

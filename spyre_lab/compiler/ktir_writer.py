@@ -83,3 +83,15 @@ class Writer:
 
     def tile_type(self, tile: Sequence[int]) -> str:
         return f"!ktdp.access_tile<{'x'.join(str(t) for t in tile)}xindex>"
+
+    def load(self, access: str, sizes: Sequence[int], dtype: torch.dtype, hint: str) -> str:
+        """``ktdp.load`` of one access tile; a 3-D tile (a batch of one in front) is collapsed to the 2-D tensor
+        ``linalg.matmul`` and the row ops take."""
+        name = self.fresh(hint)
+        self.line(f"{name} = ktdp.load {access} : {self.tile_type(sizes)} -> {type_text(sizes, dtype)}")
+        if len(sizes) != 3:
+            return name
+        flat = self.fresh(f"{hint}_2d")
+        self.line(f"{flat} = tensor.collapse_shape {name} [[0, 1], [2]] : {type_text(sizes, dtype)} into "
+                  f"{type_text(sizes[1:], dtype)}")
+        return flat

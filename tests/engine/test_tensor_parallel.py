@@ -15,12 +15,12 @@ from dataclasses import dataclass
 
 import pytest
 import torch
+from spyre_tp_runs import prefill_logits
 
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.parallel.drills import fail_next_step
 from spyre_lab.engine.parallel.launcher import TensorParallelError
 from spyre_lab.engine.platforms.cpu import CpuPlatform
-from spyre_lab.engine.sequence import Sequence
 
 PROMPTS = [[1, 5, 17, 33, 9, 40, 12], [1, 7, 8, 9, 10, 11, 12, 13, 14, 3], [1, 3, 4]]  # ids in both vocabularies
 GREEDY = SamplingParams(max_tokens=32, temperature=0.0, ignore_eos=True)
@@ -34,20 +34,6 @@ OPTIONS = dict(max_model_len=64, block_size=8, max_num_seqs=4, distributed_timeo
 
 def token_ids(llm: LLM, prompts: list) -> list[list[int]]:
     return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, GREEDY, use_tqdm=False)]
-
-
-def prefill_logits(llm: LLM, prompts: list[list[int]]) -> torch.Tensor:
-    """Last-position logits of one prefill step over ``prompts`` (on every rank, as the engine runs a step)."""
-    engine = llm.llm_engine
-    seqs = [Sequence(str(i), list(p), SamplingParams()) for i, p in enumerate(prompts)]
-    for seq in seqs:
-        engine.block_manager.allocate(seq)
-    runner = engine.runner
-    logits = runner.step_logits(seqs, is_prefill=True) if engine.tensor_parallel else \
-        runner.execute(runner.prepare_prefill(seqs))
-    for seq in seqs:
-        engine.block_manager.free(seq)
-    return logits.clone()
 
 
 def results(model: str, size: int, dtype: str = "float32") -> tuple[torch.Tensor, list[list[int]]]:
