@@ -26,8 +26,9 @@ from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
 
 WALL_S_AXIS = "wall time since the run started (s)"
-LEGEND_Y = 1.07
-"""The replica legend sits above the requests panel's title (at the panel's top it printed over it)."""
+LEGEND_Y = 1.06
+"""The replica legend sits in the top margin, between the figure's title and the requests panel's title (at the
+panel's top it printed over the panel title; the margin is made tall enough that it clears the figure title)."""
 
 
 def _load(source: str | Path | dict[str, Any]) -> dict[str, Any]:
@@ -45,7 +46,7 @@ def _load(source: str | Path | dict[str, Any]) -> dict[str, Any]:
 class RouterView(View):
     """A recorded routing run: requests by replica, queue depth and KV usage per replica, hit rate per policy."""
 
-    figure_height = 640
+    figure_height = 720
 
     def __init__(self, source: str | Path | dict[str, Any], workload: str | None = None,
                  policy: str | None = None) -> None:
@@ -102,10 +103,10 @@ class RouterView(View):
     def build(self) -> go.Figure:
         layout, axes = cached_subplots(
             rows=3, cols=2, specs=[[{"colspan": 2}, None], [{}, {"rowspan": 2}], [{}, None]],
-            column_widths=[0.7, 0.3], vertical_spacing=0.1, horizontal_spacing=0.1,
+            column_widths=[0.7, 0.3], vertical_spacing=0.15, horizontal_spacing=0.1,
             subplot_titles=["requests: TTFT by send time, colored by replica", "queue: waiting requests",
                             "prefix-cache hit rate by policy", "KV cache: fraction of blocks held"],
-            template="plotly_white", height=self.figure_height, margin=dict(l=70, r=20, t=90, b=50))
+            template="plotly_white", height=self.figure_height, margin=dict(l=70, r=20, t=130, b=50))
         traces = [*self._request_traces(axes[(1, 1)]), *self._sample_traces(axes[(2, 1)], "waiting", True),
                   *self._sample_traces(axes[(3, 1)], "kv_usage", False), self._hit_rate_trace(axes[(2, 2)])]
         base = base_layout(f"Routing a fleet: {self.workload} workload, {self.policy} (recorded run, wall clock)",
