@@ -329,14 +329,19 @@ def _plain(value: Any) -> Any:
 
 def sync_figure(target: go.Figure, fig: go.Figure) -> None:
     """Make a live figure (:class:`LiveFigure`) show ``fig``, sent once: traces updated in place where the types
-    line up (a longer or shorter list drops or appends only the difference), replaced only when the types differ."""
+    line up (a longer or shorter list drops or appends only the difference), replaced only when the types differ.
+
+    A trace updated in place loses every property the new trace does not set (a failed-requests trace's hover
+    ``text`` must not stay on the replica trace that takes its place)."""
     with target.batch_update():
         common = min(len(target.data), len(fig.data))
         if all(a.type == b.type for a, b in zip(target.data[:common], fig.data[:common])):
             if len(target.data) > common:
                 target.data = target.data[:common]
             for old, new in zip(target.data, fig.data):
-                old.update(new.to_plotly_json(), overwrite=True)
+                fresh = new.to_plotly_json()
+                stale = {key: None for key in old.to_plotly_json() if key not in fresh and key != "uid"}
+                old.update({**stale, **fresh}, overwrite=True)
             if len(fig.data) > common:
                 target.add_traces(list(fig.data[common:]))
         else:

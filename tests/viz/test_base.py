@@ -8,7 +8,7 @@ import plotly.io as pio
 import pytest
 
 from spyre_lab.device.trace import Trace
-from spyre_lab.viz.base import PLOTLY_MIME, View, aggregation_note, load_json_source
+from spyre_lab.viz.base import PLOTLY_MIME, LiveFigure, View, aggregation_note, load_json_source, sync_figure
 
 
 class _Line(View):
@@ -136,3 +136,16 @@ def test_the_widget_is_made_of_core_widgets_only():
     bundle = view._repr_mimebundle_()
     assert bundle["text/plain"] == repr(view) and "\n" not in bundle["text/plain"][:200]
     assert _shown(view)["data"][0]["type"] == "heatmap"
+
+
+def test_a_trace_updated_in_place_keeps_nothing_of_the_trace_it_replaces():
+    """Syncing a live figure reuses traces of the same type; what the new trace leaves unset must be unset, not
+    the old trace's hover text, legend group or marker."""
+    live = LiveFigure(go.Figure(go.Scatter(name="failed", x=[1], y=[0], text=["timed out"], legendgroup="errors",
+                                           marker=dict(symbol="x", size=9))))
+    sync_figure(live, go.Figure(go.Scatter(name="replica 0", x=[1, 2], y=[3, 4], marker=dict(color="red"))))
+    trace = live.data[0]
+    assert (trace.name, trace.x, trace.y) == ("replica 0", (1, 2), (3, 4))
+    assert trace.text is None and trace.legendgroup is None
+    assert trace.marker.symbol is None and trace.marker.size is None and trace.marker.color == "red"
+    assert live.data[0].to_plotly_json().keys() - {"uid"} == {"type", "name", "x", "y", "marker"}
