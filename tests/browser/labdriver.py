@@ -34,8 +34,9 @@ VIEWS_JS = """() => {
   return all.filter(b => !all.some(o => o !== b && o.contains(b)));
 }"""
 
-# what a plot holds as the browser draws it: per trace its type, name and, per data array, [length, sum of its
-# numbers, nulls, total length of its strings, its first three strings]; the title, notes and shapes. The browser
+# what a plot holds as the browser draws it: per trace its type, name, legend group, legend entry, bar pattern and,
+# per data array, [length, sum of its numbers, nulls, total length of its strings, its first three strings]; the
+# title, notes and shapes. The browser
 # test's notebook prints the same summary of the kernel's figure (tests/browser/all_views.ipynb, last cell).
 DIGEST_JS = """(gd) => {
   if (!gd || !gd.data) return null;
@@ -53,6 +54,10 @@ DIGEST_JS = """(gd) => {
     data: gd.data.map(t => { const o = {type: t.type || 'scatter', name: t.name == null ? null : t.name};
                              for (const k of ['x', 'y', 'z', 'base', 'text']) if (isArray(t[k])) o[k] = summary(t[k]);
                              if (t.marker && isArray(t.marker.color)) o.color = summary(t.marker.color);
+                             const pattern = t.marker && t.marker.pattern ? t.marker.pattern.shape : undefined;
+                             o.pattern = pattern === undefined ? null : (isArray(pattern) ? summary(pattern) : pattern);
+                             o.legendgroup = t.legendgroup === undefined ? null : t.legendgroup;
+                             o.showlegend = t.showlegend === undefined ? null : t.showlegend;
                              return o; }),
     title: gd.layout.title == null ? null : (typeof gd.layout.title === 'string' ? gd.layout.title
                                              : (gd.layout.title.text == null ? null : gd.layout.title.text)),
