@@ -19,6 +19,7 @@ from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_probe import (
     buffer_types,
     check_node,
+    clamp_bounds,
     probe,
     same_values,
     scalar_of,
@@ -184,6 +185,8 @@ class RowWriter(KernelWriter):
             self.w.line(f"{out} = arith.select {', '.join(names)} : {type_text(full, torch.bool)}, "
                         f"{type_text(full, dtype)}")
             return out, present
+        if n.op == "clamp" and len(args) == 1:
+            return self._clamp(n, args[0], dtype)
         if n.op in ("relu", "gelu") and len(args) == 1:
             return self._activation(n, args[0], dtype)
         if n.op in BINARY and len(args) == 2:
@@ -329,6 +332,16 @@ class RowWriter(KernelWriter):
         one_plus = self._emit("arith.addf", [erf, self._splat(1.0, arg[1], dtype)], dtype, n)
         half = self._emit("arith.mulf", [arg, self._splat(0.5, arg[1], dtype)], dtype, n)
         return self._emit("arith.mulf", [half, one_plus], dtype, n)
+
+    def _clamp(self, n: IRNode, arg, dtype):
+        """clamp(x, lo, hi) = min(max(x, lo), hi), each bound read off the node (a side left open writes no op)."""
+        lo, hi = clamp_bounds(n, self._probes(n)[0])
+        value = arg
+        if lo is not None:
+            value = self._emit("arith.maximumf", [value, self._splat(lo, arg[1], dtype)], dtype, n)
+        if hi is not None:
+            value = self._emit("arith.minimumf", [value, self._splat(hi, arg[1], dtype)], dtype, n)
+        return value
 
     def _sigmoid(self, n: IRNode, arg, dtype):
         """sigmoid(x) = 1 / (1 + exp(-x)); silu(x) = x * sigmoid(x)."""

@@ -63,7 +63,8 @@ def test_granite_layer_round_trips() -> None:
     lambda x, y: torch.where(y > 0.25, x, y * 0.5),
     lambda x, y: torch.where(x < y, x, y) + 1,
     lambda x, y: F.gelu(x) + torch.relu(y),
-], ids=["softmax", "pointwise", "amax", "sum", "silu_mul", "where_threshold", "where_compare", "gelu_relu"])
+    lambda x, y: x.clamp(-0.5, 0.75) * y.clamp(min=0.25) - y.clamp(max=-1.5),
+], ids=["softmax", "pointwise", "amax", "sum", "silu_mul", "where_threshold", "where_compare", "gelu_relu", "clamp"])
 def test_row_families_round_trip(fn) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(48, 150, generator=g).half(), torch.randn(48, 150, generator=g).half()
