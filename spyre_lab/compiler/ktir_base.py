@@ -32,7 +32,7 @@ class KernelWriter:
         for b in self.outputs:
             if spec.operands[b].strides:
                 raise KTIRUnsupported("export", 0, f"kernel {spec.name} writes {b} through a view; not written out yet")
-        self.busy = [c for c, s in enumerate(spec.slices) if s]
+        self.busy = [c for c, s in enumerate(spec.slices) if s] or zero_dim_core(spec)
         if not self.busy:
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} runs on no core (it moves no data); a KTIR "
                                                "grid needs at least one tile")
@@ -195,6 +195,14 @@ class KernelWriter:
         w.line(f"    ktdp.yield_reduced {s_} : {acc_t}")
         w.line("}")
         return total
+
+def zero_dim_core(spec: KernelSpec) -> list[int]:
+    """A kernel over no dims (``total + 1`` on a 0-d sum) still reads and writes its one element: one core does it.
+
+    The compiler's plan lists no busy core for it (its one slice is the empty dict), so its modeled time is the
+    launch alone; the text runs it on tile 0, as the real stack must (docs/ktir.md)."""
+    return [0] if not spec.dims and spec.slices else []
+
 
 def collapse_groups(present: tuple[bool, ...]) -> str:
     """Reassociation between the full-rank form and the present dims (size-1 dims join a neighbour)."""

@@ -14,7 +14,7 @@ import torch
 
 from spyre_lab.compiler.ir import IRNode, Reduction
 from spyre_lab.compiler.ktir_base import KernelWriter, collapse_groups, float_text, ident
-from spyre_lab.compiler.ktir_cat import cat_pieces, check_cat_dim, write_cat
+from spyre_lab.compiler.ktir_cat import cat_pieces, piece_at, write_cat
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_probe import (
     buffer_types,
@@ -67,12 +67,11 @@ class RowWriter(KernelWriter):
             w.line(f"scf.for {iv} = {starts[d]} to {hi} step {step} {{")
             w.depth += 1
             at[d] = iv
-        self.tile = tile
-        check_cat_dim(self)
+        self.tile, self.at = tile, at
         values: dict[str, tuple[str, tuple[bool, ...]]] = {}
         for b in self.inputs:
             with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
-                values[b] = self._load(b, views[b], at)
+                values[b] = self._load(b, views[b], piece_at(self, b, at))
         for n in self.nodes:
             with self.pieces.extent(self, self.pieces.of_node(n)):
                 values[n.output] = self._node(n, values)
@@ -144,7 +143,7 @@ class RowWriter(KernelWriter):
         if src == dst:
             return name
         w, out = self.w, self.w.fresh(hint)
-        group = f"[[{', '.join(str(i) for i in range(max(len(src), len(dst))))}]]"
+        group = f"[[{', '.join(str(i) for i in range(max(len(src), len(dst))))}]]" if src and dst else "[]"
         if len(dst) > len(src):
             w.line(f"{out} = tensor.expand_shape {name} {group} output_shape {list(dst)} : "
                    f"{type_text(src, dtype)} into {type_text(dst, dtype)}")
