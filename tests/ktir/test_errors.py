@@ -82,5 +82,6 @@ def test_extract_slice_takes_a_window_at_an_index_offset_and_refuses_one_past_th
     assert torch.equal(out.reshape(32, 2, 2, 64), want.unsqueeze(2).expand(32, 2, 2, 64))
     past = text.replace("%w = arith.muli %w0, %c64", "%w = arith.muli %w0, %c128")   # core 1's window: [128, 192)
     line = next(i for i, s in enumerate(past.splitlines(), 1) if "extract_slice" in s)
-    with pytest.raises(ktir.KTIRUnsupported, match=f"line {line}: tensor.extract_slice .*128, 192\\) of dim 0 runs past its 128"):
+    where = f"line {line}: tensor.extract_slice .*128, 192\\) of dim 0 runs past its 128"
+    with pytest.raises(ktir.KTIRUnsupported, match=where):
         ktir.load(past).main.tile_program()
