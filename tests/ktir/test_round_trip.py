@@ -109,6 +109,20 @@ def test_a_kernel_over_no_dims_runs_on_one_core() -> None:
     assert all(r.ktir_us[m] > t for m, t in r.compiled_us.items()), "the text does the load and store"
 
 
+@pytest.mark.parametrize("fn, combiner", [(lambda t: t.amax(0), "arith.maximumf"),
+                                          (lambda t: t.amin(), "arith.minimumf")], ids=["amax", "amin"])
+def test_a_lone_reduction_split_across_cores_folds_its_partials(fn, combiner) -> None:
+    """2048 rows reduced on 32 cores: each core reduces its slice, the partners fold their partials over the ring
+    through the reduction's own combiner (from -inf for a max, +inf for a min), the first partner stores. (A split
+    sum is held by the random programs' test: its fp16 partials round in another order than the compiler's.)"""
+    x = torch.randn(2048, 64, generator=torch.Generator().manual_seed(0)).half()
+    records = round_trip(compile_graph(fn, [x], cfg=DATASHEET), [x])
+    _check(records, must_export=len(records))
+    (r,) = records
+    assert "ktdp.inter_tile_reduce" in r.text and f"= {combiner} %lhs, %rhs" in r.text, r.text[-600:]
+    assert all(abs(r.ktir_us[m] - t) <= 0.01 * t for m, t in r.compiled_us.items()), (r.compiled_us, r.ktir_us)
+
+
 def test_layer_norm_round_trips() -> None:
     """var_mean is written as its definition (mean, subtract, square, sum, divide by n - correction)."""
     x = torch.randn(48, 150, generator=torch.Generator().manual_seed(0)).half()
