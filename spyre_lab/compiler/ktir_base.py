@@ -32,7 +32,7 @@ class KernelWriter:
         for b in self.outputs:
             if spec.operands[b].strides:
                 raise KTIRUnsupported("export", 0, f"kernel {spec.name} writes {b} through a view; not written out yet")
-        self.busy = [c for c, s in enumerate(spec.slices) if s]
+        self.busy = [c for c, s in enumerate(spec.slices) if s] or zero_dim_core(spec)
         if not self.busy:
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} runs on no core (it moves no data); a KTIR "
                                                "grid needs at least one tile")
@@ -157,9 +157,11 @@ class KernelWriter:
         return t
 
 
-    def _reduce_partners(self, partial: str, acc_t: str, dim: str = "K") -> str:
+    def _reduce_partners(self, partial: str, acc_t: str, dim: str = "K", combiner: str = "arith.addf",
+                         identity: str = "0.0") -> str:
         """The ``dim`` partners of this output tile fold their partials (``ktdp.inter_tile_produce`` /
-        ``inter_tile_reduce``, summed); the partner with ``dim``'s first slice gets the total."""
+        ``inter_tile_reduce``, through ``combiner`` from ``identity``: summed unless told); the partner with
+        ``dim``'s first slice gets the total."""
         w = self.w
         p, s, _ = self.maps[dim]
         cores = len(self.busy)
@@ -183,7 +185,7 @@ class KernelWriter:
         w.line("}")
         zero, empty, ident_t = w.fresh("psum_zero"), w.fresh("psum_empty"), w.fresh("psum_identity")
         elem = acc_t[acc_t.rindex("x") + 1:-1]
-        w.line(f"{zero} = arith.constant 0.0 : {elem}")
+        w.line(f"{zero} = arith.constant {identity} : {elem}")
         w.line(f"{empty} = tensor.empty() : {acc_t}")
         w.line(f"{ident_t} = linalg.fill ins({zero} : {elem}) outs({empty} : {acc_t}) -> {acc_t}")
         total, lhs, rhs, s_ = w.fresh("total"), w.fresh("lhs"), w.fresh("rhs"), w.fresh("psum")
@@ -191,10 +193,18 @@ class KernelWriter:
                f"identity({ident_t} : {acc_t})")
         w.line(f"    : {future} -> {acc_t} {{")
         w.line(f"  ^bb0({lhs}: {acc_t}, {rhs}: {acc_t}):")
-        w.line(f"    {s_} = arith.addf {lhs}, {rhs} : {acc_t}")
+        w.line(f"    {s_} = {combiner} {lhs}, {rhs} : {acc_t}")
         w.line(f"    ktdp.yield_reduced {s_} : {acc_t}")
         w.line("}")
         return total
+
+def zero_dim_core(spec: KernelSpec) -> list[int]:
+    """A kernel over no dims (``total + 1`` on a 0-d sum) still reads and writes its one element: one core does it.
+
+    The compiler's plan lists no busy core for it (its one slice is the empty dict), so its modeled time is the
+    launch alone; the text runs it on tile 0, as the real stack must (docs/ktir.md)."""
+    return [0] if not spec.dims and spec.slices else []
+
 
 def collapse_groups(present: tuple[bool, ...]) -> str:
     """Reassociation between the full-rank form and the present dims (size-1 dims join a neighbour)."""

@@ -1,10 +1,13 @@
 """``cat`` in a row kernel as KTIR: each piece loaded and computed at its own extent, joined by ``tensor.concat``.
 
 The compiler's cat reads each piece whole along the cat dim (the piece's axis there runs along no kernel dim)
-and the nodes before the cat run over the piece's extent of that dim. The text does the same: the cat dim
-must be neither split across cores nor tiled (each core holds whole rows of it), each piece and each node
-before the cat is written at its own extent of the dim, and ``tensor.concat`` joins the pieces in LX (one
-SFU pass, as the compiler's cat node costs).
+and the nodes before the cat run over the piece's extent of that dim. The text does the same: each piece and
+each node before the cat is written at its own extent of the dim, and ``tensor.concat`` joins the pieces in LX
+(one SFU pass, as the compiler's cat node costs). When the plan splits or tiles the cat dim, a tile of the
+output can fall inside one piece or straddle two: every core still loads the pieces whole (the compiler's
+plan, whose cores share those loads as one DRAM broadcast), joins them, and takes its own tile of the join at
+the tile's offset with ``tensor.extract_slice`` (the join padded with zeros to the last tile's end, so a last
+short tile reads inside it).
 """
 
 from __future__ import annotations
@@ -87,11 +90,17 @@ def cat_pieces(rows: RowWriter) -> Pieces:
     return pieces
 
 
-def check_cat_dim(rows: RowWriter) -> None:
-    d = rows.pieces.dim
-    if d is not None and (rows.chunk[d] != rows.spec.dims[d] or rows.tile[d] != rows.spec.dims[d]):
-        raise KTIRUnsupported("export", 0, f"kernel {rows.spec.name}: cat along {d}, which is split or tiled "
-                                           "(a piece would straddle tiles)")
+def piece_at(rows: RowWriter, b: str, at: dict[str, str]) -> dict[str, str]:
+    """Where ``b``'s tile starts: a piece is read whole along the cat dim, from its first index."""
+    if rows.pieces.dim is None or rows.pieces.of_buffer(rows, b) is None:
+        return at
+    return {**at, rows.pieces.dim: rows.w.index(0)}
+
+
+def _padded_end(rows: RowWriter, d: str) -> int:
+    """The end of the last tile any core takes along ``d`` (past the dim when the last tile runs short)."""
+    t = rows.tile[d]
+    return max(lo + -(-(hi - lo) // t) * t for lo, hi in (rows.spec.slices[c][d] for c in rows.busy))
 
 
 def write_cat(rows: RowWriter, n: IRNode, args: list, dtype: torch.dtype) -> tuple[str, tuple[bool, ...]]:
@@ -109,10 +118,28 @@ def write_cat(rows: RowWriter, n: IRNode, args: list, dtype: torch.dtype) -> tup
     for b in n.inputs:
         m = producers.get(b)
         widths.append((rows.pieces.of_node(m) if m is not None else rows.pieces.of_buffer(rows, b)) or full[axis])
-    if sum(widths) != full[axis]:
-        raise KTIRUnsupported("export", 0, f"node {n.name} (cat): pieces {widths} do not fill {d} = {full[axis]}")
-    types = [type_text((*full[:axis], k, *full[axis + 1:]), dtype) for k in widths]
+    whole = rows.spec.dims[d]
+    if sum(widths) != whole:
+        raise KTIRUnsupported("export", 0, f"node {n.name} (cat): pieces {widths} do not fill {d} = {whole}")
+    names = [a[0] for a in args]
+    end = _padded_end(rows, d) if full[axis] < whole else whole
+    if end > whole:     # zeros past the dim, so the last short tile's window stays inside the join
+        pad = rows.w.fresh("cat_pad")
+        widths.append(end - whole)
+        rows.w.line(f"{pad} = arith.constant dense<0.0> : {type_text(_at(full, axis, end - whole), dtype)}")
+        names.append(pad)
+    types = [type_text(_at(full, axis, k), dtype) for k in widths]
+    joined = type_text(_at(full, axis, end), dtype)
     out = rows.w.fresh(ident(n.output))
-    rows.w.line(f"{out} = tensor.concat dim({axis}) {', '.join(a[0] for a in args)} : ({', '.join(types)}) -> "
-                f"{type_text(full, dtype)}")
-    return out, present
+    rows.w.line(f"{out} = tensor.concat dim({axis}) {', '.join(names)} : ({', '.join(types)}) -> {joined}")
+    if full[axis] == whole:
+        return out, present
+    tile = rows.w.fresh(f"{ident(n.output)}_tile")
+    offsets = [rows.at[dim] if i == axis else "0" for i, dim in enumerate(rows.dims)]
+    rows.w.line(f"{tile} = tensor.extract_slice {out}[{', '.join(offsets)}] [{', '.join(map(str, full))}] "
+                f"[{', '.join('1' for _ in full)}] : {joined} to {type_text(full, dtype)}")
+    return tile, present
+
+
+def _at(shape: tuple[int, ...], axis: int, k: int) -> tuple[int, ...]:
+    return (*shape[:axis], k, *shape[axis + 1:])

@@ -92,6 +92,21 @@ def threshold(n: IRNode, fn, sample: torch.Tensor) -> float:
     raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) with one tensor input is not x {n.op} c")
 
 
+def clamp_bounds(n: IRNode, sample: torch.Tensor) -> tuple[float | None, float | None]:
+    """The (min, max) a one-input clamp folded in (None for a side it leaves open): read off the node at the
+    dtype's extremes, then checked on a sweep through both bounds and on ``sample``."""
+    big = float(torch.finfo(sample.dtype).max)
+    low = float(probe(n, torch.full_like(sample, -big)).flatten()[0])
+    high = float(probe(n, torch.full_like(sample, big)).flatten()[0])
+    lo, hi = (low if low > -big else None), (high if high < big else None)
+    reach = 2 * (abs(lo or 0.0) + abs(hi or 0.0) + 1)
+    sweep = torch.linspace(-reach, reach, max(sample.numel(), 2))[:sample.numel()].reshape(sample.shape)
+    for x in (sweep.to(sample.dtype), sample):
+        if not torch.equal(probe(n, x), x.float().clamp(lo, hi).to(x.dtype).float()):
+            raise KTIRUnsupported("export", 0, f"node {n.name} ({n.op}) is not clamp(x, min, max)")
+    return lo, hi
+
+
 def buffer_types(spec: KernelSpec, nodes: Sequence[IRNode], inputs: Sequence[str]
                  ) -> tuple[dict[str, torch.dtype], dict[str, tuple[int, ...]]]:
     """Every buffer's dtype and shape: DRAM buffers say theirs; an intermediate's is what its node returns.

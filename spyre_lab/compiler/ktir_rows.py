@@ -14,11 +14,12 @@ import torch
 
 from spyre_lab.compiler.ir import IRNode, Reduction
 from spyre_lab.compiler.ktir_base import KernelWriter, collapse_groups, float_text, ident
-from spyre_lab.compiler.ktir_cat import cat_pieces, check_cat_dim, write_cat
+from spyre_lab.compiler.ktir_cat import cat_pieces, piece_at, write_cat
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
 from spyre_lab.compiler.ktir_probe import (
     buffer_types,
     check_node,
+    clamp_bounds,
     probe,
     same_values,
     scalar_of,
@@ -35,7 +36,17 @@ UNARY = {"exp": ["math.exp"], "log": ["math.log"], "sqrt": ["math.sqrt"], "rsqrt
          "copy": [], "restickify": []}
 COMPARE = {"gt": "ogt", "lt": "olt", "ge": "oge", "le": "ole", "eq": "oeq", "ne": "une"}
 REDUCE = {"sum": "arith.addf", "mean": "arith.addf", "amax": "arith.maximumf", "amin": "arith.minimumf"}
-REDUCE_INIT = {"sum": "0.0", "mean": "0.0", "amax": "0xFC00", "amin": "0x7C00"}
+INFINITY_BITS = {torch.float16: ("0xFC00", "0x7C00"), torch.float32: ("0xFF800000", "0x7F800000")}
+
+
+def reduce_init(kind: str, dtype: torch.dtype) -> str:
+    """The reduction's identity as a constant of ``dtype``: 0.0, or -inf / +inf as the dtype's bit pattern."""
+    if kind not in ("amax", "amin"):
+        return "0.0"
+    if dtype not in INFINITY_BITS:
+        raise KTIRUnsupported("export", 0, f"{kind} over {dtype}: its -inf / +inf identity is written for f16 and "
+                                           "f32 only")
+    return INFINITY_BITS[dtype][kind == "amin"]
 
 
 class RowWriter(KernelWriter):
@@ -51,10 +62,10 @@ class RowWriter(KernelWriter):
         tile = {d: spec.dims[d] if d in reduced else self.tile_size(d) for d in self.dims}
         split = [d for d in reduced if self.chunk[d] != spec.dims[d]]
         if split and not (len(self.nodes) == 1 and isinstance(self.nodes[0], Reduction) and len(split) == 1
-                          and self.nodes[0].op in ("sum", "mean") and self.outputs == [self.nodes[0].output]):
+                          and self.nodes[0].op in REDUCE and self.outputs == [self.nodes[0].output]):
             raise KTIRUnsupported("export", 0, f"kernel {spec.name} splits a reduced dim across cores; the "
-                                               "partial results would meet over the ring (written for one sum or "
-                                               "mean alone, not yet here)")
+                                               "partial results would meet over the ring (written for one sum, "
+                                               "mean, amax or amin alone, not yet here)")
         for d in split:            # each core reduces its own slice; the partners' partials meet below
             tile[d] = self.chunk[d]
         views = {b: self.make_view(b, self._dtype(b), self.dims) for b in [*self.inputs, *self.outputs]}
@@ -66,12 +77,11 @@ class RowWriter(KernelWriter):
             w.line(f"scf.for {iv} = {starts[d]} to {hi} step {step} {{")
             w.depth += 1
             at[d] = iv
-        self.tile = tile
-        check_cat_dim(self)
+        self.tile, self.at = tile, at
         values: dict[str, tuple[str, tuple[bool, ...]]] = {}
         for b in self.inputs:
             with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
-                values[b] = self._load(b, views[b], at)
+                values[b] = self._load(b, views[b], piece_at(self, b, at))
         for n in self.nodes:
             with self.pieces.extent(self, self.pieces.of_node(n)):
                 values[n.output] = self._node(n, values)
@@ -86,11 +96,14 @@ class RowWriter(KernelWriter):
 
     def _store_total(self, b: str, value: tuple[str, tuple[bool, ...]], view: str, at: dict[str, str], d: str,
                      start: str) -> None:
-        """A reduction split along ``d``: the partners of one output tile fold their partial sums (each already
-        divided by the full count for a mean), and the partner with ``d``'s first slice alone stores."""
+        """A reduction split along ``d``: the partners of one output tile fold their partials (sums, each already
+        divided by the full count for a mean; or maxima / minima), and the partner with ``d``'s first slice alone
+        stores."""
         w = self.w
         name, present = value
-        total = self._reduce_partners(name, type_text(self._full(present), self._dtype(b)), d)
+        kind = self.nodes[0].op
+        total = self._reduce_partners(name, type_text(self._full(present), self._dtype(b)), d, REDUCE[kind],
+                                      reduce_init(kind, self._dtype(b)))
         first = w.fresh(f"{d}_first")
         w.line(f"{first} = arith.cmpi eq, {start}, {w.index(0)} : index")
         w.line(f"scf.if {first} {{")
@@ -143,7 +156,7 @@ class RowWriter(KernelWriter):
         if src == dst:
             return name
         w, out = self.w, self.w.fresh(hint)
-        group = f"[[{', '.join(str(i) for i in range(max(len(src), len(dst))))}]]"
+        group = f"[[{', '.join(str(i) for i in range(max(len(src), len(dst))))}]]" if src and dst else "[]"
         if len(dst) > len(src):
             w.line(f"{out} = tensor.expand_shape {name} {group} output_shape {list(dst)} : "
                    f"{type_text(src, dtype)} into {type_text(dst, dtype)}")
@@ -184,6 +197,8 @@ class RowWriter(KernelWriter):
             self.w.line(f"{out} = arith.select {', '.join(names)} : {type_text(full, torch.bool)}, "
                         f"{type_text(full, dtype)}")
             return out, present
+        if n.op == "clamp" and len(args) == 1:
+            return self._clamp(n, args[0], dtype)
         if n.op in ("relu", "gelu") and len(args) == 1:
             return self._activation(n, args[0], dtype)
         if n.op in BINARY and len(args) == 2:
@@ -247,7 +262,7 @@ class RowWriter(KernelWriter):
         full_in = self._full(have)
         out_shape = tuple(full_in[i] for i in range(len(self.dims)) if i not in red)
         init_s, init = w.fresh("init"), w.fresh("init_t")
-        w.line(f"{init_s} = arith.constant {REDUCE_INIT[kind]} : {NAMES[dtype]}")
+        w.line(f"{init_s} = arith.constant {reduce_init(kind, dtype)} : {NAMES[dtype]}")
         w.line(f"{init} = tensor.splat {init_s} : {type_text(out_shape, dtype)}")
         r = w.fresh(ident(n.output))
         w.line(f"{r} = linalg.reduce {{ {REDUCE[kind]} }} ins({name} : {type_text(full_in, dtype)}) "
@@ -329,6 +344,16 @@ class RowWriter(KernelWriter):
         one_plus = self._emit("arith.addf", [erf, self._splat(1.0, arg[1], dtype)], dtype, n)
         half = self._emit("arith.mulf", [arg, self._splat(0.5, arg[1], dtype)], dtype, n)
         return self._emit("arith.mulf", [half, one_plus], dtype, n)
+
+    def _clamp(self, n: IRNode, arg, dtype):
+        """clamp(x, lo, hi) = min(max(x, lo), hi), each bound read off the node (a side left open writes no op)."""
+        lo, hi = clamp_bounds(n, self._probes(n)[0])
+        value = arg
+        if lo is not None:
+            value = self._emit("arith.maximumf", [value, self._splat(lo, arg[1], dtype)], dtype, n)
+        if hi is not None:
+            value = self._emit("arith.minimumf", [value, self._splat(hi, arg[1], dtype)], dtype, n)
+        return value
 
     def _sigmoid(self, n: IRNode, arg, dtype):
         """sigmoid(x) = 1 / (1 + exp(-x)); silu(x) = x * sigmoid(x)."""

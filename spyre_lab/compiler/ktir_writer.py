@@ -33,13 +33,19 @@ class Writer:
         self.lines: list[str] = []
         self.depth = 2
         self.used: dict[str, int] = {}
+        self.taken: set[str] = set()
         self.consts: dict[int, str] = {}
 
     def fresh(self, hint: str) -> str:
+        """A name never given before: ``%x``, then ``%x_1``, ... skipping any a hint like ``x_1`` already took."""
         base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint) or "v"
-        n = self.used.get(base, 0)
-        self.used[base] = n + 1
-        return f"%{base}" if n == 0 else f"%{base}_{n}"
+        while True:
+            n = self.used.get(base, 0)
+            self.used[base] = n + 1
+            name = f"%{base}" if n == 0 else f"%{base}_{n}"
+            if name not in self.taken:
+                self.taken.add(name)
+                return name
 
     def line(self, text: str) -> None:
         self.lines.append("  " * self.depth + text)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from spyre_lab.ktir import exchange, handlers
+from spyre_lab.ktir import exchange, handlers, slices
 from spyre_lab.ktir.errors import KTIRUnsupported
 from spyre_lab.ktir.memory import Buffer
 from spyre_lab.ktir.syntax import Op, Region
@@ -102,7 +102,7 @@ def _scf_if(core: Core, op: Op) -> list:
 
 HANDLERS: dict[str, Handler] = {"scf.for": _scf_for, "scf.if": _scf_if, **handlers.HANDLERS,
                                 "ktdp.inter_tile_produce": exchange.produce,
-                                "ktdp.inter_tile_reduce": exchange.reduce}
+                                "ktdp.inter_tile_reduce": exchange.reduce, "tensor.extract_slice": slices.extract_slice}
 COMMUNICATION = ("ktdp.inter_tile_produce", "ktdp.inter_tile_reduce")
 
 

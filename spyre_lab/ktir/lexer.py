@@ -69,8 +69,9 @@ def tokenize(text: str) -> list[Token]:
         end = m.end()
         if kind in ("ident", "alias", "type") and end < n and text[end] == "<":
             end = _angle_end(text, end, where)
-        if kind == "number" and tokens and tokens[-1].kind in ("value", "ident", "number") and ch == "-":
-            m = _SIMPLE[-1][1].match(text, pos)  # ``d0 -1`` reads as minus, one
+        after_operand = tokens and tokens[-1].kind in ("value", "ident", "number") and "." not in tokens[-1].text
+        if kind == "number" and ch == "-" and after_operand:  # ``d0 -1`` reads as minus, one; ``constant -4.0`` not
+            m = _SIMPLE[-1][1].match(text, pos)
             end = m.end()
             kind = "punct"
         line, col = where(pos)

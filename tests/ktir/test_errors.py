@@ -59,3 +59,29 @@ def test_dynamic_shapes_are_reported() -> None:
     text = VECTOR_ADD.replace("-> tensor<128xf16>", "-> tensor<?xf16>", 1)
     with pytest.raises(ktir.KTIRUnsupported, match="dynamic sizes"):
         ktir.load(text).main.tile_program()
+
+
+def test_extract_slice_takes_a_window_at_an_index_offset_and_refuses_one_past_the_end() -> None:
+    """Core t adds x + y and keeps the window [64 t % 128, + 64) of its 128: each core writes its window's values."""
+    import torch
+
+    window = ("      %sum = arith.addf %x, %y : tensor<128xf16>\n"
+              "      %w0 = arith.remui %t, %c2 : index\n"
+              "      %w = arith.muli %w0, %c64 : index\n"
+              "      %win = tensor.extract_slice %sum[%w] [64] [1] : tensor<128xf16> to tensor<64xf16>\n"
+              "      %twice = tensor.concat dim(0) %win, %win : (tensor<64xf16>, tensor<64xf16>) -> tensor<128xf16>\n")
+    text = VECTOR_ADD.replace("      %sum = arith.addf %x, %y : tensor<128xf16>\n", window).replace(
+        "ktdp.store %sum,", "ktdp.store %twice,").replace(
+        "    %c256 = arith.constant 256 : index\n",
+        "    %c256 = arith.constant 256 : index\n    %c2 = arith.constant 2 : index\n"
+        "    %c64 = arith.constant 64 : index\n")
+    x, y = torch.randn(8192).half(), torch.randn(8192).half()
+    out = ktir.load(text).main.run(x, y, torch.zeros(8192).half()).outputs["out_ptr"]
+    tiles = (x + y).reshape(32, 2, 2, 64)                     # core, round, half of the round's 128
+    want = torch.stack([tiles[t, :, t % 2] for t in range(32)])   # the half the core's window takes
+    assert torch.equal(out.reshape(32, 2, 2, 64), want.unsqueeze(2).expand(32, 2, 2, 64))
+    past = text.replace("%w = arith.muli %w0, %c64", "%w = arith.muli %w0, %c128")   # core 1's window: [128, 192)
+    line = next(i for i, s in enumerate(past.splitlines(), 1) if "extract_slice" in s)
+    where = f"line {line}: tensor.extract_slice .*128, 192\\) of dim 0 runs past its 128"
+    with pytest.raises(ktir.KTIRUnsupported, match=where):
+        ktir.load(past).main.tile_program()

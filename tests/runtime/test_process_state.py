@@ -27,7 +27,7 @@ TABLES = {
     *(("spyre_lab.compiler.op_tables", name) for name in ("DEVICE_POINTWISE", "DEVICE_REDUCTIONS", "HOST_ONLY_REASON",
                                                           "MATMUL_OPS", "MULTI_OUTPUT_NAMES", "SHAPE_ONLY_OPS",
                                                           "SPLIT_OPS", "VIEW_OPS")),
-    *(("spyre_lab.compiler.ktir_rows", name) for name in ("BINARY", "COMPARE", "REDUCE", "REDUCE_INIT", "UNARY")),
+    *(("spyre_lab.compiler.ktir_rows", name) for name in ("BINARY", "COMPARE", "REDUCE", "INFINITY_BITS", "UNARY")),
     ("spyre_lab.compiler.ktir_matmul", "TILE_AXES"),
     ("spyre_lab.compiler.ktir_writer", "NAMES"), ("spyre_lab.compiler.codegen", "_PLANNERS"),
     ("spyre_lab.compiler.pattern_attention", "_MASK_BRANCH_OPS"), ("spyre_lab.compiler.per_core", "PARTIAL_COMBINE"),
