@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from spyre_lab.engine.layers.attention import Attention, AttentionMetadata, causal_bias
 from spyre_lab.engine.layers.attention_spans import prefill_spans
+from spyre_lab.engine.layers.decode_rows import DecodeRows
 from spyre_lab.engine.models.granite import GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampler import Sampler
@@ -109,6 +110,11 @@ class ModelRunner:
                 module.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
                 self.kv_caches.append((module.k_cache, module.v_cache))
         self.sampler = Sampler(seed)
+        # decode rows kept across steps (`layers.decode_rows`), never holding more tokens than the paged cache
+        kv_heads = {module.num_kv_heads for module in model.modules() if isinstance(module, Attention)}
+        self.decode_rows = None
+        if platform.decode_rows and not platform.static_shapes and len(kv_heads) == 1:
+            self.decode_rows = DecodeRows(self.max_blocks_per_seq * block_size, num_kv_blocks * block_size, *kv_heads)
         self.warmed_buckets: set[tuple[str, int]] = set()
         # input layout (field shapes) -> its staging buffer on the device and the model's views of it
         self._staging: OrderedDict[tuple, tuple[torch.Tensor, dict[str, torch.Tensor]]] = OrderedDict()
@@ -124,6 +130,8 @@ class ModelRunner:
     def prepare_prefill(self, seqs: list[Sequence]) -> ModelInput:
         query_lens = [len(seq) - seq.num_computed_tokens for seq in seqs]
         num_real = sum(query_lens)
+        if self.decode_rows is not None:                   # their cache entries are written anew
+            self.decode_rows.forget(seq.request_id for seq in seqs)
         bucket = None
         if self.platform.static_shapes:
             bucket = ("prefill", _pick_bucket(self.platform.prefill_buckets, num_real))
@@ -177,11 +185,14 @@ class ModelRunner:
         token_seq, token_offset = list(range(batch)), [0] * batch
         ends = list(range(len(seqs)))
         seq_query_lens = [(len(seq), 1) for seq in seqs] + [(0, 0)] * padding   # padding rows: nothing to attend
+        rows = None
+        if self.decode_rows is not None and bucket is None:
+            rows = self.decode_rows.plan(seqs, self._slot, width * self.block_size, self.dtype, self.device)
         return self._to_input(input_ids, positions, slots, tables, query_index, query_positions, token_seq,
-                              token_offset, ends, bucket, seq_query_lens)
+                              token_offset, ends, bucket, seq_query_lens, decode_rows=rows)
 
     def _to_input(self, input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset,
-                  ends, bucket, seq_query_lens, spans=None) -> ModelInput:
+                  ends, bucket, seq_query_lens, spans=None, decode_rows=None) -> ModelInput:
         """The step's inputs on the device: every integer field packed into one host buffer, copied over once.
 
         As a real runner prepares a step: the host writes token ids, positions, slot mapping, block tables,
@@ -194,7 +205,8 @@ class ModelRunner:
         whose attention reads it (``Platform.needs_attn_bias``); a decode step on a platform with
         ``decode_key_mask`` gets the boolean key mask instead (``AttentionMetadata.key_mask``, also given as
         ``attn_bias``: SDPA reads either form, so attention written against the additive mask still works). A
-        prefill step with per-sequence ``spans`` (``Platform.per_sequence_attention``) needs no mask at all."""
+        prefill step with per-sequence ``spans`` (``Platform.per_sequence_attention``) needs no mask at all, nor
+        does a decode step with ``decode_rows`` (``Platform.decode_rows``: the rows' plan holds its own)."""
         max_query = query_index.shape[1] if isinstance(query_index, torch.Tensor) else len(query_index[0])
         out_index = [s * max_query + o for s, o in zip(_ints(token_seq), _ints(token_offset), strict=True)]
         fields = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slots),
@@ -206,14 +218,14 @@ class ModelRunner:
         layout = tuple((name, _append_flat(flat, values)) for name, values in fields)
         views = self._staged(layout, torch.tensor(flat, dtype=torch.long))
         attn_bias = key_mask = None
-        if max_query == 1 and self.platform.decode_key_mask:        # one query per sequence, at its last position
+        if max_query == 1 and self.platform.decode_key_mask and decode_rows is None:  # one query per sequence
             num_keys = len(tables[0]) * self.block_size
             key_mask = (torch.arange(num_keys).view(1, 1, 1, -1)
                         <= torch.as_tensor(query_positions).view(-1, 1, 1, 1))
             # its additive form, made once per step: SDPA given the boolean mask would make it in every layer
             attn_bias = torch.zeros(key_mask.shape, dtype=self.dtype).masked_fill_(~key_mask, float("-inf"))
             key_mask, attn_bias = key_mask.to(self.device), attn_bias.to(self.device)
-        elif self.platform.needs_attn_bias and spans is None:
+        elif self.platform.needs_attn_bias and spans is None and decode_rows is None:
             attn_bias = causal_bias(torch.as_tensor(query_positions), len(tables[0]) * self.block_size,
                                     self.dtype).to(self.device)
         meta = AttentionMetadata(
@@ -225,6 +237,7 @@ class ModelRunner:
             seq_query_lens=views.get("seq_query_lens"),
             key_mask=key_mask,
             prefill_spans=spans,
+            decode_rows=decode_rows,
         )
         return ModelInput(views["input_ids"], views["positions"], meta, views["logits_indices"], bucket)
 
@@ -253,7 +266,12 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, model_input: ModelInput) -> torch.Tensor:
         """Run the model on prepared inputs; return logits [num seqs, vocab] for each sequence's last token."""
+        rows = model_input.meta.decode_rows
+        if rows is not None:
+            rows.store.state = []           # until the step has run, no row is known to hold anything
         hidden = self.platform.run_model(self.model, model_input.input_ids, model_input.positions, model_input.meta)
+        if rows is not None:
+            rows.store.commit(rows)
         return self.logits(hidden, model_input.logits_indices)
 
     def logits(self, hidden: torch.Tensor, logits_indices: torch.Tensor) -> torch.Tensor:

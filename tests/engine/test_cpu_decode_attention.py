@@ -42,7 +42,8 @@ def test_decode_path_equals_the_causal_path(seed):
 
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 def test_the_runner_builds_a_key_mask_for_cpu_decode_steps(static):
-    """Decode: the key mask. Prefill: per-sequence spans and no dense mask (dynamic shapes, `attention_spans`),
+    """Decode: the key mask with static shapes (decode rows with dynamic ones). Prefill: per-sequence spans and no
+    dense mask (dynamic shapes, `attention_spans`),
     the dense [B, 1, Q, L] mask with static shapes (padded steps keep the one-graph path)."""
     platform = CpuPlatform(static_shapes=True, prefill_buckets=[64], batch_buckets=[2]) if static else "cpu"
     llm = LLM("tiny-granite", platform=platform, max_model_len=64, max_num_seqs=2, enable_prefix_caching=False)
@@ -58,6 +59,9 @@ def test_the_runner_builds_a_key_mask_for_cpu_decode_steps(static):
     decodes = [m for m in seen if m.query_index.shape[1] == 1]
     prefills = [m for m in seen if m.query_index.shape[1] > 1]
     assert decodes and prefills
+    if not static:      # dynamic shapes: decode rows kept across steps, their own mask (`test_decode_rows`)
+        assert all(m.decode_rows is not None and m.key_mask is None and m.attn_bias is None for m in decodes)
+        decodes = []
     assert all(m.key_mask is not None and m.key_mask.dtype == torch.bool and m.attn_bias.dtype == runner.dtype
                and torch.equal(m.attn_bias == 0, m.key_mask)
                and m.key_mask.shape[:3] == (m.block_tables.shape[0], 1, 1) for m in decodes)

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from spyre_lab.engine.layers.attention_spans import PrefillSpan, per_sequence_prefill
 from spyre_lab.engine.layers.custom_op import CustomOp
+from spyre_lab.engine.layers.decode_rows import DecodeRowsStep, rows_decode_attention
 
 
 @dataclass
@@ -54,6 +55,9 @@ class AttentionMetadata:
     # a prefill step on a platform with ``Platform.per_sequence_attention`` (dynamic shapes): its sequences, each
     # attending alone over only its own keys (`attention_spans`); no gathered rectangle, no dense mask
     prefill_spans: tuple[PrefillSpan, ...] | None = None
+    # a decode step on a platform with ``Platform.decode_rows`` (dynamic shapes): each layer attends over rows kept
+    # from step to step and copies in only the keys they lack (`decode_rows`); None: gather the block tables
+    decode_rows: DecodeRowsStep | None = None
 
 
 def causal_bias(query_positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -92,6 +96,9 @@ def paged_attention(
     value = value.view(num_tokens, num_kv_heads, head_dim)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+    if meta.decode_rows is not None:
+        return rows_decode_attention(query, k_cache, v_cache, meta.decode_rows, num_heads, num_kv_heads, head_dim,
+                                     scale)
     if meta.key_mask is not None:
         return _decode_attention(query, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
     if meta.prefill_spans is not None:

@@ -76,6 +76,8 @@ class RotaryEmbedding(CustomOp):
         else:
             cache = on_build_device(rotary_table(head_dim, max_position, base))
         self.register_buffer("cos_sin_cache", cache, persistent=False)
+        # the last step's angles and their full-width forms (host eager only: `_full_width`)
+        self._full_width_of: tuple[torch.Tensor, ...] | None = None
 
     def cos_sin(self, positions: torch.Tensor) -> CosSin:
         """The angles of each token's position, cos and sin [T, 1, d/2]: gathered once per step, used by every layer."""
@@ -91,10 +93,32 @@ class RotaryEmbedding(CustomOp):
         # host tensors in eager only. A traced graph keeps its two rotations and its kernels as they were, and a
         # modeled card's eager launches stay the two rotations vLLM's rotary layer makes (the waterfall's all-off
         # stage models the real stack's single-op launches, not this host shortcut)
-        if query.device.type == "cpu" and not torch.compiler.is_compiling() and _adjacent(query, key):
-            both = self._rotate(query.as_strided((query.shape[0], width + key.shape[1]), query.stride()), cos, sin)
-            return both[:, :width], both[:, width:]
+        if query.device.type == "cpu" and not torch.compiler.is_compiling():
+            full = self._full_width(cos, sin)
+            if _adjacent(query, key):
+                both = query.as_strided((query.shape[0], width + key.shape[1]), query.stride())
+                both = self._rotate_full(both, *full)
+                return both[:, :width], both[:, width:]
+            return self._rotate_full(query, *full), self._rotate_full(key, *full)
         return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _full_width(self, cos: torch.Tensor, sin: torch.Tensor) -> CosSin:
+        """The step's ``[cos | cos]`` and ``[-sin | sin]`` [T, 1, d], made by the first layer to rotate (on the
+        host) and reused by the others: the step's angles are the same tensors in every layer."""
+        made = self._full_width_of
+        if made is None or made[0] is not cos or made[1] is not sin:
+            made = self._full_width_of = (cos, sin, torch.cat([cos, cos], dim=-1), torch.cat([-sin, sin], dim=-1))
+        return made[2], made[3]
+
+    def _rotate_full(self, x: torch.Tensor, cos_full: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """`_rotate`'s values (bit for bit: ``x2 * -sin`` is ``-(x2 * sin)`` exactly, and each half adds the same
+        two products) in three elementwise passes and one copy instead of six and a concatenation."""
+        num_tokens = x.shape[0]
+        heads = x.view(num_tokens, -1, self.head_dim)
+        x1, x2 = heads.chunk(2, dim=-1)
+        out = heads * cos_full
+        out += torch.cat([x2, x1], dim=-1) * signed_sin
+        return out.view(num_tokens, -1)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         num_tokens = x.shape[0]

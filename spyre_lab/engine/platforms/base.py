@@ -77,6 +77,9 @@ class Platform:
     #: its prefill attention reads only the keys each sequence owns when shapes are dynamic
     #: (``layers.attention_spans``): the model runner then builds per-sequence spans and no [B, 1, Q, L] mask
     per_sequence_attention: bool = False
+    #: its decode attention keeps each sequence's keys in a row from step to step when shapes are dynamic
+    #: (``layers.decode_rows``): the model runner then plans the rows and no block table is gathered
+    decode_rows: bool = False
 
     def __init__(
         self,

@@ -17,3 +17,4 @@ class CpuPlatform(Platform):
     dispatch_mode: str = "eager"
     decode_key_mask: bool = True
     per_sequence_attention: bool = True
+    decode_rows: bool = True

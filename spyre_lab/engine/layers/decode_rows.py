@@ -1,0 +1,129 @@
+"""Decode attention over per-sequence rows kept from step to step, instead of gathering every block table anew.
+
+The batched decode path (`attention._decode_attention`) gathers each sequence's pages through its block table into
+a [B, L] rectangle of keys and values, in every layer of every step: on a mixed load that copy was a fifth of a cpu
+platform decode step. Between two decode steps a sequence's keys differ by one token, so here (a platform with
+``Platform.decode_rows``, dynamic shapes) each layer keeps a rectangle whose rows outlive the step: a sequence keeps
+its row while it decodes, a step copies into it only the keys the row lacks (this step's token; all of them when the
+sequence has just joined the batch), and SDPA reads the rows where they are.
+
+Rows are in no particular batch order (a sequence that finishes frees its row and leaves the others in place), so the
+step's queries are taken into row order and the outputs back into batch order: two [B, heads * d] index_selects.
+A row no sequence of the step owns attends to its first key only and its output is dropped. The paged cache stays
+the source of truth: a row is refilled from it whenever its sequence was prefilled since (a new request, or one
+recomputed after a preemption) or a step was prepared and not run.
+
+Same keys, same widths and the same mask per sequence as the gathered rectangle: the same softmax
+(``tests/engine/test_decode_rows.py``). The rows never hold more tokens than the paged cache does (``capacity``);
+a step that would need more falls back to the gather.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class DecodeRowsStep:
+    """One decode step's plan (host-built by `DecodeRows.plan`) for every layer's rows."""
+
+    store: DecodeRows
+    state: list[tuple[str, int] | None]  # rows after this step: (request id, keys held); committed when the step ran
+    src_index: torch.Tensor  # [N * kv_heads] int64 the (cache slot, head) vectors a row lacks: slot * kv_heads + head
+    dst_index: torch.Tensor  # [N * kv_heads] int64 where each goes: (row * kv_heads + head) * length + position
+    batch_of_row: torch.Tensor  # [R] int64 the batch row whose query each row takes (an idle row: 0)
+    row_of_batch: torch.Tensor  # [B] int64 the row of each batch row
+    bias: torch.Tensor  # [R, 1, 1, L] additive mask in row order: 0 for the keys a row's sequence covers
+    width: int  # L: key positions attended (the step's widest block table, in tokens)
+
+
+class DecodeRows:
+    """The rows' host bookkeeping and, per layer, the row tensors [rows, kv_heads, length, head_dim] (K and V).
+
+    Head-major, so each (row, head) is one dense [length, head_dim] matrix, as SDPA reads it fastest (the paged
+    cache's token-major [slot, kv_heads, head_dim] would give it every other stretch of a cache line)."""
+
+    def __init__(self, length: int, capacity: int, num_kv_heads: int) -> None:
+        self.length, self.capacity, self.num_kv_heads = length, capacity, num_kv_heads
+        self.state: list[tuple[str, int] | None] = []
+        self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def plan(self, seqs, slot, width: int, dtype: torch.dtype, device: torch.device) -> DecodeRowsStep | None:
+        """Rows for ``seqs`` (a decode step, one new token each; ``slot(seq, position)`` its cache slot), or None when
+        they would hold more tokens than ``capacity`` (the step gathers instead)."""
+        held = {entry[0]: (row, entry[1]) for row, entry in enumerate(self.state) if entry is not None}
+        wanted = {seq.request_id for seq in seqs}
+        state = [entry if entry is not None and entry[0] in wanted else None for entry in self.state]
+        free = (row for row in range(len(seqs) + len(state)) if row >= len(state) or state[row] is None)
+        src, dst, row_of_batch = [], [], []
+        for seq in seqs:
+            total = len(seq)
+            row, keys = held.get(seq.request_id, (None, 0))
+            if row is None:
+                row = next(free)
+            if keys != total - 1:                  # joined, prefilled again, or a step prepared and not run: refill
+                keys = 0
+            src += [slot(seq, position) for position in range(keys, total)]
+            dst += [(row, position) for position in range(keys, total)]
+            state += [None] * (row + 1 - len(state))
+            state[row] = (seq.request_id, total)
+            row_of_batch.append(row)
+        while state and state[-1] is None:
+            state.pop()
+        rows = len(state)
+        if rows * self.length > self.capacity:
+            return None
+        batch_of_row = [0] * rows
+        for index, row in enumerate(row_of_batch):
+            batch_of_row[row] = index
+        covered = torch.tensor([entry[1] if entry is not None else 1 for entry in state])
+        visible = torch.arange(width).view(1, 1, 1, -1) < covered.view(-1, 1, 1, 1)
+        bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
+        heads = torch.arange(self.num_kv_heads)
+        src_index = (torch.tensor(src, dtype=torch.long).view(-1, 1) * self.num_kv_heads + heads).flatten()
+        dst_rows, dst_positions = torch.tensor(dst, dtype=torch.long).view(-1, 2).unbind(1)
+        dst_index = (((dst_rows.view(-1, 1) * self.num_kv_heads + heads) * self.length)
+                     + dst_positions.view(-1, 1)).flatten()
+        return DecodeRowsStep(self, state, src_index.to(device), dst_index.to(device),
+                              torch.tensor(batch_of_row).to(device), torch.tensor(row_of_batch).to(device),
+                              bias.to(device), width)
+
+    def commit(self, step: DecodeRowsStep) -> None:
+        """The step ran: its rows now hold what it planned."""
+        self.state = step.state
+
+    def forget(self, request_ids) -> None:
+        """These requests are being prefilled (their cache entries written anew): their rows no longer count."""
+        gone = set(request_ids)
+        self.state = [entry if entry is not None and entry[0] not in gone else None for entry in self.state]
+
+    def tensors(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's K and V rows (at least ``rows`` of them), made on first use; growing keeps what they hold."""
+        made = self._tensors.get(id(k_cache))
+        if made is None or made[0].shape[0] < rows:
+            shape = (rows, self.num_kv_heads, self.length, k_cache.shape[-1])
+            grown = tuple(torch.zeros(shape, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2))
+            if made is not None:
+                for old, new in zip(made, grown, strict=True):
+                    new[:old.shape[0]] = old
+            made = self._tensors[id(k_cache)] = grown
+        return made
+
+
+def rows_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeRowsStep,
+                          num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
+    """[B, heads * d]: the decode step's attention over the rows (after the step's keys are written to the cache)."""
+    rows = step.batch_of_row.shape[0]
+    k_rows, v_rows = step.store.tensors(k_cache, v_cache, rows)
+    if step.src_index.numel():
+        for cache, kept in ((k_cache, k_rows), (v_cache, v_rows)):
+            vectors = cache.view(-1, head_dim).index_select(0, step.src_index)
+            kept.view(-1, head_dim).index_copy_(0, step.dst_index, vectors)
+    keys = k_rows[:rows, :, :step.width]                 # [R, kv, L, d], read in place
+    values = v_rows[:rows, :, :step.width]
+    queries = query.index_select(0, step.batch_of_row).view(rows, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=step.bias, scale=scale)
+    return out.view(rows, num_heads * head_dim).index_select(0, step.row_of_batch)

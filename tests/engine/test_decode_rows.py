@@ -1,0 +1,103 @@
+"""Decode rows kept across steps (`layers.decode_rows`, the cpu platform's decode attention with dynamic shapes).
+
+The rows must give the gathered rectangle's tokens (the same softmax over the same keys), copy in only the keys a
+row lacks, and refill a row whenever its sequence's cache entries may have changed (prefilled again, a step
+prepared and not run).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from spyre_lab.engine import LLM, SamplingParams
+from spyre_lab.engine.layers.decode_rows import DecodeRows
+from spyre_lab.engine.platforms.cpu import CpuPlatform
+
+PROMPTS = ["3 + 4 =", "count from 5 to 12:", "letters from c to h:", "spyre has", "count down from 20 to 14:",
+           "the answer is"]
+
+
+class GatheringCpuPlatform(CpuPlatform):
+    """The cpu platform gathering every block table each decode step (the path the rows replace)."""
+
+    decode_rows = False
+
+
+def _generate(platform, **options) -> tuple[list[list[int]], list, int]:
+    llm = LLM("tiny-granite", platform=platform, max_model_len=40, enable_prefix_caching=False, **options)
+    seen, execute = [], llm.llm_engine.runner.execute
+
+    def record(model_input):
+        seen.append(model_input.meta)
+        return execute(model_input)
+
+    llm.llm_engine.runner.execute = record
+    budgets = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (9, 3, 14, 6, 11, 4)]
+    outs = llm.generate(PROMPTS, budgets, use_tqdm=False)
+    return [o.outputs[0].token_ids for o in outs], seen, sum(s.num_preempted for s in llm.stats.steps)
+
+
+def test_rows_give_the_gathered_tokens_as_sequences_join_leave_and_are_preempted():
+    # few blocks: decode steps preempt, and rows for three sequences would hold more tokens than the paged cache
+    # (3 x 40 > 20 blocks x 4): those steps gather
+    options = dict(max_num_seqs=3, block_size=4, num_kv_blocks=20)
+    rows, seen, preempted = _generate(CpuPlatform(), **options)
+    gathered, seen_gathering, _ = _generate(GatheringCpuPlatform(), **options)
+    assert rows == gathered and preempted
+    decodes = [m for m in seen if m.query_index.shape[1] == 1]
+    fallbacks = [m for m in decodes if m.decode_rows is None]
+    decodes = [m for m in decodes if m.decode_rows is not None]
+    assert decodes and fallbacks and all(m.key_mask is not None for m in fallbacks)
+    assert all(m.key_mask is None and m.attn_bias is None for m in decodes)
+    assert all(m.decode_rows is None and m.key_mask is not None for m in seen_gathering if m.query_index.shape[1] == 1)
+    # most steps copy one token per sequence and head; a gather would copy every block of every table
+    copied = sum(m.decode_rows.src_index.numel() for m in decodes)
+    assert copied < sum(m.block_tables.numel() * 4 * 2 for m in decodes) / 2
+
+
+@dataclass
+class _Seq:
+    request_id: str
+    length: int
+    block_table: list[int]
+
+    def __len__(self) -> int:
+        return self.length
+
+
+def _plan(store: DecodeRows, seqs: list[_Seq]):
+    return store.plan(seqs, lambda seq, p: seq.block_table[p // 4] * 4 + p % 4, 16, torch.float32,
+                      torch.device("cpu"))
+
+
+def test_a_row_is_refilled_after_its_sequence_is_prefilled_again_or_a_step_did_not_run():
+    store = DecodeRows(length=16, capacity=64, num_kv_heads=1)
+    a, b = _Seq("a", 5, [0, 1]), _Seq("b", 3, [2, 4])
+    step = _plan(store, [a, b])
+    assert step.src_index.numel() == 5 + 3                      # new rows: every key
+    store.commit(step)
+    a.length, b.length = 6, 4
+    step = _plan(store, [a, b])
+    assert step.src_index.tolist() == [5, 11]                     # one new key each: a's position 5, b's position 3
+    assert step.row_of_batch.tolist() == [0, 1]
+    # prepared, not run: the next plan cannot count on this step's keys
+    a.length, b.length = 7, 5
+    assert _plan(store, [a, b]).src_index.numel() == 7 + 5
+    store.commit(step)
+    c = _Seq("c", 2, [3])
+    step = _plan(store, [c, a])                                   # b left: c takes its row, a keeps its own
+    assert step.row_of_batch.tolist() == [1, 0] and step.batch_of_row.tolist() == [1, 0]
+    assert step.src_index.numel() == 2 + 1
+    assert torch.equal(step.bias[:, 0, 0] == 0, torch.arange(16).view(1, -1) < torch.tensor([[7], [2]]))
+    store.commit(step)
+    store.forget(["a"])                                           # a prefilled again: its row no longer counts
+    a.length, c.length = 8, 3
+    assert _plan(store, [a, c]).src_index.numel() == 8 + 1          # a refills every key, c copies its new one
+
+
+def test_rows_beyond_the_paged_cache_capacity_fall_back_to_the_gather():
+    store = DecodeRows(length=16, capacity=16, num_kv_heads=1)
+    assert _plan(store, [_Seq("a", 3, [0])]) is not None
+    assert _plan(store, [_Seq("a", 3, [0]), _Seq("b", 2, [1])]) is None
