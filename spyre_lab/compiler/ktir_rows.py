@@ -16,6 +16,7 @@ from spyre_lab.compiler.ir import IRNode, Reduction
 from spyre_lab.compiler.ktir_base import KernelWriter, collapse_groups, float_text, ident
 from spyre_lab.compiler.ktir_cat import cat_pieces, check_cat_dim, write_cat
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_layout import loop_end
 from spyre_lab.compiler.ktir_probe import (
     buffer_types,
     check_node,
@@ -82,7 +83,7 @@ class RowWriter(KernelWriter):
         for _ in loops:
             w.line("scf.yield")
             w.depth -= 1
-            w.line("}")
+            w.line(loop_end(spec))
 
     def _store_total(self, b: str, value: tuple[str, tuple[bool, ...]], view: str, at: dict[str, str], d: str,
                      start: str) -> None:

@@ -18,6 +18,7 @@ from spyre_lab.compiler.program import Program
 from spyre_lab.device.isa import CoreOps, OpKind, TileProgram
 from spyre_lab.device.sim import simulate
 from spyre_lab.ktir.module import load
+from spyre_lab.ktir.sticks import from_sticks, to_sticks
 
 
 @dataclass
@@ -57,14 +58,16 @@ def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence
             records.append(KernelRoundTrip(launch.name, launch.rule, None, str(e)))
             continue
         fn = load(text).main
-        args = [before[b] if b in before else torch.zeros(program.buffers[b].shape, dtype=program.buffers[b].dtype)
+        # every argument in the device's stick layout, as the exported memory views' strides describe it
+        args = [to_sticks(before[b] if b in before else torch.zeros(program.buffers[b].shape,
+                                                                    dtype=program.buffers[b].dtype), launch.cfg.stick_bytes)
                 for b in launch.address_slots]
         result = fn.run(*args, cfg=launch.cfg)
         err = 0.0
         for (arg, _), b in zip(fn.args, launch.address_slots):
             if b in before:
                 continue
-            got = result.outputs[arg[1:]].reshape(env[b].shape).float()
+            got = from_sticks(result.outputs[arg[1:]], tuple(program.buffers[b].shape)).reshape(env[b].shape).float()
             err = max(err, float((got - env[b].float()).abs().max()) if got.numel() else 0.0)
         private = None
         if launch.rule == "attention" and _shares(result.program) and not _shares(launch.tile_kernel):
