@@ -36,8 +36,9 @@ def stick_layout(spec: KernelSpec, b: str, strides: Sequence[int], offset: int) 
     the innermost dim with another) has no padded form and is refused by name."""
     info = spec.buffers.get(b)
     shape = tuple(info.shape) if info is not None else tuple(spec.operands[b].shape)
+    item = info.dtype.itemsize if info is not None else spec.operands[b].itemsize    # the text's element type
     n = shape[-1] if shape else 1
-    per = spec.cfg.stick_bytes // spec.operands[b].itemsize
+    per = max(1, spec.cfg.stick_bytes // item)
     padded = max(1, math.ceil(n / per)) * per       # a row of one element still fills a stick
     if padded == n:
         return list(strides), offset

@@ -61,16 +61,21 @@ class RowWriter(KernelWriter):
         views = {b: self.make_view(b, self._dtype(b), self.dims) for b in [*self.inputs, *self.outputs]}
         loops = [d for d in self.dims if tile[d] < self.chunk[d]]
         at = dict(starts)
+        self.tile = tile
+        values: dict[str, tuple[str, tuple[bool, ...]]] = {}
+        for b in self._resident(loops):     # loaded once per core and kept in LX, as the compiler's plan does
+            with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
+                values[b] = self._load(b, views[b], at)
         for d in loops:
             iv, hi, step = w.fresh(f"{d}_i"), w.fresh(f"{d}_end"), w.index(tile[d])
             self.slice_end(hi, d, starts[d])
             w.line(f"scf.for {iv} = {starts[d]} to {hi} step {step} {{")
             w.depth += 1
             at[d] = iv
-        self.tile = tile
         check_cat_dim(self)
-        values: dict[str, tuple[str, tuple[bool, ...]]] = {}
         for b in self.inputs:
+            if b in values:
+                continue
             with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
                 values[b] = self._load(b, views[b], at)
         for n in self.nodes:
@@ -102,6 +107,12 @@ class RowWriter(KernelWriter):
         w.line("}")
 
     # --- buffers ---------------------------------------------------------------------------------
+    def _resident(self, loops: list[str]) -> list[str]:
+        """Inputs no tile loop moves (a weight row, a scalar) while the rows' innermost dim stays whole."""
+        if not self.dims or self.dims[-1] in loops:
+            return []
+        return [b for b in self.inputs if not set(self._axes(b)) & set(loops)]
+
     def _shape(self, b: str) -> tuple[int, ...]:
         return self.view_of(b, self.dims)[0]
 
@@ -299,8 +310,7 @@ class RowWriter(KernelWriter):
         c = math.log2(two) if two > 0 else float("nan")
         if not (c == c and same_values(probe(n, x), x.float().pow(round(c, 6)))):
             raise KTIRUnsupported("export", 0, f"node {n.name} (pow) is not x ** c")
-        if round(c, 6) == 2.0:
-            return self._emit("arith.mulf", [arg, arg], dtype, n)
+        # math.powf even for a square: the compiler's plan runs pow on the SFU's transcendental path
         return self._emit("math.powf", [arg, self._splat(round(c, 6), arg[1], dtype)], dtype, n)
 
     def _compare(self, n: IRNode, args: list) -> tuple[str, tuple[bool, ...]]:
