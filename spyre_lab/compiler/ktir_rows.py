@@ -58,7 +58,8 @@ class RowWriter(KernelWriter):
                                                "mean alone, not yet here)")
         for d in split:            # each core reduces its own slice; the partners' partials meet below
             tile[d] = self.chunk[d]
-        views = {b: self.make_view(b, self._dtype(b), self.dims) for b in [*self.inputs, *self.outputs]}
+        ends = self._plan_tiles(tile, reduced, starts)
+        views = {b: self._view(b, ends) for b in [*self.inputs, *self.outputs]}
         loops = [d for d in self.dims if tile[d] < self.chunk[d]]
         at = dict(starts)
         self.tile = tile
@@ -67,8 +68,10 @@ class RowWriter(KernelWriter):
             with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
                 values[b] = self._load(b, views[b], at)
         for d in loops:
-            iv, hi, step = w.fresh(f"{d}_i"), w.fresh(f"{d}_end"), w.index(tile[d])
-            self.slice_end(hi, d, starts[d])
+            iv, step = w.fresh(f"{d}_i"), w.index(tile[d])
+            hi = ends.get(d) or w.fresh(f"{d}_end")
+            if d not in ends:
+                self.slice_end(hi, d, starts[d])
             w.line(f"scf.for {iv} = {starts[d]} to {hi} step {step} {{")
             w.depth += 1
             at[d] = iv
@@ -107,6 +110,26 @@ class RowWriter(KernelWriter):
         w.line("}")
 
     # --- buffers ---------------------------------------------------------------------------------
+    def _plan_tiles(self, tile: dict[str, int], reduced: set[str], starts: dict[str, str]) -> dict[str, str]:
+        """The compiler's own tile on each dim whose core slices it does not divide (its last tile of a slice runs
+        short); returns those dims' slice ends, where the memory views stop so that last tile is clipped."""
+        ends = {}
+        for d in self.dims:
+            plan = max(1, min(self.spec.tiles.get(d, self.chunk[d]), self.chunk[d]))
+            if d in reduced or plan == tile[d] or self.chunk[d] % plan == 0:
+                continue
+            tile[d], ends[d] = plan, self.w.fresh(f"{d}_end")
+            self.slice_end(ends[d], d, starts[d])
+        return ends
+
+    def _view(self, b: str, ends: dict[str, str]) -> str:
+        """``b``'s memory view; on a dim in ``ends`` its size is this core's slice end (an index value)."""
+        shape, strides, offset, axes = self.view_of(b, self.dims)
+        if not set(axes) & set(ends):
+            return self.make_view(b, self._dtype(b), self.dims)
+        sizes = [ends.get(a, n) for a, n in zip(axes, shape)]
+        return self.w.memory_view(self.ptr[b], shape, self._dtype(b), ident(b), strides or (1,), offset, sizes)
+
     def _resident(self, loops: list[str]) -> list[str]:
         """Inputs no tile loop moves (a weight row, a scalar) while the rows' innermost dim stays whole."""
         if not self.dims or self.dims[-1] in loops:
