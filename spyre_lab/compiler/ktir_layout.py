@@ -56,6 +56,7 @@ def buffer_phases(spec: KernelSpec) -> int:
     return 2 if any(name.endswith("[1]") for name in spec.lx_plan.sizes) else 1
 
 
-def loop_end(spec: KernelSpec) -> str:
-    """The line that closes a tile loop: its region's brace and the loop's buffer phases."""
-    return f"}} {{{PHASES_ATTR} = {buffer_phases(spec)} : i64}}"
+def loop_end(spec: KernelSpec, phases: int | None = None) -> str:
+    """The line that closes a tile loop: its region's brace and the loop's buffer phases (``phases``, else the
+    plan's streamed-operand slots)."""
+    return f"}} {{{PHASES_ATTR} = {phases or buffer_phases(spec)} : i64}}"
