@@ -7,7 +7,7 @@ against the node computations', and its modeled time against the compiled kernel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -40,9 +40,10 @@ class KernelRoundTrip:
         return self.text is not None
 
 
-def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence[str] = ("analytic", "event")
-               ) -> list[KernelRoundTrip]:
-    """One record per device kernel of ``program`` run on ``inputs`` (host fallbacks are skipped)."""
+def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence[str] = ("analytic", "event"),
+               only: Callable[[KernelSpec], bool] | None = None) -> list[KernelRoundTrip]:
+    """One record per device kernel of ``program`` run on ``inputs`` (host fallbacks are skipped; with ``only``,
+    so is every kernel it rejects, though its values are still computed for the kernels after it)."""
     env: dict[str, torch.Tensor] = dict(zip(program.inputs, inputs))
     env.update(program.constants)
     records = []
@@ -50,7 +51,7 @@ def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence
         before = dict(env)
         for node in kernel.nodes:
             env[node.output] = node.compute(*[env[b] for b in node.inputs])
-        if not isinstance(launch, KernelSpec):
+        if not isinstance(launch, KernelSpec) or (only is not None and not only(launch)):
             continue
         try:
             text = launch.to_ktir(kernel.nodes)
