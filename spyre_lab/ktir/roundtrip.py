@@ -60,9 +60,9 @@ def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence
             continue
         fn = load(text).main
         # every argument in the device's stick layout, as the exported memory views' strides describe it
-        args = [to_sticks(before[b] if b in before else torch.zeros(program.buffers[b].shape,
-                                                                    dtype=program.buffers[b].dtype), launch.cfg.stick_bytes)
-                for b in launch.address_slots]
+        dense = [before[b] if b in before else torch.zeros(program.buffers[b].shape, dtype=program.buffers[b].dtype)
+                 for b in launch.address_slots]
+        args = [to_sticks(t, launch.cfg.stick_bytes) for t in dense]
         result = fn.run(*args, cfg=launch.cfg)
         err = 0.0
         for (arg, _), b in zip(fn.args, launch.address_slots):

@@ -2,11 +2,13 @@
 
 The chains come from that file's own ops (``build`` over its unary, binary, row, matmul and view steps), at its
 shapes (rows 1..70, cols 2..150, mostly not a stick's multiple), fusion rules and work divisions, drawn from a
-fixed seed. Every written kernel must compute the compiled kernel's numbers. Its modeled time must stay within
-6% of the compiled kernel's when its rows are whole 128-byte sticks; otherwise it may only take longer, since
-KTIR's memory views are row-major without the device layout's stick padding (a row's tile can straddle one
-more stick). Every kernel that is not written must say why (a named KTIRUnsupported), and the test reports how
-many were written.
+fixed seed. Every written kernel must compute the compiled kernel's numbers and take its modeled time within 1%
+(the text's memory views are stick-padded like the compiler's layout, and its tile loops name the plan's buffer
+phases), on ``datasheet`` for every program and on ``measured`` (no launch term to hide a difference) for the
+first few. A restickify whose core slices cut its source's stick dim off a stick boundary is held at its own
+bound (the compiler counts each piece as whole sticks, the reader the sticks its addresses touch: never faster).
+Every kernel that is not written must say why (a named KTIRUnsupported), and the test reports how many were
+written.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from compiler.test_random_programs import BINARY, ROW, UNARY, build
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.device.config import DATASHEET
+from spyre_lab.device.config import DATASHEET, MEASURED
 from spyre_lab.ktir.roundtrip import round_trip
 
 PROGRAMS = 24
@@ -41,36 +43,37 @@ def _program(rng: random.Random):
     return steps, [x, y, w], CompileOptions(fusion=fusion, work_division=division)
 
 
-def _slots(program, kernel: str) -> list[str]:
-    return next(s.address_slots for s in program.launches if getattr(s, "name", None) == kernel)
+MEASURED_PROGRAMS = 6
+"""Programs also held on the measured machine (each costs a second more)."""
+
+
+def _check_time(r, steps) -> None:
+    for mode, t in r.compiled_us.items():
+        got = r.ktir_us[mode]
+        if r.rule == "restickify" and got > 1.01 * t:   # a slice cut off a stick boundary: whole sticks per piece
+            assert got <= 1.5 * t, f"{steps}: {r.kernel} {mode} {got} vs {t}"
+            continue
+        assert abs(got - t) <= 0.01 * t, f"{steps}: {r.kernel} {mode} {got} vs {t}"
 
 
 def test_random_programs_round_trip(capsys) -> None:
     rng = random.Random(20261202)
-    written, refused, unaligned, reasons = 0, 0, 0, Counter()
-    for _ in range(PROGRAMS):
+    written, refused, reasons = 0, 0, Counter()
+    for i in range(PROGRAMS):
         steps, inputs, options = _program(rng)
-        # the time band is held on datasheet, as in test_round_trip.py: on measured these sub-microsecond
-        # kernels show the text's missing double-buffer slots and stick padding in full (docs/ktir.md)
-        program = compile_graph(build(steps), inputs, options, cfg=DATASHEET)
-        for r in round_trip(program, inputs):
-            if not r.exported:
-                assert r.reason.startswith("not written as KTIR: "), r.reason
-                refused += 1
-                reasons[r.reason.split(": ", 2)[-1][:60]] += 1
-                continue
-            written += 1
-            scale = max(1.0, max(float(t.abs().max()) for t in inputs))
-            assert r.max_abs_error <= 2e-2 * scale, f"{steps}: {r.kernel} differs by {r.max_abs_error}"
-            aligned = all(n % 64 == 0 for s in [program.buffers[b].shape for b in _slots(program, r.kernel)]
-                          for n in s[-1:])
-            unaligned += not aligned
-            for mode, t in r.compiled_us.items():
-                if aligned:
-                    assert abs(r.ktir_us[mode] - t) <= 0.06 * t, f"{steps}: {r.kernel} {mode} {r.ktir_us[mode]} vs {t}"
-                else:   # KTIR's rows are not padded to whole sticks: a tile of a row may straddle one more stick
-                    assert r.ktir_us[mode] >= 0.94 * t, f"{steps}: {r.kernel} {mode} {r.ktir_us[mode]} vs {t}"
+        for cfg in (DATASHEET, MEASURED) if i < MEASURED_PROGRAMS else (DATASHEET,):
+            program = compile_graph(build(steps), inputs, options, cfg=cfg)
+            for r in round_trip(program, inputs):
+                if not r.exported:
+                    assert r.reason.startswith("not written as KTIR: "), r.reason
+                    refused += cfg is DATASHEET
+                    reasons[r.reason.split(": ", 2)[-1][:60]] += cfg is DATASHEET
+                    continue
+                written += cfg is DATASHEET
+                scale = max(1.0, max(float(t.abs().max()) for t in inputs))
+                assert r.max_abs_error <= 2e-2 * scale, f"{steps}: {r.kernel} differs by {r.max_abs_error}"
+                _check_time(r, steps)
     with capsys.disabled():
-        print(f"\nrandom programs: {written} of {written + refused} kernels written as KTIR ({unaligned} with rows "
-              f"that are not whole sticks); refused: {dict(reasons.most_common())}")
+        print(f"\nrandom programs: {written} of {written + refused} kernels written as KTIR; refused: "
+              f"{dict(reasons.most_common())}")
     assert written >= 0.6 * (written + refused), (written, refused, reasons)
