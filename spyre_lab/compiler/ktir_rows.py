@@ -64,7 +64,7 @@ class RowWriter(KernelWriter):
         at = dict(starts)
         self.tile = tile
         values: dict[str, tuple[str, tuple[bool, ...]]] = {}
-        for b in self._resident(loops):     # loaded once per core and kept in LX, as the compiler's plan does
+        for b in self._resident(loops, reduced):     # loaded once per core and kept in LX, as the plan does
             with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
                 values[b] = self._load(b, views[b], at)
         for d in loops:
@@ -130,11 +130,13 @@ class RowWriter(KernelWriter):
         sizes = [ends.get(a, n) for a, n in zip(axes, shape)]
         return self.w.memory_view(self.ptr[b], shape, self._dtype(b), ident(b), strides or (1,), offset, sizes)
 
-    def _resident(self, loops: list[str]) -> list[str]:
-        """Inputs no tile loop moves (a weight row, a scalar) while the rows' innermost dim stays whole."""
+    def _resident(self, loops: list[str], reduced: set[str]) -> list[str]:
+        """Inputs that run along no row dim (a weight row, a scalar: only the innermost and reduced dims) while the
+        innermost dim stays whole in a tile: the compiler's plan loads them once per core."""
         if not self.dims or self.dims[-1] in loops:
             return []
-        return [b for b in self.inputs if not set(self._axes(b)) & set(loops)]
+        cols = {self.dims[-1], *reduced}
+        return [b for b in self.inputs if set(self._axes(b)) <= cols]
 
     def _shape(self, b: str) -> tuple[int, ...]:
         return self.view_of(b, self.dims)[0]
