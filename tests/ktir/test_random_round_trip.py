@@ -53,9 +53,10 @@ BOUND = {   # (machine, rule) -> (lowest, highest) ratio imported / compiled whe
 }
 """Measured on these programs and not yet traced to their mechanism, except restickify (a core slice cut off a
 stick boundary: the compiler counts each piece as whole sticks, the reader the sticks its addresses touch).
-The matmuls are ones at odd shapes (K and N not whole sticks), where the imported kernel is faster (untraced;
-a guess: the compiler's plan pads K and N to whole sticks for its PT work and its loads, which the text's tiles
-may not repeat). A few row chains on ``measured`` are slower (untraced). The per-family test
+The matmuls are ones at odd shapes, where the imported kernel is faster: the compiler's plan pads K to whole
+sticks for its PT work and its B loads (a [55, 30] @ [30, 30] loads B as 64 rows, 8192 B, and multiplies
+2x64x64 per core), while the text's tiles stop at the tensor's 30 rows (3840 B, 2x30x30) and the reader moves
+and multiplies only those. A few row chains on ``measured`` are slower (not yet traced). The per-family test
 (test_time_round_trip.py) holds 1% at its shapes."""
 
 
