@@ -1,12 +1,11 @@
-"""tests/compiler/test_random_programs.py's random chains, every kernel they emit written as KTIR and read back.
-
-The chains come from that file's own ops (``build`` over its unary, binary, row, matmul and view steps), at its
-shapes (rows 1..70, cols 2..150, mostly not a stick's multiple), fusion rules and work divisions, drawn from a
-fixed seed. Every written kernel must compute the compiled kernel's numbers and take its modeled time within 1%
-(the text's memory views are stick-padded like the compiler's layout, and its tile loops name the plan's buffer
-phases), on ``datasheet`` for every program and on ``measured`` (no launch term to hide a difference) for the
-first few, except the kernel kinds ``BOUND`` holds at their measured bounds (below). Every kernel that is not written must say why (a named KTIRUnsupported), and the test reports how many were
-written.
+"""tests/compiler/test_random_programs.py's random chains, every kernel they emit written as KTIR and read back. The
+chains come from that file's own ops (``build`` over its unary, binary, row, matmul and view steps), at its shapes
+(rows 1..70, cols 2..150, mostly not a stick's multiple), fusion rules and work divisions, drawn from a fixed seed.
+Every written kernel must compute the compiled kernel's numbers and take its modeled time within 1% (the text's
+memory views are stick-padded like the compiler's layout, and its tile loops name the plan's buffer phases), on
+``datasheet`` for every program and on ``measured`` (no launch term to hide a difference) for the first few, except
+the kernel kinds ``BOUND`` holds at their measured bounds (below). Every kernel that is not written must say why (a
+named KTIRUnsupported), and the test reports how many were written.
 """
 
 from __future__ import annotations
@@ -45,23 +44,24 @@ MEASURED_PROGRAMS = 6
 """Programs also held on the measured machine (each costs a second more)."""
 
 
-BOUND = {   # (machine, rule) -> (lowest, highest) ratio imported / compiled where 1% does not hold yet
-    ("datasheet", "single"): (0.97, 1.01), ("datasheet", "matmul_epilogue"): (0.97, 1.01),
-    ("measured", "single"): (0.6, 1.01), ("measured", "matmul_epilogue"): (0.8, 1.01),
+BOUND = {   # (machine, kind) -> (lowest, highest) ratio imported / compiled where 1% does not hold yet
+    ("datasheet", "matmul"): (0.97, 1.01), ("measured", "matmul"): (0.6, 1.01),
     ("measured", "pointwise_chain"): (0.99, 1.15), ("measured", "restickify"): (0.99, 1.25),
-    ("datasheet", "restickify"): (0.99, 1.01),
+    ("measured", "single"): (0.99, 1.015),
 }
-"""Measured on these programs and not yet traced to their mechanism, except restickify (a core slice cut off a
-stick boundary: the compiler counts each piece as whole sticks, the reader the sticks its addresses touch).
+"""Measured on these programs. Restickify: a core slice cut off a stick boundary (the compiler counts each piece
+as whole sticks, the reader the sticks its addresses touch).
 The matmuls are ones at odd shapes, where the imported kernel is faster: the compiler's plan pads K to whole
 sticks for its PT work and its B loads (a [55, 30] @ [30, 30] loads B as 64 rows, 8192 B, and multiplies
 2x64x64 per core), while the text's tiles stop at the tensor's 30 rows (3840 B, 2x30x30) and the reader moves
-and multiplies only those. A few row chains on ``measured`` are slower (not yet traced). The per-family test
+and multiplies only those. A few row kernels on ``measured`` are slower (not yet traced;
+a single mean of 67 ns by 1.0%). The per-family test
 (test_time_round_trip.py) holds 1% at its shapes."""
 
 
 def _check_time(r, steps, machine: str) -> None:
-    lo, hi = BOUND.get((machine, r.rule), (0.99, 1.01))
+    kind = "matmul" if "matmul" in r.kernel else r.rule
+    lo, hi = BOUND.get((machine, kind), (0.99, 1.01))
     for mode, t in r.compiled_us.items():
         got = r.ktir_us[mode]
         assert lo * t <= got <= hi * t, f"{steps}: {r.kernel} ({r.rule}) {mode} on {machine}: {got} vs {t}"
