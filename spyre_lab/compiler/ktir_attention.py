@@ -25,6 +25,7 @@ import torch
 from spyre_lab.compiler.constant_facts import causal_offset
 from spyre_lab.compiler.ktir_base import KernelWriter, float_text, ident
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_layout import loop_end
 from spyre_lab.compiler.ktir_writer import box_set, type_text
 from spyre_lab.compiler.tiling_attention import Attention
 
@@ -59,10 +60,10 @@ class AttentionWriter(KernelWriter):
         w.line(f"scf.for {m0} = {m_lo} to {m_hi} step {w.index(self.tq)} {{")
         w.depth += 1
         self._query_tile(h, m0, m_hi)
-        for _ in range(2):
+        for _ in range(2):      # one Q tile in LX: the next one loads once this one is stored
             w.line("scf.yield")
             w.depth -= 1
-            w.line("}")
+            w.line(loop_end(self.spec, phases=1))
 
     def _mask_form(self, node: Attention) -> int | None:
         """The causal offset ``d`` of the one constant mask, or None without a mask; anything else is refused."""
@@ -176,7 +177,7 @@ class AttentionWriter(KernelWriter):
         w.depth += 1
         self._key_tile({**at, "N": n0}, q, acc, run_max, run_sum, m0)
         w.depth -= 1
-        w.line("}")
+        w.line(loop_end(self.spec))     # K and V tiles cycle through the plan's slots
         self._finish(out, sm, at)
 
     def _iota(self, n: int, hint: str) -> str:

@@ -16,6 +16,7 @@ import torch
 
 from spyre_lab.compiler.ir import IRNode
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_layout import stick_layout
 from spyre_lab.compiler.ktir_writer import Writer
 
 KernelSpec = Any  # compiler.kernel_spec.KernelSpec; not imported, since kernel_spec.to_ktir imports the writers
@@ -54,6 +55,7 @@ class KernelWriter:
             for n in reversed(op.shape):
                 strides.insert(0, acc)
                 acc *= n
+        strides, offset = stick_layout(self.spec, b, strides, op.offset)   # whole 128-byte sticks per row
         axes = []
         for a, n, st in zip(op_axes, op.shape, strides):
             if a is None and n > 1:
@@ -65,8 +67,8 @@ class KernelWriter:
             raise KTIRUnsupported("export", 0, f"kernel {self.spec.name}: {b} runs two axes along one dim")
         axes.sort()
         if not axes:
-            return (1,), (1,), op.offset, ()
-        return (tuple(n for _, _, n, _ in axes), tuple(st for _, _, _, st in axes), op.offset,
+            return (1,), (1,), offset, ()
+        return (tuple(n for _, _, n, _ in axes), tuple(st for _, _, _, st in axes), offset,
                 tuple(a for _, a, _, _ in axes))
 
     def make_view(self, b: str, dtype: torch.dtype, order: Sequence[str]) -> str:

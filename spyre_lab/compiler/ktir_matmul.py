@@ -16,6 +16,7 @@ from spyre_lab.compiler.ir import MatMul
 from spyre_lab.compiler.ktir_base import KernelWriter, ident
 from spyre_lab.compiler.ktir_epilogue import write_epilogue
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_layout import loop_end
 from spyre_lab.compiler.ktir_probe import buffer_types
 from spyre_lab.compiler.ktir_writer import type_text
 
@@ -116,10 +117,11 @@ class MatmulWriter(KernelWriter):
         return iv
 
     def _close(self, yields: bool = True) -> None:
+        """Close a loop (``yields``: its buffer phases follow the brace) or, without ``yields``, an scf.if."""
         if yields and not self.w.lines[-1].strip().startswith("scf.yield"):
             self.w.line("scf.yield")
         self.w.depth -= 1
-        self.w.line("}")
+        self.w.line(loop_end(self.spec) if yields else "}")
 
     def _tile(self, x: str, view: str, at: dict[str, str], tile: dict[str, int], dtype: torch.dtype
               ) -> tuple[str, list[int]]:

@@ -16,6 +16,7 @@ from spyre_lab.compiler.ir import IRNode, Reduction
 from spyre_lab.compiler.ktir_base import KernelWriter, collapse_groups, float_text, ident
 from spyre_lab.compiler.ktir_cat import cat_pieces, piece_at, write_cat
 from spyre_lab.compiler.ktir_errors import KTIRUnsupported
+from spyre_lab.compiler.ktir_layout import loop_end
 from spyre_lab.compiler.ktir_probe import (
     buffer_types,
     check_node,
@@ -68,18 +69,27 @@ class RowWriter(KernelWriter):
                                                "mean, amax or amin alone, not yet here)")
         for d in split:            # each core reduces its own slice; the partners' partials meet below
             tile[d] = self.chunk[d]
-        views = {b: self.make_view(b, self._dtype(b), self.dims) for b in [*self.inputs, *self.outputs]}
+        ends = self._plan_tiles(tile, reduced, starts)
+        views = {b: self._view(b, ends) for b in [*self.inputs, *self.outputs]}
         loops = [d for d in self.dims if tile[d] < self.chunk[d]]
         at = dict(starts)
+        self.tile = tile
+        values: dict[str, tuple[str, tuple[bool, ...]]] = {}
+        for b in self._resident(loops, reduced):     # loaded once per core and kept in LX, as the plan does
+            with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
+                values[b] = self._load(b, views[b], piece_at(self, b, at))
         for d in loops:
-            iv, hi, step = w.fresh(f"{d}_i"), w.fresh(f"{d}_end"), w.index(tile[d])
-            self.slice_end(hi, d, starts[d])
+            iv, step = w.fresh(f"{d}_i"), w.index(tile[d])
+            hi = ends.get(d) or w.fresh(f"{d}_end")
+            if d not in ends:
+                self.slice_end(hi, d, starts[d])
             w.line(f"scf.for {iv} = {starts[d]} to {hi} step {step} {{")
             w.depth += 1
             at[d] = iv
-        self.tile, self.at = tile, at
-        values: dict[str, tuple[str, tuple[bool, ...]]] = {}
+        self.at = at
         for b in self.inputs:
+            if b in values:
+                continue
             with self.pieces.extent(self, self.pieces.of_buffer(self, b)):
                 values[b] = self._load(b, views[b], piece_at(self, b, at))
         for n in self.nodes:
@@ -92,7 +102,7 @@ class RowWriter(KernelWriter):
         for _ in loops:
             w.line("scf.yield")
             w.depth -= 1
-            w.line("}")
+            w.line(loop_end(spec))
 
     def _store_total(self, b: str, value: tuple[str, tuple[bool, ...]], view: str, at: dict[str, str], d: str,
                      start: str) -> None:
@@ -114,6 +124,34 @@ class RowWriter(KernelWriter):
         w.line("}")
 
     # --- buffers ---------------------------------------------------------------------------------
+    def _plan_tiles(self, tile: dict[str, int], reduced: set[str], starts: dict[str, str]) -> dict[str, str]:
+        """The compiler's own tile on each dim whose core slices it does not divide (its last tile of a slice runs
+        short); returns those dims' slice ends, where the memory views stop so that last tile is clipped."""
+        ends = {}
+        for d in self.dims:
+            plan = max(1, min(self.spec.tiles.get(d, self.chunk[d]), self.chunk[d]))
+            if d in reduced or plan == tile[d] or self.chunk[d] % plan == 0:
+                continue
+            tile[d], ends[d] = plan, self.w.fresh(f"{d}_end")
+            self.slice_end(ends[d], d, starts[d])
+        return ends
+
+    def _view(self, b: str, ends: dict[str, str]) -> str:
+        """``b``'s memory view; on a dim in ``ends`` its size is this core's slice end (an index value)."""
+        shape, strides, offset, axes = self.view_of(b, self.dims)
+        if not set(axes) & set(ends):
+            return self.make_view(b, self._dtype(b), self.dims)
+        sizes = [ends.get(a, n) for a, n in zip(axes, shape)]
+        return self.w.memory_view(self.ptr[b], shape, self._dtype(b), ident(b), strides or (1,), offset, sizes)
+
+    def _resident(self, loops: list[str], reduced: set[str]) -> list[str]:
+        """Inputs that run along no row dim (a weight row, a scalar: only the innermost and reduced dims) while the
+        innermost dim stays whole in a tile: the compiler's plan loads them once per core."""
+        if not self.dims or self.dims[-1] in loops:
+            return []
+        cols = {self.dims[-1], *reduced}
+        return [b for b in self.inputs if set(self._axes(b)) <= cols]
+
     def _shape(self, b: str) -> tuple[int, ...]:
         return self.view_of(b, self.dims)[0]
 
@@ -313,8 +351,7 @@ class RowWriter(KernelWriter):
         c = math.log2(two) if two > 0 else float("nan")
         if not (c == c and same_values(probe(n, x), x.float().pow(round(c, 6)))):
             raise KTIRUnsupported("export", 0, f"node {n.name} (pow) is not x ** c")
-        if round(c, 6) == 2.0:
-            return self._emit("arith.mulf", [arg, arg], dtype, n)
+        # math.powf even for a square: the compiler's plan runs pow on the SFU's transcendental path
         return self._emit("math.powf", [arg, self._splat(round(c, 6), arg[1], dtype)], dtype, n)
 
     def _compare(self, n: IRNode, args: list) -> tuple[str, tuple[bool, ...]]:

@@ -58,8 +58,11 @@ class Writer:
         return self.consts[value]
 
     def memory_view(self, ptr: str, shape: Sequence[int], dtype: torch.dtype, hint: str,
-                    strides: Sequence[int] = (), offset: int = 0) -> str:
-        """A view of ``shape`` over the buffer at ``ptr`` (+ ``offset`` elements); row-major unless ``strides``."""
+                    strides: Sequence[int] = (), offset: int = 0, sizes: Sequence[int | str] = ()) -> str:
+        """A view of ``shape`` over the buffer at ``ptr`` (+ ``offset`` elements); row-major unless ``strides``.
+
+        ``sizes`` may name index values in place of some of ``shape``'s sizes: a view that ends where this core's
+        slice ends, so the last tile of an uneven slice is clipped there."""
         if not strides:
             acc, rev = 1, []
             for n in reversed(shape):
@@ -72,7 +75,8 @@ class Writer:
             self.line(f"{base} = arith.addi {ptr}, {self.index(offset)} : index")
             ptr = base
         name = self.fresh(f"{hint}_view")
-        self.line(f"{name} = ktdp.construct_memory_view {ptr}, sizes: {list(shape)}, strides: {strides} {{")
+        size_text = ", ".join(str(n) for n in (sizes or shape))
+        self.line(f"{name} = ktdp.construct_memory_view {ptr}, sizes: [{size_text}], strides: {strides} {{")
         self.line(f"  coordinate_set = {box_set(shape)}, memory_space = #ktdp.memory_space<global>")
         self.line(f"}} : {type_text(tuple(shape), dtype, 'memref')}")
         return name

@@ -372,7 +372,7 @@ def do_load(core: Core, op: Op) -> TVal:
     t = t.to(dtype)
     if nbytes == 0:
         return TVal(t)
-    idx = core.run.add(Recorded("load", f"load {tile.view.pointer.buffer} L{op.line}", (),
+    idx = core.run.add(Recorded("load", f"load {tile.view.pointer.buffer} L{op.line}", core.slot_wait(),
                                 f"{op.results[0]}@{op.line}", nbytes, nbytes=nbytes, key=key, line=op.line))
     return TVal(t, frozenset({idx}))
 

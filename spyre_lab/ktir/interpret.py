@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -22,6 +23,9 @@ from spyre_lab.ktir.values import CoreRun
 
 Handler = Callable[["Core", Op], object]
 
+
+PHASES_ATTR = "ktdf.num_phases"
+"""The loop attribute that names its buffer phases, as torch-spyre's double-buffering pass does."""
 
 YIELDS = ("scf.yield", "linalg.yield", "ktdp.yield_partial", "ktdp.yield_reduced")
 
@@ -36,6 +40,18 @@ class Core:
         self.run = CoreRun(core)
         self.turns: exchange.Turns | None = None     # set when the function talks between tiles
         self.counts: dict[int, int] = {}             # executions of each produce, to pair them across cores
+        self.phases: list[LoopPhases] = []           # the enclosing scf.for loops, innermost last
+        self.loop_ends: dict[int, list[int]] = {}    # per scf.for (by line): its last op at each iteration's end
+
+    def slot_wait(self) -> tuple[int, ...]:
+        """What a DRAM load must wait for: the end of the iteration ``num_phases`` back in its loop (the LX slot
+        it refills is free then), or nothing outside a loop that names its phases."""
+        loop = self.phases[-1] if self.phases else None
+        if loop is None or loop.phases is None:
+            return ()
+        ends = self.loop_ends[loop.line]
+        back = len(ends) - loop.phases
+        return (ends[back],) if back >= 0 and ends[back] >= 0 else ()
 
     def get(self, name: str, op: Op) -> object:
         if name not in self.env:
@@ -79,16 +95,41 @@ def _scf_for(core: Core, op: Op) -> list:
     if len(op.regions) != 1:
         raise KTIRUnsupported(op.name, op.line, "needs exactly one body region")
     body = op.regions[0]
+    loop = LoopPhases(op.line, _phases(op))
+    ends = core.loop_ends.setdefault(op.line, [])
+    core.phases.append(loop)
     for i in range(lo, hi, step):
         core.env[iv] = i
         for a, v in zip(arg_names, carried):
             core.env[a] = v
         out = core.block(body)
+        ends.append(len(core.run.ops) - 1)
         if carried:
             if len(out) != len(carried):
                 raise KTIRUnsupported("scf.yield", op.line, f"yields {len(out)} values for {len(carried)} iter_args")
             carried = out
+    core.phases.pop()
     return carried
+
+
+@dataclass(frozen=True)
+class LoopPhases:
+    """An enclosing scf.for: its line (the key of its iteration ends) and its buffer phases (None: unnamed)."""
+
+    line: int
+    phases: int | None
+
+
+def _phases(op: Op) -> int | None:
+    """The loop's ``ktdf.num_phases`` (LX slots each load of its body cycles through), None when not given."""
+    toks = op.attrs.get(PHASES_ATTR)
+    if toks is None:
+        return None
+    text = toks[0].text if toks else ""
+    if not text.isdigit() or int(text) < 1:
+        raise KTIRUnsupported(op.name, op.line, f"{PHASES_ATTR} must be a positive integer (2: double buffered), "
+                                                f"got {text!r}")
+    return int(text)
 
 
 def _scf_if(core: Core, op: Op) -> list:

@@ -7,7 +7,7 @@ against the node computations', and its modeled time against the compiled kernel
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -18,6 +18,7 @@ from spyre_lab.compiler.program import Program
 from spyre_lab.device.isa import CoreOps, OpKind, TileProgram
 from spyre_lab.device.sim import simulate
 from spyre_lab.ktir.module import load
+from spyre_lab.ktir.sticks import from_sticks, to_sticks
 
 
 @dataclass
@@ -39,9 +40,10 @@ class KernelRoundTrip:
         return self.text is not None
 
 
-def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence[str] = ("analytic", "event")
-               ) -> list[KernelRoundTrip]:
-    """One record per device kernel of ``program`` run on ``inputs`` (host fallbacks are skipped)."""
+def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence[str] = ("analytic", "event"),
+               only: Callable[[KernelSpec], bool] | None = None) -> list[KernelRoundTrip]:
+    """One record per device kernel of ``program`` run on ``inputs`` (host fallbacks are skipped; with ``only``,
+    so is every kernel it rejects, though its values are still computed for the kernels after it)."""
     env: dict[str, torch.Tensor] = dict(zip(program.inputs, inputs))
     env.update(program.constants)
     records = []
@@ -49,7 +51,7 @@ def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence
         before = dict(env)
         for node in kernel.nodes:
             env[node.output] = node.compute(*[env[b] for b in node.inputs])
-        if not isinstance(launch, KernelSpec):
+        if not isinstance(launch, KernelSpec) or (only is not None and not only(launch)):
             continue
         try:
             text = launch.to_ktir(kernel.nodes)
@@ -57,14 +59,16 @@ def round_trip(program: Program, inputs: Sequence[torch.Tensor], modes: Sequence
             records.append(KernelRoundTrip(launch.name, launch.rule, None, str(e)))
             continue
         fn = load(text).main
-        args = [before[b] if b in before else torch.zeros(program.buffers[b].shape, dtype=program.buffers[b].dtype)
-                for b in launch.address_slots]
+        # every argument in the device's stick layout, as the exported memory views' strides describe it
+        dense = [before[b] if b in before else torch.zeros(program.buffers[b].shape, dtype=program.buffers[b].dtype)
+                 for b in launch.address_slots]
+        args = [to_sticks(t, launch.cfg.stick_bytes) for t in dense]
         result = fn.run(*args, cfg=launch.cfg)
         err = 0.0
         for (arg, _), b in zip(fn.args, launch.address_slots):
             if b in before:
                 continue
-            got = result.outputs[arg[1:]].reshape(env[b].shape).float()
+            got = from_sticks(result.outputs[arg[1:]], tuple(program.buffers[b].shape)).reshape(env[b].shape).float()
             err = max(err, float((got - env[b].float()).abs().max()) if got.numel() else 0.0)
         private = None
         if launch.rule == "attention" and _shares(result.program) and not _shares(launch.tile_kernel):

@@ -145,7 +145,9 @@ class _Reader:
     def _brace(self, op: Op) -> None:
         open_tok = self.expect("{")
         a, b = self.peek(), self.peek(1)
-        if a is not None and b is not None and a.kind in ("ident", "string") and b.text == "=" and "." not in a.text:
+        # an attribute dict: ``{key = ...}``, the key plain, quoted or dialect-prefixed (``ktdf.num_phases``);
+        # a region never starts with ``name =`` (an op's results come first)
+        if a is not None and b is not None and a.kind in ("ident", "string") and b.text == "=":
             self._attr_dict(op)
             return
         if a is not None and a.text == "}":

@@ -1,12 +1,11 @@
-"""tests/compiler/test_random_programs.py's random chains, every kernel they emit written as KTIR and read back.
-
-The chains come from that file's own ops (``build`` over its unary, binary, row, matmul and view steps), at its
-shapes (rows 1..70, cols 2..150, mostly not a stick's multiple), fusion rules and work divisions, drawn from a
-fixed seed. Every written kernel must compute the compiled kernel's numbers. Its modeled time must stay within
-6% of the compiled kernel's when its rows are whole 128-byte sticks; otherwise it may only take longer, since
-KTIR's memory views are row-major without the device layout's stick padding (a row's tile can straddle one
-more stick). Every one of the chains' 136 kernels is written (a refusal would name its reason, a
-KTIRUnsupported); the test reports the count.
+"""tests/compiler/test_random_programs.py's random chains, every kernel they emit written as KTIR and read back. The
+chains come from that file's own ops (``build`` over its unary, binary, row, matmul and view steps), at its shapes
+(rows 1..70, cols 2..150, mostly not a stick's multiple), fusion rules and work divisions, drawn from a fixed seed.
+Every written kernel must compute the compiled kernel's numbers and take its modeled time within 1% (the text's
+memory views are stick-padded like the compiler's layout, and its tile loops name the plan's buffer phases), on
+``datasheet`` for every program and on ``measured`` (no launch term to hide a difference) for the first few, except
+the kernel kinds ``BOUND`` holds at their measured bounds (below). Every kernel that is not written must say why (a
+named KTIRUnsupported); every one of the chains' 136 kernels is written, and the test reports the count.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from compiler.test_random_programs import BINARY, ROW, UNARY, build
 
 from spyre_lab.compiler.backend import compile_graph
 from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
-from spyre_lab.device.config import DATASHEET
+from spyre_lab.device.config import DATASHEET, MEASURED
 from spyre_lab.ktir.roundtrip import round_trip
 
 PROGRAMS = 24
@@ -41,36 +40,52 @@ def _program(rng: random.Random):
     return steps, [x, y, w], CompileOptions(fusion=fusion, work_division=division)
 
 
-def _slots(program, kernel: str) -> list[str]:
-    return next(s.address_slots for s in program.launches if getattr(s, "name", None) == kernel)
+MEASURED_PROGRAMS = 6
+"""Programs also held on the measured machine (each costs a second more)."""
+
+
+BOUND = {   # (machine, kind) -> (lowest, highest) ratio imported / compiled where 1% does not hold yet
+    ("datasheet", "matmul"): (0.97, 1.01), ("measured", "matmul"): (0.6, 1.01),
+    ("measured", "pointwise_chain"): (0.99, 1.15), ("measured", "restickify"): (0.99, 1.25),
+    ("measured", "single"): (0.9, 1.015), ("datasheet", "pointwise_chain"): (0.99, 1.015),
+}
+"""Measured on these programs. Restickify: a core slice cut off a stick boundary (the compiler counts each piece as
+whole sticks, the reader the sticks its addresses touch). The matmuls are ones at odd shapes, where the imported
+kernel is faster: the compiler's plan pads K to whole sticks for its PT work and its B loads (a [55, 30] @ [30,
+30] loads B as 64 rows, 8192 B, and multiplies 2x64x64 per core), while the text's tiles stop at the tensor's 30
+rows (3840 B, 2x30x30) and the reader moves and multiplies only those. A pointwise chain with gelu takes longer:
+the text writes gelu as five ops (8 SFU passes), the plan runs it as one transcendental op (4 passes); that is
+likely the measured chains' gap too. A few row kernels differ otherwise (not yet traced; a single mean of 67 ns
+1.0% slower, a where on a matmul's output 7% faster). The per-family test (test_time_round_trip.py) holds 1% at
+its shapes."""
+
+
+def _check_time(r, steps, machine: str) -> None:
+    kind = "matmul" if "matmul" in r.kernel else r.rule
+    lo, hi = BOUND.get((machine, kind), (0.99, 1.01))
+    for mode, t in r.compiled_us.items():
+        got = r.ktir_us[mode]
+        assert lo * t <= got <= hi * t, f"{steps}: {r.kernel} ({r.rule}) {mode} on {machine}: {got} vs {t}"
 
 
 def test_random_programs_round_trip(capsys) -> None:
     rng = random.Random(20261202)
-    written, refused, unaligned, reasons = 0, 0, 0, Counter()
-    for _ in range(PROGRAMS):
+    written, refused, reasons = 0, 0, Counter()
+    for i in range(PROGRAMS):
         steps, inputs, options = _program(rng)
-        # the time band is held on datasheet, as in test_round_trip.py: on measured these sub-microsecond
-        # kernels show the text's missing double-buffer slots and stick padding in full (docs/ktir.md)
-        program = compile_graph(build(steps), inputs, options, cfg=DATASHEET)
-        for r in round_trip(program, inputs):
-            if not r.exported:
-                assert r.reason.startswith("not written as KTIR: "), r.reason
-                refused += 1
-                reasons[r.reason.split(": ", 2)[-1][:60]] += 1
-                continue
-            written += 1
-            scale = max(1.0, max(float(t.abs().max()) for t in inputs))
-            assert r.max_abs_error <= 2e-2 * scale, f"{steps}: {r.kernel} differs by {r.max_abs_error}"
-            aligned = all(n % 64 == 0 for s in [program.buffers[b].shape for b in _slots(program, r.kernel)]
-                          for n in s[-1:])
-            unaligned += not aligned
-            for mode, t in r.compiled_us.items():
-                if aligned:
-                    assert abs(r.ktir_us[mode] - t) <= 0.06 * t, f"{steps}: {r.kernel} {mode} {r.ktir_us[mode]} vs {t}"
-                else:   # KTIR's rows are not padded to whole sticks: a tile of a row may straddle one more stick
-                    assert r.ktir_us[mode] >= 0.94 * t, f"{steps}: {r.kernel} {mode} {r.ktir_us[mode]} vs {t}"
+        for cfg in (DATASHEET, MEASURED) if i < MEASURED_PROGRAMS else (DATASHEET,):
+            program = compile_graph(build(steps), inputs, options, cfg=cfg)
+            for r in round_trip(program, inputs):
+                if not r.exported:
+                    assert r.reason.startswith("not written as KTIR: "), r.reason
+                    refused += cfg is DATASHEET
+                    reasons[r.reason.split(": ", 2)[-1][:60]] += cfg is DATASHEET
+                    continue
+                written += cfg is DATASHEET
+                scale = max(1.0, max(float(t.abs().max()) for t in inputs))
+                assert r.max_abs_error <= 2e-2 * scale, f"{steps}: {r.kernel} differs by {r.max_abs_error}"
+                _check_time(r, steps, cfg.name)
     with capsys.disabled():
-        print(f"\nrandom programs: {written} of {written + refused} kernels written as KTIR ({unaligned} with rows "
-              f"that are not whole sticks); refused: {dict(reasons.most_common())}")
+        print(f"\nrandom programs: {written} of {written + refused} kernels written as KTIR; refused: "
+              f"{dict(reasons.most_common())}")
     assert (written, refused) == (136, 0), (written, refused, reasons)   # every kernel of the 24 chains

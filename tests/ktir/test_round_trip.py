@@ -1,11 +1,13 @@
-"""Compiled kernels -> KTIR -> back: the imported kernel computes the compiled kernel's numbers and its modeled
-time stays close (the text does not carry the compiler's double-buffer slots, so times may differ a little).
-A kernel outside what the writer covers must say so with KTIRUnsupported, never write a wrong kernel.
+"""Compiled kernels -> KTIR -> back: the imported kernel computes the compiled kernel's numbers and takes its modeled
+time, within 1%, on the ``datasheet`` machine (a 4 us launch per kernel) and on ``measured`` (no fixed term: these
+small kernels take a fraction of a microsecond, so any difference shows in full). The text carries the plan's
+stick-padded strides and its buffer phases (docs/ktir.md). A kernel outside what the writer covers must say so
+with KTIRUnsupported, never write a wrong kernel.
 
-The 6% time band is checked on the ``datasheet`` machine, where every kernel pays a 4 us launch. On ``measured``
-(no fixed per-kernel term) these small kernels are a fraction of a microsecond and the lost double buffering shows
-in full: the imported kernel is up to about 1.8x slower. That is asserted as it is (never faster, the same
-numbers), so the gap stays visible until the KTIR text carries the buffer slots."""
+Two kernels of the granite layer are held at their own bound: fused attention (its online softmax is written as
+the dialect's ops, a different set of SFU passes from the compiler's attention plan: within 2%), and a
+restickify whose core slices cut the source's stick dim off a stick boundary (the compiler counts each piece
+as whole sticks, the reader the sticks its addresses touch: never faster, at most 12% slower)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,10 @@ from spyre_lab.compiler.examples import granite_layer, layer_inputs
 from spyre_lab.device.config import DATASHEET, MEASURED
 from spyre_lab.ktir.roundtrip import round_trip
 
+BAND = {"attention": 0.02}
 
-def _check(records, must_export: int, close: bool = True) -> None:
+
+def _check(records, must_export: int) -> None:
     exported = [r for r in records if r.exported]
     assert len(exported) >= must_export, [r.reason for r in records if not r.exported]
     for r in records:
@@ -34,10 +38,11 @@ def _check(records, must_export: int, close: bool = True) -> None:
         if r.ktir_private_us:
             assert all(r.ktir_us[m] <= r.ktir_private_us[m] * 1.001 for m in r.ktir_us), r.kernel
         for mode, t in r.compiled_us.items():
-            if close:
-                assert abs(ktir_us[mode] - t) <= 0.06 * t, f"{r.kernel} {mode}: {ktir_us[mode]} vs {t} us"
-            else:   # without double buffering the imported kernel can only be slower, never faster
-                assert ktir_us[mode] >= 0.98 * t, f"{r.kernel} {mode}: {ktir_us[mode]} vs {t} us"
+            if r.rule == "restickify" and ktir_us[mode] > t * 1.01:   # a slice cut off a stick boundary
+                assert ktir_us[mode] <= 1.12 * t, f"{r.kernel} {mode}: {ktir_us[mode]} vs {t} us"
+                continue
+            band = BAND.get(r.rule, 0.01)
+            assert abs(ktir_us[mode] - t) <= band * t, f"{r.kernel} {mode}: {ktir_us[mode]} vs {t} us"
 
 
 def test_granite_layer_round_trips() -> None:
@@ -68,9 +73,9 @@ def test_granite_layer_round_trips() -> None:
 def test_row_families_round_trip(fn) -> None:
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(48, 150, generator=g).half(), torch.randn(48, 150, generator=g).half()
-    for cfg, close in ((DATASHEET, True), (MEASURED, False)):
+    for cfg in (DATASHEET, MEASURED):
         records = round_trip(compile_graph(fn, [x, y], cfg=cfg), [x, y])
-        _check(records, must_export=1, close=close)
+        _check(records, must_export=1)
         assert all(r.exported for r in records), [r.reason for r in records if not r.exported]
 
 
