@@ -7,6 +7,11 @@ nodes' kinds, ops, dims and views, every buffer named by its position of first u
 role and layout, the constant masks by content -- plus the options and the config, and answers a repeat by
 renaming the first plan's buffers (in its slots, operands, LX plan and tile-op labels) to the new kernel's.
 The modeled times of the copy are the original's: the simulator never reads a name.
+
+Only the options a planner reads are in the key (:func:`planning_options`): the fusion rules decide which
+kernels exist, not how one is planned, so the same matmul under two rule sets (a waterfall stage with the
+``attention`` rule off) is planned once. The planner is handed those same normalised options, so a plan is a
+function of its key by construction.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ def stats() -> dict[str, int]:
 def planned_once(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig, options: CompileOptions,
                  plan: Planner) -> KernelSpec:
     """``plan(kernel, ...)``, or a renamed copy of the plan of a structurally identical kernel planned before."""
+    options = planning_options(options)
     key, names = signature(kernel, buffers, cfg, options)
     hit = _PLANS.get(key)
     if hit is None:
@@ -60,6 +66,16 @@ def planned_once(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: Spyr
 
 
 # --- the structural signature -------------------------------------------------------------------------
+
+NOT_READ_BY_PLANNERS = {"fusion": frozenset(), "timing": "analytic", "max_bundle_tensors": 2}
+"""Options that shape the schedule (which kernels there are), the timing mode of a whole Program, and the bundle
+limit the scheduler enforces: no planner reads them, so they are set to one value before keying and planning."""
+
+
+def planning_options(options: CompileOptions) -> CompileOptions:
+    """``options`` as a planner sees them: every field a planner reads, the others at one fixed value."""
+    return options.replace(**NOT_READ_BY_PLANNERS)
+
 
 def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> tuple[tuple, tuple[str, ...]]:
