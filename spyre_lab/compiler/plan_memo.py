@@ -90,7 +90,7 @@ def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
         entry = (type(n).__name__, n.op, tuple(idx(b) for b in n.inputs), idx(n.output), tuple(n.dims.items()),
                  tuple(n.reduction_dims), n.stick_dim,
                  (n.b, n.m, n.n, n.k) if isinstance(n, MatMul) else None,
-                 kernel.input_views.get(n.name), position)
+                 _views_key(kernel.views_of(n)), position)
         if isinstance(n, Attention):
             entry += (_attention_part(n, idx),)
         nodes.append(entry)
@@ -98,6 +98,13 @@ def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
     bufs = tuple((tuple(buffers[b].shape), buffers[b].dtype, buffers[b].role, _layout_key(buffers[b].layout))
                  for b in order)
     return (kernel.rule, tuple(nodes), groups, bufs, options, cfg), tuple(order)
+
+
+def _views_key(views: tuple) -> tuple | None:
+    """How a node reads its inputs, None when every read is plain: codegen reads a missing view entry and a
+    tuple of Nones alike (``NodeGroup.views_of``), so a kernel priced without views and the same kernel named
+    with its plain reads share a plan."""
+    return views if any(v is not None for v in views) else None
 
 
 def _attention_part(n: Attention, idx: Callable[[str], int]) -> tuple:
