@@ -33,7 +33,9 @@ from spyre_lab.compiler.tiling_attention import Attention
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreOps, TileProgram
 
-MAX_PLANS = 256
+MAX_PLANS = 1024
+"""Plans kept (least recently used dropped past it): ``spyre-lab reproduce`` plans some 400 distinct kernels and
+candidates, and its later stages (the waterfall, tensor parallel) reuse the first stages' plans."""
 _PLANS: OrderedDict[tuple, tuple[KernelSpec, tuple[str, ...]]] = OrderedDict()
 Planner = Callable[[NodeGroup, Mapping[str, BufferInfo], SpyreConfig, CompileOptions], KernelSpec]
 
@@ -67,14 +69,14 @@ def planned_once(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: Spyr
 
 # --- the structural signature -------------------------------------------------------------------------
 
-NOT_READ_BY_PLANNERS = {"fusion": frozenset(), "timing": "analytic", "max_bundle_tensors": 2}
+NOT_READ_BY_PLANNERS = (("fusion", frozenset()), ("timing", "analytic"), ("max_bundle_tensors", 2))
 """Options that shape the schedule (which kernels there are), the timing mode of a whole Program, and the bundle
 limit the scheduler enforces: no planner reads them, so they are set to one value before keying and planning."""
 
 
 def planning_options(options: CompileOptions) -> CompileOptions:
     """``options`` as a planner sees them: every field a planner reads, the others at one fixed value."""
-    return options.replace(**NOT_READ_BY_PLANNERS)
+    return options.replace(**dict(NOT_READ_BY_PLANNERS))
 
 
 def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
