@@ -86,3 +86,19 @@ def test_options_no_planner_reads_share_one_plan():
     c = generate_kernel(kernel, bufs, SPYRE, CompileOptions(double_buffer=False))
     assert plan_memo.stats()["plans"] == 2
     assert c.simulate().time_us != a.simulate().time_us
+
+
+def test_a_repeated_kernel_is_timed_once(monkeypatch):
+    """Copies of one plan share its analytic timing (whichever asks first times it); an event trace, which names
+    the ops, stays each copy's own."""
+    from spyre_lab.device import sim
+
+    calls = []
+    real = sim.simulate
+    monkeypatch.setattr(sim, "simulate", lambda *a, **k: calls.append(k.get("mode")) or real(*a, **k))
+    kernel, bufs = gemv(4096, 4096)
+    plan_memo.clear()
+    a = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    b = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    assert b.simulate() is a.simulate() and calls == ["analytic"]
+    assert b.simulate("event") is not a.simulate("event") and calls == ["analytic", "event", "event"]
