@@ -82,6 +82,7 @@ def profile() -> None:
     import torch._dynamo.convert_frame as convert_frame
 
     from spyre_lab.compiler import cache as program_cache
+    from spyre_lab.compiler import plan_memo
     from spyre_lab.engine.platforms.spyre import SpyrePlatform
 
     study = importlib.import_module("spyre_lab.studies.reproduce")
@@ -106,7 +107,8 @@ def profile() -> None:
     stats = program_cache.stats()
     print(f"  total {time.process_time() - start:.1f} s CPU: {spent['dynamo#']} Dynamo traces "
           f"({spent['dynamo'] - spent['compile']:.1f} s tracing), {spent['compile']:.1f} s compiling pieces; "
-          f"program cache {stats['compiles']} compiles, {stats['hits']} hits")
+          f"program cache {stats['compiles']} compiles, {stats['hits']} hits; "
+          f"{plan_memo.stats()['plans']} kernel plans kept (each planned and timed once)")
 
 
 def _count_cpu(owner: type, name: str, spent: collections.Counter, key: str) -> None:

@@ -7,6 +7,11 @@ nodes' kinds, ops, dims and views, every buffer named by its position of first u
 role and layout, the constant masks by content -- plus the options and the config, and answers a repeat by
 renaming the first plan's buffers (in its slots, operands, LX plan and tile-op labels) to the new kernel's.
 The modeled times of the copy are the original's: the simulator never reads a name.
+
+Only the options a planner reads are in the key (:func:`planning_options`): the fusion rules decide which
+kernels exist, not how one is planned, so the same matmul under two rule sets (a waterfall stage with the
+``attention`` rule off) is planned once. The planner is handed those same normalised options, so a plan is a
+function of its key by construction.
 """
 
 from __future__ import annotations
@@ -28,7 +33,9 @@ from spyre_lab.compiler.tiling_attention import Attention
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import CoreOps, TileProgram
 
-MAX_PLANS = 256
+MAX_PLANS = 1024
+"""Plans kept (least recently used dropped past it): ``spyre-lab reproduce`` plans some 400 distinct kernels and
+candidates, and its later stages (the waterfall, tensor parallel) reuse the first stages' plans."""
 _PLANS: OrderedDict[tuple, tuple[KernelSpec, tuple[str, ...]]] = OrderedDict()
 Planner = Callable[[NodeGroup, Mapping[str, BufferInfo], SpyreConfig, CompileOptions], KernelSpec]
 
@@ -45,6 +52,7 @@ def stats() -> dict[str, int]:
 def planned_once(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig, options: CompileOptions,
                  plan: Planner) -> KernelSpec:
     """``plan(kernel, ...)``, or a renamed copy of the plan of a structurally identical kernel planned before."""
+    options = planning_options(options)
     key, names = signature(kernel, buffers, cfg, options)
     hit = _PLANS.get(key)
     if hit is None:
@@ -55,11 +63,20 @@ def planned_once(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: Spyr
         return _renamed(spec, {}, spec.name, buffers)
     _PLANS.move_to_end(key)
     spec, old_names = hit
-    spec.simulate("analytic")                        # timed once, shared by every copy (no name reaches the model)
     return _renamed(spec, dict(zip(old_names, (kernel.name, *names))), kernel.name, buffers)
 
 
 # --- the structural signature -------------------------------------------------------------------------
+
+NOT_READ_BY_PLANNERS = (("fusion", frozenset()), ("timing", "analytic"), ("max_bundle_tensors", 2))
+"""Options that shape the schedule (which kernels there are), the timing mode of a whole Program, and the bundle
+limit the scheduler enforces: no planner reads them, so they are set to one value before keying and planning."""
+
+
+def planning_options(options: CompileOptions) -> CompileOptions:
+    """``options`` as a planner sees them: every field a planner reads, the others at one fixed value."""
+    return options.replace(**dict(NOT_READ_BY_PLANNERS))
+
 
 def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreConfig,
               options: CompileOptions) -> tuple[tuple, tuple[str, ...]]:
@@ -74,7 +91,7 @@ def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
         entry = (type(n).__name__, n.op, tuple(idx(b) for b in n.inputs), idx(n.output), tuple(n.dims.items()),
                  tuple(n.reduction_dims), n.stick_dim,
                  (n.b, n.m, n.n, n.k) if isinstance(n, MatMul) else None,
-                 kernel.input_views.get(n.name), position)
+                 _views_key(kernel.views_of(n)), position)
         if isinstance(n, Attention):
             entry += (_attention_part(n, idx),)
         nodes.append(entry)
@@ -82,6 +99,13 @@ def signature(kernel: NodeGroup, buffers: Mapping[str, BufferInfo], cfg: SpyreCo
     bufs = tuple((tuple(buffers[b].shape), buffers[b].dtype, buffers[b].role, _layout_key(buffers[b].layout))
                  for b in order)
     return (kernel.rule, tuple(nodes), groups, bufs, options, cfg), tuple(order)
+
+
+def _views_key(views: tuple) -> tuple | None:
+    """How a node reads its inputs, None when every read is plain: codegen reads a missing view entry and a
+    tuple of Nones alike (``NodeGroup.views_of``), so a kernel priced without views and the same kernel named
+    with its plain reads share a plan."""
+    return views if any(v is not None for v in views) else None
 
 
 def _attention_part(n: Attention, idx: Callable[[str], int]) -> tuple:
@@ -132,9 +156,30 @@ def _renamed(spec: KernelSpec, names: dict[str, str], name: str, buffers: Mappin
                   for b, op in spec.operands.items()},
         buffers={b: buffers[b] for b in slots if b in buffers}, units=dict(spec.units),
         roles={names.get(b, b): r for b, r in spec.roles.items()})
-    if "analytic" in spec._sims:
-        copy._sims["analytic"] = spec._sims["analytic"]
+    copy._sims = SharedAnalytic(spec._sims)
     return copy
+
+
+class SharedAnalytic(dict):
+    """A copy's simulation results, whose analytic timing is its plan's: timed once by whichever copy asks first,
+    shared by every copy (no name reaches the analytic model). Other modes (an event trace names its ops) stay
+    the copy's own."""
+
+    def __init__(self, plan_sims: dict) -> None:
+        super().__init__()
+        self._plan_sims = plan_sims
+
+    def __contains__(self, mode: object) -> bool:
+        return mode in self._plan_sims if mode == "analytic" else super().__contains__(mode)
+
+    def __getitem__(self, mode: str):
+        return self._plan_sims[mode] if mode == "analytic" else super().__getitem__(mode)
+
+    def __setitem__(self, mode: str, result) -> None:
+        if mode == "analytic":
+            self._plan_sims[mode] = result
+        else:
+            super().__setitem__(mode, result)
 
 
 class RenamedTileProgram(TileProgram):

@@ -72,3 +72,33 @@ def test_a_repeated_kernel_is_planned_once_and_renamed():
     loads = [o.name for o in ops_b if o.kind is OpKind.LOAD]
     assert any("x7" in n for n in loads) and not any(n.split()[1].startswith(("a[", "w[")) for n in loads)
     assert a.simulate().time_us == b.simulate().time_us
+
+
+def test_options_no_planner_reads_share_one_plan():
+    """The fusion rules, the timing mode and the bundle limit shape the schedule, not a kernel's plan: a kernel
+    planned under another rule set reuses the plan; an option a planner reads (double buffering) plans again."""
+    kernel, bufs = gemv(4096, 4096)
+    plan_memo.clear()
+    a = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    b = generate_kernel(kernel, bufs, SPYRE, CompileOptions(fusion=frozenset(), timing="event", max_bundle_tensors=3))
+    assert plan_memo.stats()["plans"] == 1
+    assert a.simulate().time_us == b.simulate().time_us
+    c = generate_kernel(kernel, bufs, SPYRE, CompileOptions(double_buffer=False))
+    assert plan_memo.stats()["plans"] == 2
+    assert c.simulate().time_us != a.simulate().time_us
+
+
+def test_a_repeated_kernel_is_timed_once(monkeypatch):
+    """Copies of one plan share its analytic timing (whichever asks first times it); an event trace, which names
+    the ops, stays each copy's own."""
+    from spyre_lab.device import sim
+
+    calls = []
+    real = sim.simulate
+    monkeypatch.setattr(sim, "simulate", lambda *a, **k: calls.append(k.get("mode")) or real(*a, **k))
+    kernel, bufs = gemv(4096, 4096)
+    plan_memo.clear()
+    a = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    b = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    assert b.simulate() is a.simulate() and calls == ["analytic"]
+    assert b.simulate("event") is not a.simulate("event") and calls == ["analytic", "event", "event"]
