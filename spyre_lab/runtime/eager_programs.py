@@ -109,7 +109,8 @@ def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     except TypeError:                          # an unhashable argument: never cached
         key, program = None, None
     if program is not None:
-        _PROGRAMS.move_to_end(key)
+        if next(reversed(_PROGRAMS.values())) is not program:   # the most recent already: no second hash of the key
+            _PROGRAMS.move_to_end(key)
         return _run_program(program, leaves, spec, index)
     name = packet_name(op)
     index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
