@@ -5,8 +5,9 @@ An eager op at a shape seen before runs the same compiled program on new operand
 and correction area, the checks that every input has the compiled shape and sits on the card, which slots are
 constants or intermediates, the queued steps of the stream) is fixed for the cached program on that card, so an
 :class:`EagerLauncher` works it out once; a launch then allocates the outputs, enqueues the kernel's steps,
-patches the addresses and runs the kernel, exactly as :func:`~spyre_lab.runtime.launch.route.launch` does, and
-records the same JobPlan, trace events, modeled times and launch count.
+patches the addresses and runs the kernel through the one launch route
+(:func:`~spyre_lab.runtime.launch.route.launch_bound`), so it records the same JobPlan, trace events, modeled times
+and launch count.
 
 Only the common case takes this road: a functional op (no in-place update, no ``out=``), every output a buffer
 of its own, every kernel on the device, the default ``aot_patch`` dispatch. Anything else, and a card reset since
@@ -15,38 +16,34 @@ the launcher was made, goes through ``run_program`` as before (:func:`launcher` 
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from spyre_lab.compiler.program import Program
-from spyre_lab.runtime.launch.correction import QueuedKernel
 from spyre_lab.runtime.launch.options import SETTINGS
-from spyre_lab.runtime.launch.plan import LAST_PLAN
-from spyre_lab.runtime.launch.route import _patch_and_run
+from spyre_lab.runtime.launch.route import launch_bound
 from spyre_lab.runtime.programs import load
-from spyre_lab.runtime.stream import STREAMS, Stream, current_stream
+from spyre_lab.runtime.stream import STREAMS, current_stream
 from spyre_lab.runtime.tensor import empty_spyre
-from spyre_lab.runtime.timeline import TIMELINE, device_lane
+from spyre_lab.runtime.timeline import TIMELINE
 
 
 class EagerLauncher:
     """One compiled one-op program on one card, bound once: what a launch of it repeats, worked out ahead."""
 
-    __slots__ = ("area", "bound", "device", "fresh", "index", "inputs", "loaded", "outputs", "queued_for")
+    __slots__ = ("area", "bound", "fresh", "index", "inputs", "loaded", "outputs")
 
     def __init__(self, program: Program, read_leaves: Sequence[int], index: int) -> None:
         loaded = load(program)
         area, plan = loaded.binding_plan(index)
-        self.loaded, self.area, self.index, self.device = loaded, area, index, area.device
+        self.loaded, self.area, self.index = loaded, area, index
         self.inputs = list(zip((name for name, _, _ in plan.inputs), read_leaves))   # (slot, leaf) per input
         self.bound: dict[str, Any] = dict(loaded.constants(index))                  # what every launch binds
         self.bound.update(plan.intermediates.slots)
         self.fresh = list(plan.fresh)                                                # (slot, shape, dtype)
         self.outputs = [(read.buffer, None if read.is_identity else read) for read in program.outputs]
-        self.queued_for: tuple[Stream, list[QueuedKernel]] | None = None  # the last launch's stream, its steps
 
 
 def launcher(program: Program, read_leaves: Sequence[int], index: int) -> EagerLauncher | None:
@@ -68,14 +65,10 @@ def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> list[torc
     options = SETTINGS.options
     if options.dispatch != "aot_patch":
         return None
-    area, device = launch.area, launch.device
     index = launch.index
     stream = STREAMS.current.get(index)
     if stream is None:
         stream = current_stream(index)
-    queued_for = launch.queued_for
-    if queued_for is None or queued_for[0] is not stream:
-        queued_for = launch.queued_for = (stream, area.queued(stream, "aot_patch", ()))
     bound = dict(launch.bound)
     for slot, leaf in launch.inputs:
         bound[slot] = leaves[leaf]
@@ -83,21 +76,7 @@ def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> list[torc
         bound[slot] = empty_spyre(shape, None, dtype, index)
     TIMELINE.begin_launch(name, {"eager": True, "compiled": True})
     try:
-        LAST_PLAN.plan = area.record(launch.loaded, ())
-        numerics = not SETTINGS.timing_only
-        enqueue_all, emit_shifted = stream.enqueue_all, TIMELINE.emit_shifted
-        lane_of = None if index == 0 else functools.partial(device_lane, device_index=index)
-        for k, kernel, slots, offset, steps, sim_events in queued_for[1]:
-            start = enqueue_all(steps)                      # the modeled clock, as route._submit runs it
-            if sim_events is not None:
-                emit_shifted(sim_events, start, lane_of)
-            if numerics:
-                device.claim(area.claims[k])
-                _patch_and_run(area, k, kernel, slots, offset, [bound[s] for s in slots])
-        if numerics and area.kernels:
-            area.launches += 1
-        if not options.overlap:
-            stream.synchronize()
+        launch_bound(launch.loaded, launch.area, bound, stream=stream, options=options)   # the one launch route
     finally:
         TIMELINE.end_launch()
     return [bound[buffer] if read is None else read.apply(bound[buffer]) for buffer, read in launch.outputs]
