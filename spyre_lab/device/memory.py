@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import operator
 import random
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -34,9 +33,9 @@ def format_bytes(nbytes: int) -> str:
     return f"{nbytes} B"
 
 
-@dataclass(frozen=True)
-class Allocation:
-    """One live block: ``size`` is ``nbytes`` rounded up to whole alignment units (at least one)."""
+class Allocation(NamedTuple):
+    """One live block: ``size`` is ``nbytes`` rounded up to whole alignment units (at least one). (A named tuple,
+    not a frozen dataclass: every eager op's result makes one, and a tuple is made without four ``__setattr__``.)"""
 
     address: int
     nbytes: int
@@ -282,39 +281,47 @@ class _FirstFitArena:
         return self._free.blocks()
 
     def _take(self, nbytes: int, tag: str) -> Allocation:
-        try:
-            nbytes = operator.index(nbytes)  # ints and numpy ints; never floats
-        except TypeError:
-            raise TypeError(f"{self.label}: nbytes must be an int, got {type(nbytes).__name__} {nbytes!r}") from None
+        if type(nbytes) is not int:
+            try:
+                nbytes = operator.index(nbytes)  # ints and numpy ints; never floats
+            except TypeError:
+                raise TypeError(f"{self.label}: nbytes must be an int, got {type(nbytes).__name__} "
+                                f"{nbytes!r}") from None
         if nbytes < 0:
             raise ValueError(f"{self.label}: cannot allocate a negative number of bytes ({nbytes})")
-        size = max(1, -(-nbytes // self.alignment)) * self.alignment  # a zero-byte request still gets a block
+        alignment = self.alignment
+        size = (-(-nbytes // alignment) or 1) * alignment  # a zero-byte request still gets a block
         address = self._free.take_first_fit(size)
         if address is None:
             self.num_failures += 1
             raise self._no_room(nbytes, size, tag)
         allocation = Allocation(address, nbytes, size, tag)
-        self._live[address] = allocation
-        self.allocated_bytes += size
-        self.requested_bytes += nbytes
+        live = self._live
+        live[address] = allocation
+        allocated = self.allocated_bytes = self.allocated_bytes + size
+        requested = self.requested_bytes = self.requested_bytes + nbytes
         self.total_allocations += 1
         self.total_allocated_bytes += size
-        self.peak_allocated_bytes = max(self.peak_allocated_bytes, self.allocated_bytes)
-        self.peak_requested_bytes = max(self.peak_requested_bytes, self.requested_bytes)
-        self.peak_num_allocations = max(self.peak_num_allocations, len(self._live))
+        if allocated > self.peak_allocated_bytes:
+            self.peak_allocated_bytes = allocated
+        if requested > self.peak_requested_bytes:
+            self.peak_requested_bytes = requested
+        if len(live) > self.peak_num_allocations:
+            self.peak_num_allocations = len(live)
         return allocation
 
     def _release(self, handle: Allocation | int) -> Allocation:
-        address = handle.address if isinstance(handle, Allocation) else handle
+        address = handle.address if type(handle) is Allocation else handle
         allocation = self._live.get(address)
-        if allocation is None or (isinstance(handle, Allocation) and allocation is not handle):
+        if allocation is None or (type(handle) is Allocation and allocation is not handle):
             raise ValueError(self._explain_bad_free(handle, address, allocation))
         del self._live[address]
-        self._free.give_back(address, allocation.size)
-        self.allocated_bytes -= allocation.size
+        size = allocation.size
+        self._free.give_back(address, size)
+        self.allocated_bytes -= size
         self.requested_bytes -= allocation.nbytes
         self.total_frees += 1
-        self.total_freed_bytes += allocation.size
+        self.total_freed_bytes += size
         return allocation
 
     def _explain_bad_free(self, handle: Allocation | int, address: Any, current: Allocation | None) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_index
+from spyre_lab.runtime.eager_launch import EagerLauncher, launcher, run_cached
 from spyre_lab.runtime.eager_roofline import op_roofline_us
 from spyre_lab.runtime.errors import SpyreUsageError
 from spyre_lab.runtime.fallback import run_on_host
@@ -108,7 +109,8 @@ def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     except TypeError:                          # an unhashable argument: never cached
         key, program = None, None
     if program is not None:
-        _PROGRAMS.move_to_end(key)
+        if next(reversed(_PROGRAMS.values())) is not program:   # the most recent already: no second hash of the key
+            _PROGRAMS.move_to_end(key)
         return _run_program(program, leaves, spec, index)
     name = packet_name(op)
     index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
@@ -142,6 +144,14 @@ class EagerProgram:
     compiled: Program | None = None          # the compiler's Program for this op, when it has one
     mutations: tuple = ()                    # in-place updates run inside the kernel: none to write back
     fixed_timing: ClassVar[bool] = True      # its name and roofline time never change: launches need not check
+    launchers: dict[int, EagerLauncher | None] = field(default_factory=dict)   # per card, see eager_launch
+
+    @functools.cached_property
+    def cached_launch(self) -> bool:
+        """Whether a launch may take the cached launcher (:mod:`~spyre_lab.runtime.eager_launch`): a compiled
+        program whose outputs are all new tensors, with nothing to resize and something on the card to read."""
+        return (self.compiled is not None and not self.resize and bool(self.read_leaves)
+                and all(kind == "new" for kind, _ in self.out_meta[0]))
 
     @functools.cached_property
     def read_leaves(self) -> list[int]:
@@ -379,6 +389,10 @@ def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input
 
 def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int) -> Any:
     markers, out_spec = program.out_meta
+    if program.cached_launch:
+        results = _run_cached(program, leaves, index)
+        if results is not None:
+            return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
     for leaf, (size, stride) in program.resize.items():
         resize(leaves[leaf], size, stride)
     if program.compiled is not None:
@@ -398,6 +412,16 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
 
 
+def _run_cached(program: EagerProgram, leaves: list[Any], index: int) -> list[torch.Tensor] | None:
+    """The launch through the program's launcher on card ``index`` (made at its first launch there, and again after
+    a reset of the card); None: this launch takes the general road."""
+    launch = program.launchers.get(index, _UNMADE)
+    if launch is _UNMADE or (launch is not None and not launch.area.valid()):
+        launch = program.launchers[index] = launcher(program.compiled, program.read_leaves, index)
+    return None if launch is None else run_cached(launch, leaves, program.name)
+
+
+_UNMADE = object()
 
 
 def clear_program_cache() -> None:

@@ -103,19 +103,20 @@ def test_a_corrupted_blob_really_reads_another_buffer(monkeypatch):
     launch(program, binds)
     area = correction_area(program, torch.spyre.get_device(0))
     other = torch.full((4, 64), 40.0, dtype=torch.float16, device="spyre")
-    pinned = area.pinned_host
-
     class Tampered:                       # the pinned buffer a misbehaving driver would write a stale address into
+        def __init__(self, pinned):       # (one kernel's part of it)
+            self.pinned = pinned
+
         def __setitem__(self, key, values):
             values = list(values)
             if values and values[0] == binds["x"].data_ptr():
                 values[0] = other.data_ptr()
-            pinned[key] = values
+            self.pinned[key] = values
 
-        def __getitem__(self, key):
-            return pinned[key]
+        def __array__(self, dtype=None, copy=None):   # what the H2D copy reads
+            return self.pinned
 
-    monkeypatch.setattr(area, "pinned_host", Tampered())
+    monkeypatch.setattr(area, "pinned_views", [Tampered(view) for view in area.pinned_views])
     launch(program, binds)
     assert area.last_patched[0]["x"] == other.data_ptr()
     assert torch.equal(binds["y"].cpu(), torch.full((4, 64), 42.0, dtype=torch.float16))   # read `other`, not x

@@ -68,6 +68,9 @@ class CorrectionArea:
         self.region_host = self.region_data.numpy()  # the same memory, copied into without a torch call
         self.pinned = torch.zeros(max([1, *self.slot_counts]), dtype=torch.int64)
         self.pinned_host = self.pinned.numpy()      # the same memory, written without a torch call per launch
+        # per kernel, its part of the pinned buffer and of the correction areas (views made once, not per launch)
+        self.pinned_views = [self.pinned_host[:n] for n in self.slot_counts]
+        self.region_views = [self.region_host[o:o + n] for o, n in zip(self.offsets, self.slot_counts)]
         self.launches = 0
         self.fixed = fixed                     # the program's name and modeled times never change (see refresh)
         # per kernel, the intermediates-segment addresses it claims before it runs (a compiled program's plan)

@@ -139,11 +139,11 @@ def _patch_and_run(area: CorrectionArea, k: int, kernel: LaunchKernel, slots: li
                    views: list[torch.Tensor]) -> None:
     """A device kernel's numerics: HostCompute writes the blob, H2D copies it, the prologue patches and runs."""
     device = area.device
-    generation, n = device.generation, len(slots)
-    pinned, region = area.pinned_host, area.region_host
-    pinned[:n] = [_address_of(v, generation) for v in views]     # HostCompute: the real address of every slot
-    region[offset:offset + n] = pinned[:n]                       # H2D: the blob into the kernel's correction area
-    addresses = region[offset:offset + n].tolist()               # Compute: the prologue reads it back
+    generation = device.generation
+    pinned, region = area.pinned_views[k], area.region_views[k]  # pinned[:n], region[offset:offset + n]
+    pinned[...] = [_address_of(v, generation) for v in views]    # HostCompute: the real address of every slot
+    region[...] = pinned                                         # H2D: the blob into the kernel's correction area
+    addresses = region.tolist()                                  # Compute: the prologue reads it back
     area.patched[k] = addresses
     buffer_at, windows = device.buffer_at, {}
     for s, a, v in zip(slots, addresses, views):                 # what each patched address holds

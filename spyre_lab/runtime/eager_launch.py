@@ -1,0 +1,82 @@
+"""The cached eager op's launcher: a compiled one-op program bound once per card, relaunched with only what changes.
+
+An eager op at a shape seen before runs the same compiled program on new operands. What
+:func:`~spyre_lab.runtime.programs.run_program` works out at every call (the loaded program, its binding plan
+and correction area, the checks that every input has the compiled shape and sits on the card, which slots are
+constants or intermediates, the queued steps of the stream) is fixed for the cached program on that card, so an
+:class:`EagerLauncher` works it out once; a launch then allocates the outputs, enqueues the kernel's steps,
+patches the addresses and runs the kernel through the one launch route
+(:func:`~spyre_lab.runtime.launch.route.launch_bound`), so it records the same JobPlan, trace events, modeled times
+and launch count.
+
+Only the common case takes this road: a functional op (no in-place update, no ``out=``), every output a buffer
+of its own, every kernel on the device, the default ``aot_patch`` dispatch. Anything else, and a card reset since
+the launcher was made, goes through ``run_program`` as before (:func:`launcher` returns None).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from spyre_lab.compiler.program import Program
+from spyre_lab.runtime.launch.options import SETTINGS
+from spyre_lab.runtime.launch.route import launch_bound
+from spyre_lab.runtime.programs import load
+from spyre_lab.runtime.stream import STREAMS, current_stream
+from spyre_lab.runtime.tensor import empty_spyre
+from spyre_lab.runtime.timeline import TIMELINE
+
+
+class EagerLauncher:
+    """One compiled one-op program on one card, bound once: what a launch of it repeats, worked out ahead."""
+
+    __slots__ = ("area", "bound", "fresh", "index", "inputs", "loaded", "outputs")
+
+    def __init__(self, program: Program, read_leaves: Sequence[int], index: int) -> None:
+        loaded = load(program)
+        area, plan = loaded.binding_plan(index)
+        self.loaded, self.area, self.index = loaded, area, index
+        self.inputs = list(zip((name for name, _, _ in plan.inputs), read_leaves))   # (slot, leaf) per input
+        self.bound: dict[str, Any] = dict(loaded.constants(index))                  # what every launch binds
+        self.bound.update(plan.intermediates.slots)
+        self.fresh = list(plan.fresh)                                                # (slot, shape, dtype)
+        self.outputs = [(read.buffer, None if read.is_identity else read) for read in program.outputs]
+
+
+def launcher(program: Program, read_leaves: Sequence[int], index: int) -> EagerLauncher | None:
+    """A launcher for ``program`` on card ``index``, or None when a launch of it needs the general road."""
+    if program.mutations:
+        return None
+    if any(k.host for k in load(program).kernels):
+        return None
+    visible = {read.buffer for read in program.outputs}
+    if len(visible) != len(program.outputs) or visible & (set(program.inputs) | set(program.constants)):
+        return None
+    return EagerLauncher(program, read_leaves, index)
+
+
+def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> list[torch.Tensor] | None:
+    """Launch a cached one-op program on ``leaves`` (the trace's launch named ``name``); its outputs, or None when
+    this launch needs the general road (a dispatch other than ``aot_patch``). The caller made sure the card was not
+    reset since the launcher was made (``launch.area.valid()``)."""
+    options = SETTINGS.options
+    if options.dispatch != "aot_patch":
+        return None
+    index = launch.index
+    stream = STREAMS.current.get(index)
+    if stream is None:
+        stream = current_stream(index)
+    bound = dict(launch.bound)
+    for slot, leaf in launch.inputs:
+        bound[slot] = leaves[leaf]
+    for slot, shape, dtype in launch.fresh:
+        bound[slot] = empty_spyre(shape, None, dtype, index)
+    TIMELINE.begin_launch(name, {"eager": True, "compiled": True})
+    try:
+        launch_bound(launch.loaded, launch.area, bound, stream=stream, options=options)   # the one launch route
+    finally:
+        TIMELINE.end_launch()
+    return [bound[buffer] if read is None else read.apply(bound[buffer]) for buffer, read in launch.outputs]
