@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.compiler.access import Access
+from spyre_lab.compiler.batched_partials import BatchedMatmuls
 from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import IRNode, MatMul, NodeGroup, Reduction
 from spyre_lab.compiler.program import Program
@@ -157,6 +158,7 @@ class _SlicedPlan:
     rows: _Rows | None = None                    # the blocks as rows, where they form them
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
     kept: list[SameTensorCache] = field(default_factory=list)   # per anchor read: its last source's operands
+    matmuls: BatchedMatmuls = field(default_factory=BatchedMatmuls)   # a split matmul's core products
 
     def anchor_operands(self, kernel: NodeGroup, access: Access, env: dict[str, torch.Tensor]
                         ) -> list[Sequence[torch.Tensor]]:
@@ -286,7 +288,7 @@ def _reduce_across_cores(kernel: NodeGroup, program: Program, env: dict[str, tor
     operands = plan.anchor_operands(kernel, acc, env)
     out, partial = anchor.output, anchor.output + ".partial"
     if isinstance(anchor, MatMul):             # its operands are fp32 already: _partial's .float() would be a no-op
-        partials = [torch.matmul(a, b) for a, b in zip(operands[0], operands[1])]
+        partials = plan.matmuls(operands[0], operands[1])
     else:
         partials = [_partial(anchor, [ins[j] for ins in operands], acc) for j in range(len(plan.cores))]
     combine = PARTIAL_COMBINE[anchor.op]
