@@ -46,18 +46,36 @@ class BatchedMatmuls:
     """One kernel's per-core partial products (``left[c] @ right[c]`` for every busy core), as one ``bmm`` where
     that was checked to be exact (see module doc), else core by core."""
 
-    __slots__ = ("_batched", "_kept")
+    __slots__ = ("_batched", "_kept", "_rows")
 
     def __init__(self) -> None:
         self._batched: bool | None = None             # decided at the first call
         self._kept: list[tuple[Sequence[torch.Tensor], torch.Tensor] | None] = [None, None]
+        self._rows: tuple[list[list[int]], list[torch.Tensor]] | None = None
 
-    def __call__(self, left: Sequence[torch.Tensor], right: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    def __call__(self, left: Sequence[torch.Tensor], right: Sequence[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        """The core products: one [cores, M, N] tensor where batched, else a list of each core's [M, N]."""
         if self._batched is None:
             self._batched = self._decide(left, right)
         if not self._batched:
             return [torch.matmul(a, b) for a, b in zip(left, right)]
-        return list(torch.bmm(self._stacked(0, left), self._stacked(1, right)).unbind(0))
+        return torch.bmm(self._stacked(0, left), self._stacked(1, right))
+
+    def combined_rows(self, blocks: list[list[int]], partial_axis: int, stacked: torch.Tensor) -> torch.Tensor:
+        """``per_core._combine_rows`` before the rounding, on stacked products: every block's k-th partner's
+        product, for all blocks at once, added to the running sum in partner order, then laid out as the rows'
+        concatenation along ``partial_axis``. The adds are elementwise, so every element meets the same partials
+        in the same order as when the rows are concatenated first."""
+        if self._rows is None or self._rows[0] is not blocks:
+            self._rows = (blocks, [torch.tensor([b[k] for b in blocks]) for k in range(len(blocks[0]))])
+        total = None
+        for index in self._rows[1]:
+            part = stacked.index_select(0, index)     # [blocks, M, N of a core]
+            total = part if total is None else torch.add(total, part)
+        count, m, n = total.shape
+        if partial_axis == 1:
+            return total.permute(1, 0, 2).reshape(m, count * n)
+        return total.reshape(count * m, n)
 
     def _stacked(self, side: int, operands: Sequence[torch.Tensor]) -> torch.Tensor:
         kept = self._kept[side]

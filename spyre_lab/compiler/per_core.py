@@ -294,6 +294,13 @@ def _reduce_across_cores(kernel: NodeGroup, program: Program, env: dict[str, tor
     combine = PARTIAL_COMBINE[anchor.op]
     dtype = program.buffers[out].dtype
     rows = plan.rows
+    if isinstance(partials, torch.Tensor):     # the core products as one batched tensor (`batched_partials`)
+        if rows is not None and not keep:
+            whole = _finish(anchor, plan.matmuls.combined_rows(rows.blocks, rows.partial_axis, partials), acc, dtype)
+            if whole.shape == program.buffers[out].shape:
+                env[out] = whole
+                return [], {out}
+        partials = list(partials.unbind(0))
     if rows is not None:
         whole = _combine_rows(rows, partials, combine, anchor, acc, dtype)
         if whole.shape == program.buffers[out].shape:
