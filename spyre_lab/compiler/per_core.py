@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.compiler.access import Access
-from spyre_lab.compiler.batched_partials import BatchedMatmuls
 from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import IRNode, MatMul, NodeGroup, Reduction
 from spyre_lab.compiler.program import Program
@@ -158,7 +157,6 @@ class _SlicedPlan:
     rows: _Rows | None = None                    # the blocks as rows, where they form them
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
     kept: list[SameTensorCache] = field(default_factory=list)   # per anchor read: its last source's operands
-    matmuls: BatchedMatmuls = field(default_factory=BatchedMatmuls)   # a split matmul's core products
 
     def anchor_operands(self, kernel: NodeGroup, access: Access, env: dict[str, torch.Tensor]
                         ) -> list[Sequence[torch.Tensor]]:
@@ -288,19 +286,12 @@ def _reduce_across_cores(kernel: NodeGroup, program: Program, env: dict[str, tor
     operands = plan.anchor_operands(kernel, acc, env)
     out, partial = anchor.output, anchor.output + ".partial"
     if isinstance(anchor, MatMul):             # its operands are fp32 already: _partial's .float() would be a no-op
-        partials = plan.matmuls(operands[0], operands[1])
+        partials = [torch.matmul(a, b) for a, b in zip(operands[0], operands[1])]
     else:
         partials = [_partial(anchor, [ins[j] for ins in operands], acc) for j in range(len(plan.cores))]
     combine = PARTIAL_COMBINE[anchor.op]
     dtype = program.buffers[out].dtype
     rows = plan.rows
-    if isinstance(partials, torch.Tensor):     # the core products as one batched tensor (`batched_partials`)
-        if rows is not None and not keep:
-            whole = _finish(anchor, plan.matmuls.combined_rows(rows.blocks, rows.partial_axis, partials), acc, dtype)
-            if whole.shape == program.buffers[out].shape:
-                env[out] = whole
-                return [], {out}
-        partials = list(partials.unbind(0))
     if rows is not None:
         whole = _combine_rows(rows, partials, combine, anchor, acc, dtype)
         if whole.shape == program.buffers[out].shape:
