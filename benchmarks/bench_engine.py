@@ -161,6 +161,8 @@ def bench_host_step(max_model_len: int = 64, requests: int = 4) -> None:
               "instructions: benchmarks/instructions.py decode)")
         print(f"  {'':27}  = compiled pieces {pieces:5.2f} + "
               f"attention {attention:5.2f} ({split['layers']} layers) + the rest {rest:5.2f}")
+        print(f"  {'':27}  compiled pieces = their kernels' numerics {split['numerics']:5.2f} + launch, binding and "
+              f"modeled-time bookkeeping {pieces - split['numerics']:5.2f}")
         print(f"  {'':27}  the rest = inputs {split['inputs']:4.2f} + logits and sampling {split['sample']:4.2f} + "
               f"engine, Dynamo and step timing {rest - split['inputs'] - split['sample']:4.2f}")
     # guard-free dispatch on and off (`platforms.dispatch`), requests interleaved: the machine drifts minute to minute
@@ -188,14 +190,15 @@ def _interleaved_step_cpu_ms(llms: dict[str, LLM], params: SamplingParams, reque
 
 def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: type | None = None) -> dict:
     """Medians over decode steps of process CPU ms: the whole engine step, and (spyre) its pieces and attention
-    (the eager ops or the one-launch kernel, whichever runs), its inputs (built and copied) and its logits and
-    sampling (the last tokens' gather, the LM head and its scaling: `ModelRunner.logits`; the copy to the host and
-    the sampler)."""
+    (the eager ops or the one-launch kernel, whichever runs), the numerics of the pieces' kernels (the compiler's
+    per-core emulation, `LoadedKernel.run`), its inputs (built and copied) and its logits and sampling (the last
+    tokens' gather, the LM head and its scaling: `ModelRunner.logits`; the copy to the host and the sampler)."""
     from spyre_lab.engine.model_runner import ModelRunner
     from spyre_lab.engine.platforms import paged_attention_op, paged_kernel
     from spyre_lab.engine.sampler import Sampler
+    from spyre_lab.runtime.programs import LoadedKernel
 
-    keys = ("pieces", "attention", "inputs", "sample")
+    keys = ("pieces", "attention", "numerics", "inputs", "sample")
     engine, acc, rows = llm.llm_engine, dict.fromkeys(keys, 0.0), []
 
     def timed(key: str, fn):
@@ -211,7 +214,7 @@ def _decode_step_cpu_ms(llm: LLM, params: SamplingParams, requests: int, piece: 
     if piece is not None:
         saved = [(piece, "forward", "pieces"),
                  (paged_attention_op, "grouped_paged_attention", "attention"),
-                 (paged_kernel.PagedAttentionLaunch, "__call__", "attention"),
+                 (paged_kernel.PagedAttentionLaunch, "__call__", "attention"), (LoadedKernel, "run", "numerics"),
                  (ModelRunner, "prepare_decode", "inputs"), (ModelRunner, "logits", "sample"),
                  (Sampler, "__call__", "sample")]
         saved = [(owner, name, key, getattr(owner, name)) for owner, name, key in saved]
