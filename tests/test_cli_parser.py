@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("uvicorn", "fastapi", "plotly", "dask", "ipywidgets", "spyre_lab.engine", "spyre_lab.serving.launcher")
 
 
@@ -20,9 +22,5 @@ def test_the_serving_package_still_offers_its_launcher():
 
     assert serving.ServerThread.__module__ == "spyre_lab.serving.launcher"
     assert "wait_healthy" in serving.__all__
-    try:
+    with pytest.raises(AttributeError, match="no_such_name"):
         serving.no_such_name  # noqa: B018
-    except AttributeError as error:
-        assert "no_such_name" in str(error)
-    else:
-        raise AssertionError("an unknown name must raise AttributeError")

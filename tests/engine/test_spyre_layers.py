@@ -12,7 +12,7 @@ from spyre_lab.engine.layers.linear import QKVParallelLinear
 from spyre_lab.engine.layers.rotary import RotaryEmbedding
 from spyre_lab.engine.platforms.base import Platform, set_current_platform
 from spyre_lab.engine.platforms.paged_attention_op import grouped_paged_attention, is_paged_attention
-from spyre_lab.engine.platforms.piecewise import canonicalize, split_at_attention
+from spyre_lab.engine.platforms.piecewise import canonicalize, split_at_host_calls
 from spyre_lab.engine.platforms.spyre_layers import DEVICE_LAYERS
 from spyre_lab.engine.platforms.transposed_linear import TRANSPOSED_LINEARS
 
@@ -77,7 +77,7 @@ def test_transposed_linear_stores_w_t_once_and_computes_x_w_t():
     torch.testing.assert_close(qkv(x), expected)
 
 
-def test_split_at_attention_cuts_around_each_attention_and_canonical_pieces_match():
+def test_split_at_host_calls_cuts_around_each_attention_and_canonical_pieces_match():
     def two_blocks(x, w0, w1, cache):
         for w in (w0, w1):
             h = torch.relu(x @ w)
@@ -86,7 +86,7 @@ def test_split_at_attention_cuts_around_each_attention_and_canonical_pieces_matc
         return x * 2
 
     gm = fx.symbolic_trace(two_blocks)
-    split = split_at_attention(gm)
+    split = split_at_host_calls(gm)
     children = dict(split.named_children())
     kinds = ["attention" if any(is_paged_attention(n) for n in m.graph.nodes) else "piece" for m in children.values()]
     assert kinds == ["piece", "attention", "piece", "attention", "piece"]

@@ -84,8 +84,13 @@ def _(tensor: torch.Tensor) -> None:
     return None
 
 
-COLLECTIVE_FUNCTIONS = {torch.ops.spyre_engine.all_reduce_.default: _all_reduce_,
-                        torch.ops.spyre_engine.all_reduce_: _all_reduce_, _all_reduce_: _all_reduce_}
+def _call_targets(packet: torch._ops.OpOverloadPacket, function: Any) -> dict[Any, Any]:
+    """Every target a graph node calling this op can carry (the packet as Dynamo may record it, its default
+    overload, or the function itself once inlined), each mapped to the function its registration runs."""
+    return {packet: function, packet.default: function, function: function}
+
+
+COLLECTIVE_FUNCTIONS = _call_targets(torch.ops.spyre_engine.all_reduce_, _all_reduce_)
 """The collective ops a compiled graph may hold, each mapped to the function its registration runs."""
 
 

@@ -68,8 +68,9 @@ def runs_between_pieces(node: fx.Node) -> bool:
     return is_paged_attention(node) or is_collective(node)
 
 
-def split_at_attention(gm: fx.GraphModule) -> fx.GraphModule:
-    """The graph as a sequence of submodules: pieces, each attention (or collective) node alone, pieces, ..."""
+def split_at_host_calls(gm: fx.GraphModule) -> fx.GraphModule:
+    """The graph as a sequence of submodules: pieces, then each node that runs between pieces (a paged attention or
+    a collective, `runs_between_pieces`) alone, then pieces, ..."""
     partition, current = {}, 0
     for node in gm.graph.nodes:
         if runs_between_pieces(node):
@@ -84,7 +85,7 @@ def piecewise_backend(gm: fx.GraphModule, example_inputs: Sequence[Any], **kwarg
     """A ``torch.compile`` backend: split at attention, compile each piece with the "spyre" backend.
 
     ``kwargs`` (e.g. ``options={"fusion": [...]}``) are passed on to the spyre backend."""
-    split = split_at_attention(gm)
+    split = split_at_host_calls(gm)
     # a piece's inputs are named after the graph nodes feeding them: the model's own inputs and weights
     # get the real tensors (so spyre_lab.explain(model) finds the pieces that read its parameters),
     # values made inside the graph get the fake tensors Dynamo recorded for them
