@@ -16,7 +16,6 @@ step waits for that step to end, then applies.
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import threading
@@ -38,6 +37,7 @@ from spyre_lab.engine.scheduler import Scheduler
 from spyre_lab.engine.sequence import Sequence
 from spyre_lab.engine.stats import EngineStats, RequestStats, StepStats
 from spyre_lab.engine.tokenizer import load_tokenizer
+from spyre_lab.heap import freeze_startup_heap
 
 logger = logging.getLogger(__name__)
 
@@ -53,17 +53,6 @@ class RequestError(ValueError):
         self.prompt, self.prompt_token_ids, self.decoded_prompt = prompt, list(prompt_token_ids or []), decoded_prompt
 
 
-def freeze_startup_heap() -> None:
-    """Move every object alive now (weights, compiled programs, Dynamo caches: a few hundred thousand) out of
-    the cyclic garbage collector's sight, as vLLM does once its engine is up (``gc.freeze()``). Its full
-    collections would otherwise walk that heap every few dozen decode steps, a pause of about a quarter of a
-    second each. Objects frozen here are still freed when their last reference goes; only garbage *cycles*
-    among them wait, until the next engine's warmup unfreezes and collects before freezing again."""
-    gc.unfreeze()
-    gc.collect()
-    gc.freeze()
-
-
 class LLMEngine:
     """Step-level engine. `add_request` raises ValueError for a request it cannot serve (bad sampling
     parameters, prompt too long, unknown token ids); nothing else is ever dropped: every accepted
@@ -77,7 +66,8 @@ class LLMEngine:
     """
 
     freeze_heap_after_warmup = True
-    """Freeze the startup heap after a warmup (:func:`freeze_startup_heap`); set False to leave the GC alone."""
+    """Freeze the startup heap after a warmup (:func:`spyre_lab.heap.freeze_startup_heap`); set False to leave the
+    GC alone."""
 
     def __init__(self, model: str | os.PathLike | EngineConfig = "tiny-granite", **options: Any) -> None:
         config = EngineConfig.from_options(model, **options)
@@ -352,7 +342,7 @@ class LLMEngine:
 
     def warmup(self, show_progress: bool = True) -> None:
         """Run every shape bucket once (static-shape platforms); a no-op with dynamic shapes. After a warmup
-        that compiled something, the startup heap is frozen (:func:`freeze_startup_heap`)."""
+        that compiled something, the startup heap is frozen (:func:`spyre_lab.heap.freeze_startup_heap`)."""
         with self._lock:
             self._warmup(show_progress)
 

@@ -1,6 +1,8 @@
 """The shared view plumbing: static figure, widget with controls, redraw on a control change, JSON input."""
 
+import gc
 import json
+import weakref
 
 import ipywidgets as W
 import plotly.graph_objects as go
@@ -149,3 +151,41 @@ def test_a_trace_updated_in_place_keeps_nothing_of_the_trace_it_replaces():
     assert trace.text is None and trace.legendgroup is None
     assert trace.marker.symbol is None and trace.marker.size is None and trace.marker.color == "red"
     assert live.data[0].to_plotly_json().keys() - {"uid"} == {"type", "name", "x", "y", "marker"}
+
+
+class _Cycle:
+    """A reference cycle: only the cyclic collector can free it."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+@pytest.fixture
+def _heap_left_as_found():
+    yield
+    gc.unfreeze()
+    View.freeze_heap_when_shown = True
+
+
+@pytest.mark.usefixtures("_heap_left_as_found")
+def test_showing_a_view_freezes_the_heap_and_the_next_view_collects_cycles_it_had_frozen():
+    """A control change must not pay a full collection over the kernel's long-lived heap (torch, plotly, compiled
+    programs): the heap alive when a widget comes up is frozen, and the next widget collects before freezing."""
+    gc.unfreeze()
+    cycle = _Cycle()
+    alive = weakref.ref(cycle)
+    _Line().widget  # noqa: B018
+    assert gc.get_freeze_count() > 0
+    del cycle
+    gc.collect()
+    assert alive() is not None                  # frozen: the collector does not look at it
+    _Line().widget  # noqa: B018
+    assert alive() is None                      # unfrozen, collected, then the new heap frozen
+
+
+@pytest.mark.usefixtures("_heap_left_as_found")
+def test_a_view_can_leave_the_collector_alone():
+    gc.unfreeze()
+    View.freeze_heap_when_shown = False
+    _Line().widget  # noqa: B018
+    assert gc.get_freeze_count() == 0
