@@ -34,6 +34,7 @@ from spyre_lab.compiler import cache
 from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.device_literals import trace_on_host
 from spyre_lab.compiler.fusion import schedule
+from spyre_lab.compiler.gc_pause import cyclic_gc_paused
 from spyre_lab.compiler.ir import NodeGroup
 from spyre_lab.compiler.layout_propagation import propagate_layouts
 from spyre_lab.compiler.lowering import LoweringError, decomposition_table, lower
@@ -133,6 +134,16 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
         hit.cache_note = "cache hit: same graph, shapes, options and config; nothing compiled"
         return hit
     start = time.perf_counter()
+    with cyclic_gc_paused():
+        program = _compiled(fn, example_inputs, options, cfg, aten_graph, key)
+    program.compile_ms = (time.perf_counter() - start) * 1e3
+    program.cache_note = cache.store(key, structure, signature, program, keep_alive=fn)
+    return program
+
+
+def _compiled(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any], options: CompileOptions,
+              cfg: SpyreConfig, aten_graph: fx.GraphModule | None, key: Any) -> Program:
+    """The compiler's stages, trace to Program (not cached here: :func:`compile_graph` caches)."""
     aten_gm = _traced(fn, example_inputs) if aten_graph is None else aten_graph
     lowered = lower(aten_gm)
     restickifies = propagate_layouts(lowered, cfg)
@@ -144,16 +155,13 @@ def compile_graph(fn: Callable | fx.GraphModule, example_inputs: Sequence[Any],
     keep = {r.buffer for r in lowered.outputs} | {v.buffer for _, v in lowered.mutations}
     dram_plan, pool = plan_intermediates(kernels, buffers, keep)
     name = getattr(fn, "__name__", None) or type(fn).__name__
-    program = Program(
+    return Program(
         name=name, kernels=kernels, launches=launches, inputs=lowered.input_names, outputs=lowered.outputs,
         buffers=buffers, constants=lowered.constants, access=lowered.access, options=options, cfg=cfg,
         dram_plan=dram_plan, pool_bytes=pool, restickifies=restickifies, fallback_ops=lowered.fallback_ops,
         unfused_kernels=unfused, cache_key=key, mutations=lowered.mutations,
         aten_ops=sum(1 for n in aten_gm.graph.nodes if n.op == "call_function"),
     )
-    program.compile_ms = (time.perf_counter() - start) * 1e3
-    program.cache_note = cache.store(key, structure, signature, program, keep_alive=fn)
-    return program
 
 
 def options_from(raw: Mapping[str, Any] | CompileOptions | None) -> CompileOptions:

@@ -24,6 +24,18 @@ if TYPE_CHECKING:
     from spyre_lab.device.sim import SimResult
 
 
+@dataclass(eq=False)
+class AnalyticTiming:
+    """A plan's analytic timing, filled in by whichever kernel of the plan is timed first.
+
+    Every copy of one plan (:mod:`~spyre_lab.compiler.plan_memo` renames a repeated kernel's plan) holds the
+    very same object: the analytic model never reads a buffer name, so the copies' timings are one result,
+    computed once. An event trace names its ops, so each kernel keeps its own (``KernelSpec.traces``).
+    """
+
+    result: SimResult | None = None
+
+
 @dataclass
 class KernelSpec:
     """One scheduled kernel (a SuperDSC bundle): what every core does and where every buffer lives."""
@@ -43,7 +55,8 @@ class KernelSpec:
     buffers: dict[str, BufferInfo] = field(default_factory=dict, repr=False)
     units: dict[str, str] = field(default_factory=dict)
     roles: dict[str, str] = field(default_factory=dict)
-    _sims: dict[str, SimResult] = field(default_factory=dict, init=False, repr=False)
+    analytic: AnalyticTiming = field(default_factory=AnalyticTiming, repr=False, compare=False)
+    traces: dict[str, SimResult] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     # --- totals read off the tile programs -----------------------------------------------------
     @property
@@ -63,12 +76,17 @@ class KernelSpec:
         return self.tile_kernel.total("nbytes", OpKind.RING_SEND)
 
     def simulate(self, mode: str = "analytic") -> SimResult:
-        """Modeled timing of this kernel on ``cfg`` (cached per mode)."""
-        if mode not in self._sims:
-            from spyre_lab.device.sim import simulate
+        """Modeled timing of this kernel on ``cfg`` (cached per mode): the analytic one shared with every copy of
+        its plan (``analytic``), an event-mode trace this kernel's own (``traces``)."""
+        from spyre_lab.device.sim import simulate
 
-            self._sims[mode] = simulate(self.tile_kernel, self.cfg, mode=mode, trace=mode == "event")
-        return self._sims[mode]
+        if mode == "analytic":
+            if self.analytic.result is None:
+                self.analytic.result = simulate(self.tile_kernel, self.cfg, mode="analytic", trace=False)
+            return self.analytic.result
+        if mode not in self.traces:
+            self.traces[mode] = simulate(self.tile_kernel, self.cfg, mode=mode, trace=mode == "event")
+        return self.traces[mode]
 
     def explain(self) -> str:
         d = self.division

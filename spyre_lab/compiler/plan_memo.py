@@ -155,31 +155,8 @@ def _renamed(spec: KernelSpec, names: dict[str, str], name: str, buffers: Mappin
         operands={names.get(b, b): dataclasses.replace(op, buffer=names.get(op.buffer, op.buffer))
                   for b, op in spec.operands.items()},
         buffers={b: buffers[b] for b in slots if b in buffers}, units=dict(spec.units),
-        roles={names.get(b, b): r for b, r in spec.roles.items()})
-    copy._sims = SharedAnalytic(spec._sims)
+        roles={names.get(b, b): r for b, r in spec.roles.items()}, analytic=spec.analytic)
     return copy
-
-
-class SharedAnalytic(dict):
-    """A copy's simulation results, whose analytic timing is its plan's: timed once by whichever copy asks first,
-    shared by every copy (no name reaches the analytic model). Other modes (an event trace names its ops) stay
-    the copy's own."""
-
-    def __init__(self, plan_sims: dict) -> None:
-        super().__init__()
-        self._plan_sims = plan_sims
-
-    def __contains__(self, mode: object) -> bool:
-        return mode in self._plan_sims if mode == "analytic" else super().__contains__(mode)
-
-    def __getitem__(self, mode: str):
-        return self._plan_sims[mode] if mode == "analytic" else super().__getitem__(mode)
-
-    def __setitem__(self, mode: str, result) -> None:
-        if mode == "analytic":
-            self._plan_sims[mode] = result
-        else:
-            super().__setitem__(mode, result)
 
 
 class RenamedTileProgram(TileProgram):

@@ -139,20 +139,22 @@ def estimate_cycles(a: AttentionShape, m_range: tuple[int, int], tq: int, tk: in
     for choosing tiles; the simulator times the chosen program)."""
     pe = sfu = nbytes = 0.0
     passes = a.score_passes + 2 + cfg.transcendental_factor + 2      # score ops, max, exp, sum, rescale
+    macs, lanes = cfg.macs_per_cycle_per_core, cfg.sfu_elems_per_cycle_per_core  # read once: 55 shapes x blocks
+    ke, item, extras, n, block_state = a.k + a.e, a.item, a.extras, a.n, a.block_state
     for m0 in range(m_range[0], m_range[1], tq):
         m1 = min(m_range[1], m0 + tq)
         rq = m1 - m0
-        nbytes += rq * (a.k + a.e) * a.item                             # Q in, O out
-        for n0 in range(0, a.n, tk):
-            n1 = min(a.n, n0 + tk)
-            state = a.block_state(0, 1, m0, m1, n0, n1) if a.block_state else "load"
+        nbytes += rq * ke * item                                        # Q in, O out
+        for n0 in range(0, n, tk):
+            n1 = min(n, n0 + tk)
+            state = block_state(0, 1, m0, m1, n0, n1) if block_state else "load"
             if state == "skip":
                 continue
             cells = rq * (n1 - n0)
-            pe += cells * (a.k + a.e) / cfg.macs_per_cycle_per_core
-            sfu += cells * passes / cfg.sfu_elems_per_cycle_per_core
-            nbytes += (n1 - n0) * (a.k + a.e) * a.item + (cells * a.item * a.extras if state == "load" else 0)
-            sfu += cells * (1 if state == "causal" else 0) / cfg.sfu_elems_per_cycle_per_core
+            pe += cells * ke / macs
+            sfu += cells * passes / lanes
+            nbytes += (n1 - n0) * ke * item + (cells * item * extras if state == "load" else 0)
+            sfu += cells * (1 if state == "causal" else 0) / lanes
     return max(pe, sfu, nbytes / (cfg.dram_bytes_per_cycle / max(1, active_cores)))
 
 
@@ -295,11 +297,22 @@ def _causal_state(t: torch.Tensor, d: int, streamed: int, generated: bool):
     heads, m, n = t.shape[0], t.shape[-2], t.shape[-1]
 
     def state(b0: int, b1: int, m0: int, m1: int, n0: int, n1: int) -> str:
-        batch = range(heads)[min(b0, heads - 1):max(b1, 1)] if heads > 1 else range(1)
-        rows, cols = range(m)[m0:m1], range(n)[n0:n1]
-        if not batch or not rows or not cols or cols[0] > rows[-1] + d:
+        if heads > 1 and (b0 < 0 or b1 < 0 or min(b0, heads - 1) >= min(max(b1, 1), heads)) \
+                and not range(heads)[min(b0, heads - 1):max(b1, 1)]:
+            return "skip"                        # no head in the block
+        if m0 < 0 or n0 < 0 or m1 < 0 or n1 < 0:  # slice bounds counted from the end: let range() clip them
+            rows, cols = range(m)[m0:m1], range(n)[n0:n1]
+            if not rows or not cols:
+                return "skip"
+            r0, r1, c0, c1 = rows[0], rows[-1], cols[0], cols[-1]
+        else:                                    # the planners' blocks: [m0, m1) x [n0, n1) clipped to the mask
+            r1, c1 = min(m1, m) - 1, min(n1, n) - 1
+            if r1 < m0 or c1 < n0:
+                return "skip"
+            r0, c0 = m0, n0
+        if c0 > r1 + d:
             return "skip"                        # an empty block, or every key after every query's last visible one
-        if streamed == 0 and cols[-1] <= rows[0] + d:
+        if streamed == 0 and c1 <= r0 + d:
             return "plain"                       # every key visible to every query: nothing to mask
         return "causal" if generated else "load"
     return state

@@ -25,7 +25,9 @@ from spyre_lab.compiler.tiling_common import (
     slot_wait,
 )
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.device.isa import CoreOps, LXOverflowError
+from spyre_lab.device.isa import CoreOps, LXOverflowError, OpKind, TileOp
+
+_LOAD, _MATMUL, _VECTOR, _SPECIAL = OpKind.LOAD, OpKind.MATMUL, OpKind.VECTOR, OpKind.SPECIAL
 
 
 @dataclass
@@ -180,31 +182,43 @@ class _MlpEmitter:
             last = self.finish_output(acc, acc_prev, rm, self.o_pad, f"m{mi}")
         self.row_done.append(last)
 
+    def add(self, op: TileOp) -> int:
+        """Append an op this emitter built, returning its index. Its deps are earlier ops of this program and its
+        buffers have sizes by construction, so the checks of ``CoreOps``' builders (``p.load``, ``p.matmul``),
+        which cost a third of emitting a fused MLP's 60,000 ops, are not repeated for every op here."""
+        ops = self.p.ops
+        ops.append(op)
+        return len(ops) - 1
+
     def gate_up_pointwise(self, mi: int, ii: int, rm: int, ri: int, x_op: int | None) -> int:
         """Gate and up over the K chunks (sharing each x tile), then SiLU and mul in LX; returns h's op."""
-        mk, p = self.mk, self.p
+        mk, add = self.mk, self.add
         g = u = g_prev = u_prev = None
+        acc_bytes = rm * ri * ACC_BYTES
+        share_x, share_w = self.share_x, self.share_w
         for hi, rh in enumerate(self.h_tiles):
             slot, w_wait = slot_wait(self.steps, self.double_buffer)
+            wait = tuple(w_wait)
             nbytes = rh * ri * mk.w_item
             xk = x_op
             if self.whole_slice:
-                xk = p.load(f"{mk.x}[{slot}]", rm * rh * mk.x_item, deps=w_wait, name=f"load {mk.x} m{mi} h{hi}",
-                            share=self.share_x)
-            lg = p.load(f"{mk.w_gate}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_gate} i{ii} h{hi}",
-                        share=self.share_w)
-            lu = p.load(f"{mk.w_up}[{slot}]", nbytes, deps=w_wait, name=f"load {mk.w_up} i{ii} h{hi}",
-                        share=self.share_w)
+                x_bytes = rm * rh * mk.x_item
+                xk = add(TileOp(_LOAD, f"load {mk.x} m{mi} h{hi}", wait, f"{mk.x}[{slot}]", x_bytes, nbytes=x_bytes,
+                                share=share_x))
+            lg = add(TileOp(_LOAD, f"load {mk.w_gate} i{ii} h{hi}", wait, f"{mk.w_gate}[{slot}]", nbytes,
+                            nbytes=nbytes, share=share_w))
+            lu = add(TileOp(_LOAD, f"load {mk.w_up} i{ii} h{hi}", wait, f"{mk.w_up}[{slot}]", nbytes,
+                            nbytes=nbytes, share=share_w))
             if g is None:
-                g = g_prev = p.matmul(mk.gate_out, rm, ri, rh, deps=[xk, lg], out_bytes=rm * ri * ACC_BYTES,
-                                      name=f"gate m{mi} i{ii} h{hi}")
-                u = u_prev = p.matmul(mk.up_out, rm, ri, rh, deps=[xk, lu], out_bytes=rm * ri * ACC_BYTES,
-                                      name=f"up m{mi} i{ii} h{hi}")
+                g = g_prev = add(TileOp(_MATMUL, f"gate m{mi} i{ii} h{hi}", (xk, lg), mk.gate_out, acc_bytes,
+                                        m=rm, n=ri, k=rh))
+                u = u_prev = add(TileOp(_MATMUL, f"up m{mi} i{ii} h{hi}", (xk, lu), mk.up_out, acc_bytes,
+                                        m=rm, n=ri, k=rh))
             else:
-                g_prev = p.matmul(None, rm, ri, rh, deps=[xk, lg, g, g_prev], out_bytes=0,
-                                  name=f"gate m{mi} i{ii} h{hi} (accumulate)")
-                u_prev = p.matmul(None, rm, ri, rh, deps=[xk, lu, u, u_prev], out_bytes=0,
-                                  name=f"up m{mi} i{ii} h{hi} (accumulate)")
+                g_prev = add(TileOp(_MATMUL, f"gate m{mi} i{ii} h{hi} (accumulate)", (xk, lg, g, g_prev), None, 0,
+                                    m=rm, n=ri, k=rh))
+                u_prev = add(TileOp(_MATMUL, f"up m{mi} i{ii} h{hi} (accumulate)", (xk, lu, u, u_prev), None, 0,
+                                    m=rm, n=ri, k=rh))
             self.steps.append(u_prev)
         produced = {mk.gate_out: g_prev, mk.up_out: u_prev}  # the last op writing each buffer
         owners = {mk.gate_out: g, mk.up_out: u}              # the op that allocated it (frees it when done)
@@ -212,9 +226,9 @@ class _MlpEmitter:
         for n in mk.pointwise:
             deps = sorted({produced[b] for b in n.inputs if b in produced} |
                           {owners[b] for b in n.inputs if b in owners})
-            emit = p.special if isinstance(n, Pointwise) and n.transcendental else p.vector
-            op = emit(n.output, rm * ri, deps=deps, out_bytes=mk.operands[n.output].tile_bytes(ext, self.sb),
-                      name=f"{n.op} m{mi} i{ii}")
+            kind = _SPECIAL if isinstance(n, Pointwise) and n.transcendental else _VECTOR
+            op = add(TileOp(kind, f"{n.op} m{mi} i{ii}", tuple(deps), n.output,
+                            mk.operands[n.output].tile_bytes(ext, self.sb), elements=rm * ri))
             produced[n.output] = owners[n.output] = op
         return produced[mk.h]
 
@@ -223,25 +237,26 @@ class _MlpEmitter:
         """The down projection of I chunk ``ii``, output-column chunk by chunk: finished per chunk when one I
         tile is the whole slice, else accumulated into the row tile's full-width tile. Returns the
         accumulator's first and latest op and the last op emitted."""
-        mk, p = self.mk, self.p
+        mk, add = self.mk, self.add
         for oi, ro in enumerate(self.o_tiles):
             slot, w_wait = slot_wait(self.steps, self.double_buffer)
-            ld = p.load(f"{mk.w_down}[{slot}]", ri * ro * mk.w_item, deps=w_wait,
-                        name=f"load {mk.w_down} i{ii} o{oi}", share=self.share_w)
+            w_bytes = ri * ro * mk.w_item
+            ld = add(TileOp(_LOAD, f"load {mk.w_down} i{ii} o{oi}", tuple(w_wait), f"{mk.w_down}[{slot}]", w_bytes,
+                            nbytes=w_bytes, share=self.share_w))
             if self.whole_slice:
                 t = len(self.out_done)
                 acc_wait = [self.out_done[t - 2]] if t >= 2 else []
-                acc = p.matmul(f"out_acc[{t % 2}]", rm, ro, ri, deps=[ld, h_op, *acc_wait],
-                               out_bytes=rm * ro * ACC_BYTES, name=f"down m{mi} o{oi}")
+                acc = add(TileOp(_MATMUL, f"down m{mi} o{oi}", (ld, h_op, *acc_wait), f"out_acc[{t % 2}]",
+                                 rm * ro * ACC_BYTES, m=rm, n=ro, k=ri))
                 self.steps.append(acc)
                 last = self.finish_output(acc, acc, rm, ro, f"m{mi}o{oi}")
                 continue
             if acc is None:
-                acc = acc_prev = p.matmul(f"out_acc[{mi % 2}]", rm, ro, ri, deps=[ld, h_op],
-                                          out_bytes=rm * self.o_pad * ACC_BYTES, name=f"down m{mi} i{ii} o{oi}")
+                acc = acc_prev = add(TileOp(_MATMUL, f"down m{mi} i{ii} o{oi}", (ld, h_op), f"out_acc[{mi % 2}]",
+                                            rm * self.o_pad * ACC_BYTES, m=rm, n=ro, k=ri))
             else:
-                acc_prev = p.matmul(None, rm, ro, ri, deps=[ld, h_op, acc, acc_prev],
-                                    out_bytes=0, name=f"down m{mi} i{ii} o{oi} (accumulate)")
+                acc_prev = add(TileOp(_MATMUL, f"down m{mi} i{ii} o{oi} (accumulate)", (ld, h_op, acc, acc_prev),
+                                      None, 0, m=rm, n=ro, k=ri))
             self.steps.append(acc_prev)
             last = acc_prev
         return acc, acc_prev, last

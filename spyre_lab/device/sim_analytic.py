@@ -286,11 +286,12 @@ def _survey(kernel: TileProgram, active: list[int], same_as: dict[int, int], cfg
         from_dram = 0.0
         last = -1
         ring = False
+        broadcast = cfg.dram_broadcast_cores
         for i, op in enumerate(kernel.programs[c].ops):
             kind = op.kind
             if kind is _LOAD:
                 loaded += op.nbytes
-                from_dram += op.nbytes * op.dram_weight(cfg.dram_broadcast_cores)
+                from_dram += op.nbytes * (1.0 / min(op.share, broadcast))   # TileOp.dram_weight, inline
                 last = i
             elif kind is _STORE:
                 stored += op.nbytes
@@ -335,9 +336,10 @@ def _stream_mix(kernel: TileProgram, active: list[int], same_as: dict[int, int],
         twins = sum(1 for d in active if same_as[d] == c)
         reads = writes = weights = 0.0
         loads = 0
+        broadcast = cfg.dram_broadcast_cores
         for i, op in enumerate(kernel.programs[c].ops):
             if op.kind is _LOAD:
-                weight = op.dram_weight(cfg.dram_broadcast_cores)
+                weight = 1.0 / min(op.share, broadcast)                      # TileOp.dram_weight, inline
                 reads += op.nbytes * weight
                 weights += weight
                 loads += 1

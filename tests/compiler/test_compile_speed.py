@@ -28,6 +28,17 @@ def gemv(n: int, k: int) -> tuple[NodeGroup, dict[str, BufferInfo]]:
     return NodeGroup("gemv", [node], "single", ["a", "w"], ["c"]), bufs
 
 
+def renamed_gemv(n: int, k: int, tag: str) -> tuple[NodeGroup, dict[str, BufferInfo]]:
+    """:func:`gemv` with every buffer renamed (``a`` -> ``x<tag>``, ``w`` -> ``w<tag>``, ``c`` -> ``y<tag>``)."""
+    first, bufs = gemv(n, k)
+    rename = {"a": f"x{tag}", "w": f"w{tag}", "c": f"y{tag}"}
+    node = first.nodes[0]
+    other = NodeGroup(f"gemv_{tag}", [MatMul(f"mm{tag}", "matmul", (rename["a"], rename["w"]), rename["c"],
+                                             dict(node.dims), _noop, ("K",), "N", 1, 1, node.n, node.k)],
+                      "single", [rename["a"], rename["w"]], [rename["c"]])
+    return other, {rename[b]: BufferInfo(rename[b], i.shape, i.dtype, i.role) for b, i in bufs.items()}
+
+
 def test_partners_of_one_rank_share_ops_but_talk_to_their_own_group(monkeypatch):
     kernel, bufs = gemv(4096, 4096)
     shared = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
@@ -100,5 +111,21 @@ def test_a_repeated_kernel_is_timed_once(monkeypatch):
     plan_memo.clear()
     a = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
     b = generate_kernel(kernel, bufs, SPYRE, CompileOptions())
+    assert a.analytic is b.analytic and a.analytic.result is None      # one timing for the plan, not yet made
     assert b.simulate() is a.simulate() and calls == ["analytic"]
     assert b.simulate("event") is not a.simulate("event") and calls == ["analytic", "event", "event"]
+    assert set(a.traces) == set(b.traces) == {"event"} and a.traces["event"] is not b.traces["event"]
+    renamed = generate_kernel(*renamed_gemv(4096, 4096, "7"), SPYRE, CompileOptions())
+    assert renamed.analytic is a.analytic and renamed.simulate() is a.simulate()
+    names = {e.name for e in renamed.simulate("event").trace.events}
+    assert any(n.startswith("load x7 ") for n in names) and not any(n.startswith("load a ") for n in names)
+    assert any(e.name.startswith("load a ") for e in a.simulate("event").trace.events)  # each its own names
+
+
+def test_a_spec_planned_on_its_own_is_timed_on_its_own():
+    """Two plans of different kernels never share a timing: the shared result is the plan's, not a global one."""
+    plan_memo.clear()
+    a = generate_kernel(*gemv(4096, 4096), SPYRE, CompileOptions())
+    b = generate_kernel(*gemv(4096, 1024), SPYRE, CompileOptions())
+    assert a.analytic is not b.analytic
+    assert a.simulate().time_us != b.simulate().time_us
