@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from spyre_lab.engine import LLM, SamplingParams
+from spyre_lab.engine.layers.attention import Attention
 from spyre_lab.engine.layers.decode_rows import DecodeRows
 from spyre_lab.engine.platforms.cpu import CpuPlatform
 
@@ -101,3 +103,27 @@ def test_rows_beyond_the_paged_cache_capacity_fall_back_to_the_gather():
     store = DecodeRows(length=16, capacity=16, num_kv_heads=1)
     assert _plan(store, [_Seq("a", 3, [0])]) is not None
     assert _plan(store, [_Seq("a", 3, [0]), _Seq("b", 2, [1])]) is None
+
+
+def test_rows_are_kept_per_layer_not_per_cache_tensor_id():
+    # a cache tensor's id() can be taken by another tensor once it is freed; rows keyed by it would then hand one
+    # layer another layer's keys. Two layers seen through the same tensor object must still get rows of their own
+    store = DecodeRows(length=16, capacity=64, num_kv_heads=1)
+    cache = torch.zeros(5, 4, 1, 8)
+    first, second = store.tensors(0, cache, 2), store.tensors(1, cache, 2)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second, strict=True))
+    first[0].fill_(1.0)
+    assert store.tensors(0, cache, 2)[0].eq(1.0).all() and store.tensors(1, cache, 2)[0].eq(0.0).all()
+    with pytest.raises(ValueError, match="kv_layer"):
+        store.tensors(0, torch.zeros(5, 4, 1, 16), 2)      # layer 0's rows were made for head_dim 8
+
+
+def test_each_attention_layer_of_an_engine_keeps_its_own_rows():
+    llm = LLM("tiny-granite", max_model_len=40, enable_prefix_caching=False)
+    runner = llm.llm_engine.runner
+    layers = [m.kv_layer for m in llm.llm_engine.model.modules() if isinstance(m, Attention)]
+    assert layers == list(range(len(runner.kv_caches)))
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    kept = runner.decode_rows._tensors
+    assert sorted(kept) == layers
+    assert len({rows[0].data_ptr() for rows in kept.values()}) == len(layers)
