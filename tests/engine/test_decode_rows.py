@@ -78,25 +78,27 @@ def test_a_row_is_refilled_after_its_sequence_is_prefilled_again_or_a_step_did_n
     store = DecodeRows(length=16, capacity=64, num_kv_heads=1)
     a, b = _Seq("a", 5, [0, 1]), _Seq("b", 3, [2, 4])
     step = _plan(store, [a, b])
-    assert step.src_index.numel() == 5 + 3                      # new rows: every key
+    assert step.src_index.numel() == 4 + 2                      # new rows: every earlier key from the cache
+    assert step.new_index.tolist() == [4, 16 + 2]                 # and the step's own key from its projection
     store.commit(step)
     a.length, b.length = 6, 4
     step = _plan(store, [a, b])
-    assert step.src_index.tolist() == [5, 11]                     # one new key each: a's position 5, b's position 3
+    assert step.src_index.numel() == 0                            # nothing from the cache: one new key each,
+    assert step.new_index.tolist() == [5, 16 + 3]                 # a's position 5 in row 0, b's position 3 in row 1
     assert step.row_of_batch.tolist() == [0, 1]
     # prepared, not run: the next plan cannot count on this step's keys
     a.length, b.length = 7, 5
-    assert _plan(store, [a, b]).src_index.numel() == 7 + 5
+    assert _plan(store, [a, b]).src_index.numel() == 6 + 4
     store.commit(step)
     c = _Seq("c", 2, [3])
     step = _plan(store, [c, a])                                   # b left: c takes its row, a keeps its own
     assert step.row_of_batch.tolist() == [1, 0] and step.batch_of_row.tolist() == [1, 0]
-    assert step.src_index.numel() == 2 + 1
+    assert step.src_index.numel() == 1 and step.new_index.tolist() == [16 + 1, 6]
     assert torch.equal(step.bias[:, 0, 0] == 0, torch.arange(16).view(1, -1) < torch.tensor([[7], [2]]))
     store.commit(step)
     store.forget(["a"])                                           # a prefilled again: its row no longer counts
     a.length, c.length = 8, 3
-    assert _plan(store, [a, c]).src_index.numel() == 8 + 1          # a refills every key, c copies its new one
+    assert _plan(store, [a, c]).src_index.numel() == 7              # a refills every earlier key, c none
 
 
 def test_rows_beyond_the_paged_cache_capacity_fall_back_to_the_gather():

@@ -100,8 +100,8 @@ def paged_attention(
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
     if meta.decode_rows is not None:
-        return rows_decode_attention(query, k_cache, v_cache, meta.decode_rows, num_heads, num_kv_heads, head_dim,
-                                     scale, layer)
+        return rows_decode_attention(query, key, value, k_cache, v_cache, meta.decode_rows, num_heads, num_kv_heads,
+                                     head_dim, scale, layer)
     if meta.key_mask is not None:
         return _decode_attention(query, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
     if meta.prefill_spans is not None:

@@ -4,8 +4,9 @@ The batched decode path (`attention._decode_attention`) gathers each sequence's 
 a [B, L] rectangle of keys and values, in every layer of every step: on a mixed load that copy was a fifth of a cpu
 platform decode step. Between two decode steps a sequence's keys differ by one token, so here (a platform with
 ``Platform.decode_rows``, dynamic shapes) each layer keeps a rectangle whose rows outlive the step: a sequence keeps
-its row while it decodes, a step copies into it only the keys the row lacks (this step's token; all of them when the
-sequence has just joined the batch), and SDPA reads the rows where they are.
+its row while it decodes, a step writes this step's key into it straight from the projection (one ``index_copy_``
+for the batch) and copies from the cache only the earlier keys a row lacks (all of them when the sequence has just
+joined the batch), and SDPA reads the rows where they are.
 
 Rows are in no particular batch order (a sequence that finishes frees its row and leaves the others in place), so the
 step's queries are taken into row order and the outputs back into batch order: two [B, heads * d] index_selects.
@@ -34,6 +35,7 @@ class DecodeRowsStep:
     state: list[tuple[str, int] | None]  # rows after this step: (request id, keys held); committed when the step ran
     src_index: torch.Tensor  # [N * kv_heads] int64 the (cache slot, head) vectors a row lacks: slot * kv_heads + head
     dst_index: torch.Tensor  # [N * kv_heads] int64 where each goes: (row * kv_heads + head) * length + position
+    new_index: torch.Tensor  # [B * kv_heads] int64 where batch row b's key of this step goes, head by head
     batch_of_row: torch.Tensor  # [R] int64 the batch row whose query each row takes (an idle row: 0)
     row_of_batch: torch.Tensor  # [B] int64 the row of each batch row
     bias: torch.Tensor  # [R, 1, 1, L] additive mask in row order: 0 for the keys a row's sequence covers
@@ -66,7 +68,7 @@ class DecodeRows:
         state = [entry if entry is not None and entry[0] in wanted else None for entry in self.state]
         free = (row for row in range(len(seqs) + len(state)) if row >= len(state) or state[row] is None)
         kv_heads, length = self.num_kv_heads, self.length
-        src, dst, row_of_batch = [], [], []
+        src, dst, new, row_of_batch = [], [], [], []
         for seq in seqs:
             total = len(seq)
             row, keys = held.get(seq.request_id, (None, 0))
@@ -74,10 +76,12 @@ class DecodeRows:
                 row = next(free)
             if keys != total - 1:                  # joined, prefilled again, or a step prepared and not run: refill
                 keys = 0
-            for position in range(keys, total):
+            for position in range(keys, total - 1):          # the earlier keys the row lacks, from the cache
                 first_src, first_dst = slot(seq, position) * kv_heads, row * kv_heads * length + position
                 src += range(first_src, first_src + kv_heads)
                 dst += range(first_dst, first_dst + kv_heads * length, length)
+            first_new = row * kv_heads * length + total - 1     # this step's key, from the step's projection
+            new += range(first_new, first_new + kv_heads * length, length)
             if row >= len(state):
                 state += [None] * (row + 1 - len(state))
             state[row] = (seq.request_id, total)
@@ -93,10 +97,12 @@ class DecodeRows:
         covered = [entry[1] if entry is not None else 1 for entry in state]
         bias = self._mask_rows(dtype, device).index_select(0, torch.tensor(covered))[:, :width].view(rows, 1, 1, width)
         indices = torch.tensor([src, dst], dtype=torch.long)
-        orders = torch.tensor(batch_of_row + row_of_batch, dtype=torch.long)
+        orders = torch.tensor(batch_of_row + row_of_batch + new, dtype=torch.long)
         if device.type != "cpu":
             indices, orders = indices.to(device), orders.to(device)
-        return DecodeRowsStep(self, state, indices[0], indices[1], orders[:rows], orders[rows:], bias, width)
+        batch = len(row_of_batch)
+        return DecodeRowsStep(self, state, indices[0], indices[1], orders[rows + batch:], orders[:rows],
+                              orders[rows:rows + batch], bias, width)
 
     def _mask_rows(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """[length + 1, length] additive masks, row ``c``: 0 over the first ``c`` keys, -inf past them; a step's
@@ -136,13 +142,15 @@ class DecodeRows:
         return made
 
 
-def rows_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeRowsStep,
-                          num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
-                          layer: int = 0) -> torch.Tensor:
-    """[B, heads * d]: the decode step's attention over layer ``layer``'s rows (after the step's keys are written to
-    its cache)."""
+def rows_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, step: DecodeRowsStep, num_heads: int, num_kv_heads: int,
+                          head_dim: int, scale: float, layer: int = 0) -> torch.Tensor:
+    """[B, heads * d]: the decode step's attention over layer ``layer``'s rows, this step's ``key`` and ``value``
+    ([B, kv_heads, d], also written to the cache) written into them."""
     rows = step.batch_of_row.shape[0]
     k_rows, v_rows = step.store.tensors(layer, k_cache, rows)
+    k_rows.view(-1, head_dim).index_copy_(0, step.new_index, key.reshape(-1, head_dim))
+    v_rows.view(-1, head_dim).index_copy_(0, step.new_index, value.reshape(-1, head_dim))
     if step.src_index.numel():
         for cache, kept in ((k_cache, k_rows), (v_cache, v_rows)):
             vectors = cache.view(-1, head_dim).index_select(0, step.src_index)
