@@ -255,11 +255,13 @@ def mixed_requests(vocab: int, count: int = MIXED_REQUESTS, seed: int = 0) -> li
     return [(torch.randint(3, vocab, (n,), generator=gen).tolist(), m) for n, m in zip(lengths, budgets)]
 
 
-def _engine_mixed_cpu_s(llm: LLM, requests: list[tuple[list[int], int]]) -> tuple[float, int]:
+def _engine_mixed_cpu_s(llm: LLM, requests: list[tuple[list[int], int]]) -> tuple[float, int, int]:
+    """Process CPU s of one ``generate`` of ``requests``, the tokens it generated and the engine steps it took."""
     params = [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for _, m in requests]
+    first = llm.stats.next_step
     start = time.process_time()
     outs = llm.generate([p for p, _ in requests], params, use_tqdm=False)
-    return time.process_time() - start, sum(len(o.outputs[0].token_ids) for o in outs)
+    return time.process_time() - start, sum(len(o.outputs[0].token_ids) for o in outs), llm.stats.next_step - first
 
 
 def _padded_generate_cpu_s(hf, requests: list[tuple[list[int], int]]) -> tuple[float, int]:
@@ -285,16 +287,18 @@ def bench_mixed_load(repeats: int = 3) -> None:
     print(f"\n[5] mixed load: {len(requests)} requests at once, prompts 5-190 tokens, max_tokens 8-63, greedy "
           f"(process CPU s, best of {repeats}); transformers: one left-padded batch to the longest budget")
     theirs, useful = min(_padded_generate_cpu_s(hf, requests) for _ in range(repeats))
-    print(f"{'max_num_seqs':>13} {'engine s':>9} {'tokens':>7} {'padded generate s':>18} {'ratio':>6} {'goal':>6}")
+    print(f"{'max_num_seqs':>13} {'engine s':>9} {'tokens':>7} {'steps':>6} {'ms/step':>8} {'padded generate s':>18}"
+          f" {'ratio':>6} {'goal':>6}")
     for seqs in (16, 64):
         llm = LLM("tiny-granite", max_model_len=256, max_num_seqs=seqs, enable_prefix_caching=False)
         _engine_mixed_cpu_s(llm, requests[:4])                              # warm
-        ours, tokens = min(_engine_mixed_cpu_s(llm, requests) for _ in range(repeats))
+        ours, tokens, steps = min(_engine_mixed_cpu_s(llm, requests) for _ in range(repeats))
         goal = f">= {MIXED_GOAL:g}x" if seqs == 16 else ""
         if tokens != useful:
             raise SystemExit(f"the engine generated {tokens} tokens, the budgets ask for {useful}: the ratio would "
                              "compare different work")
-        print(f"{seqs:>13} {ours:>9.2f} {tokens:>7} {theirs:>18.2f} {theirs / ours:>5.2f}x {goal:>6}")
+        print(f"{seqs:>13} {ours:>9.2f} {tokens:>7} {steps:>6} {ours / steps * 1e3:>8.2f} {theirs:>18.2f}"
+              f" {theirs / ours:>5.2f}x {goal:>6}")
 
 
 SECTIONS = {"transformers": bench_vs_transformers, "portable": bench_portable_overhead,

@@ -108,6 +108,7 @@ class ModelRunner:
                 shape = (num_kv_blocks + 1, block_size, module.num_kv_heads, module.head_dim)
                 module.k_cache = torch.zeros(shape, dtype=dtype, device=self.device)
                 module.v_cache = torch.zeros(shape, dtype=dtype, device=self.device)
+                module.kv_layer = len(self.kv_caches)
                 self.kv_caches.append((module.k_cache, module.v_cache))
         self.sampler = Sampler(seed)
         # decode rows kept across steps (`layers.decode_rows`), never holding more tokens than the paged cache

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pytest
 import torch
 
 from spyre_lab.engine import LLM, SamplingParams
+from spyre_lab.engine.layers.attention import Attention
 from spyre_lab.engine.layers.decode_rows import DecodeRows
 from spyre_lab.engine.platforms.cpu import CpuPlatform
 
@@ -76,28 +78,54 @@ def test_a_row_is_refilled_after_its_sequence_is_prefilled_again_or_a_step_did_n
     store = DecodeRows(length=16, capacity=64, num_kv_heads=1)
     a, b = _Seq("a", 5, [0, 1]), _Seq("b", 3, [2, 4])
     step = _plan(store, [a, b])
-    assert step.src_index.numel() == 5 + 3                      # new rows: every key
+    assert step.src_index.numel() == 4 + 2                      # new rows: every earlier key from the cache
+    assert step.new_index.tolist() == [4, 16 + 2]                 # and the step's own key from its projection
     store.commit(step)
     a.length, b.length = 6, 4
     step = _plan(store, [a, b])
-    assert step.src_index.tolist() == [5, 11]                     # one new key each: a's position 5, b's position 3
+    assert step.src_index.numel() == 0                            # nothing from the cache: one new key each,
+    assert step.new_index.tolist() == [5, 16 + 3]                 # a's position 5 in row 0, b's position 3 in row 1
     assert step.row_of_batch.tolist() == [0, 1]
     # prepared, not run: the next plan cannot count on this step's keys
     a.length, b.length = 7, 5
-    assert _plan(store, [a, b]).src_index.numel() == 7 + 5
+    assert _plan(store, [a, b]).src_index.numel() == 6 + 4
     store.commit(step)
     c = _Seq("c", 2, [3])
     step = _plan(store, [c, a])                                   # b left: c takes its row, a keeps its own
     assert step.row_of_batch.tolist() == [1, 0] and step.batch_of_row.tolist() == [1, 0]
-    assert step.src_index.numel() == 2 + 1
+    assert step.src_index.numel() == 1 and step.new_index.tolist() == [16 + 1, 6]
     assert torch.equal(step.bias[:, 0, 0] == 0, torch.arange(16).view(1, -1) < torch.tensor([[7], [2]]))
     store.commit(step)
     store.forget(["a"])                                           # a prefilled again: its row no longer counts
     a.length, c.length = 8, 3
-    assert _plan(store, [a, c]).src_index.numel() == 8 + 1          # a refills every key, c copies its new one
+    assert _plan(store, [a, c]).src_index.numel() == 7              # a refills every earlier key, c none
 
 
 def test_rows_beyond_the_paged_cache_capacity_fall_back_to_the_gather():
     store = DecodeRows(length=16, capacity=16, num_kv_heads=1)
     assert _plan(store, [_Seq("a", 3, [0])]) is not None
     assert _plan(store, [_Seq("a", 3, [0]), _Seq("b", 2, [1])]) is None
+
+
+def test_rows_are_kept_per_layer_not_per_cache_tensor_id():
+    # a cache tensor's id() can be taken by another tensor once it is freed; rows keyed by it would then hand one
+    # layer another layer's keys. Two layers seen through the same tensor object must still get rows of their own
+    store = DecodeRows(length=16, capacity=64, num_kv_heads=1)
+    cache = torch.zeros(5, 4, 1, 8)
+    first, second = store.tensors(0, cache, 2), store.tensors(1, cache, 2)
+    assert all(a.data_ptr() != b.data_ptr() for a, b in zip(first, second, strict=True))
+    first[0].fill_(1.0)
+    assert store.tensors(0, cache, 2)[0].eq(1.0).all() and store.tensors(1, cache, 2)[0].eq(0.0).all()
+    with pytest.raises(ValueError, match="kv_layer"):
+        store.tensors(0, torch.zeros(5, 4, 1, 16), 2)      # layer 0's rows were made for head_dim 8
+
+
+def test_each_attention_layer_of_an_engine_keeps_its_own_rows():
+    llm = LLM("tiny-granite", max_model_len=40, enable_prefix_caching=False)
+    runner = llm.llm_engine.runner
+    layers = [m.kv_layer for m in llm.llm_engine.model.modules() if isinstance(m, Attention)]
+    assert layers == list(range(len(runner.kv_caches)))
+    llm.generate(PROMPTS[:2], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
+    kept = runner.decode_rows._tensors
+    assert sorted(kept) == layers
+    assert len({rows[0].data_ptr() for rows in kept.values()}) == len(layers)

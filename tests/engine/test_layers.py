@@ -6,6 +6,7 @@ import ast
 import inspect
 import re
 
+import pytest
 import torch
 
 from spyre_lab.engine import LLM, SamplingParams
@@ -227,3 +228,18 @@ def test_rotating_adjacent_q_and_k_in_one_pass_equals_two_rotations():
     joint = rope(cos_sin, q, k)
     apart = rope(cos_sin, q.clone(), k.clone())                  # not adjacent: one rotation each
     assert all(torch.equal(a, b) for a, b in zip(joint, apart, strict=True))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_host_rmsnorm_equals_the_fused_op(dtype):
+    # the host path (addmv, rsqrt, two scalings) in place of F.rms_norm: the same values but for the sum's order
+    torch.manual_seed(0)
+    norm = RMSNorm(96, eps=1e-5).to(dtype)
+    torch.nn.init.normal_(norm.weight)
+    for rows in (1, 7, 300):
+        x = torch.randn(rows, 96, dtype=dtype) * 3
+        expected = torch.nn.functional.rms_norm(x, (96,), norm.weight, 1e-5)
+        got = norm(x)
+        assert got.dtype == dtype and got.shape == x.shape
+        torch.testing.assert_close(got, expected, rtol=1e-6 if dtype is torch.float32 else 1e-12, atol=0)
+    assert torch.equal(norm(torch.zeros(2, 96, dtype=dtype)), torch.zeros(2, 96, dtype=dtype))   # eps keeps 0 -> 0

@@ -75,30 +75,33 @@ class Attention(CustomOp):
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads} (GQA)")
         self.num_heads, self.head_dim, self.scale, self.num_kv_heads = num_heads, head_dim, scale, num_kv_heads
-        # Bound by the model runner once the KV cache is allocated; plain attributes, not state.
+        # Bound by the model runner once the KV cache is allocated; plain attributes, not state. ``kv_layer``: this
+        # layer's index among the model's attention layers (what per-layer state such as decode rows is keyed by)
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self.kv_layer = 0
 
     def forward_native(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         return paged_attention(query, key, value, self.k_cache, self.v_cache, meta,
-                               self.num_heads, self.num_kv_heads, self.head_dim, self.scale)
+                               self.num_heads, self.num_kv_heads, self.head_dim, self.scale, layer=self.kv_layer)
 
 
 def paged_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    meta: AttentionMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float,
+    meta: AttentionMetadata, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, *, layer: int = 0,
 ) -> torch.Tensor:
-    """Write this step's k/v into their cache slots, then attend through the block tables; [T, heads*d] out."""
+    """Write this step's k/v into their cache slots, then attend through the block tables; [T, heads*d] out.
+    ``layer``: the attention layer's index (`Attention.kv_layer`), which decode rows are kept per."""
     num_tokens = query.shape[0]
     key = key.view(num_tokens, num_kv_heads, head_dim)
     value = value.view(num_tokens, num_kv_heads, head_dim)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
     if meta.decode_rows is not None:
-        return rows_decode_attention(query, k_cache, v_cache, meta.decode_rows, num_heads, num_kv_heads, head_dim,
-                                     scale)
+        return rows_decode_attention(query, key, value, k_cache, v_cache, meta.decode_rows, num_heads, num_kv_heads,
+                                     head_dim, scale, layer)
     if meta.key_mask is not None:
         return _decode_attention(query, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
     if meta.prefill_spans is not None:

@@ -4,8 +4,9 @@ The batched decode path (`attention._decode_attention`) gathers each sequence's 
 a [B, L] rectangle of keys and values, in every layer of every step: on a mixed load that copy was a fifth of a cpu
 platform decode step. Between two decode steps a sequence's keys differ by one token, so here (a platform with
 ``Platform.decode_rows``, dynamic shapes) each layer keeps a rectangle whose rows outlive the step: a sequence keeps
-its row while it decodes, a step copies into it only the keys the row lacks (this step's token; all of them when the
-sequence has just joined the batch), and SDPA reads the rows where they are.
+its row while it decodes, a step writes this step's key into it straight from the projection (one ``index_copy_``
+for the batch) and copies from the cache only the earlier keys a row lacks (all of them when the sequence has just
+joined the batch), and SDPA reads the rows where they are.
 
 Rows are in no particular batch order (a sequence that finishes frees its row and leaves the others in place), so the
 step's queries are taken into row order and the outputs back into batch order: two [B, heads * d] index_selects.
@@ -34,6 +35,7 @@ class DecodeRowsStep:
     state: list[tuple[str, int] | None]  # rows after this step: (request id, keys held); committed when the step ran
     src_index: torch.Tensor  # [N * kv_heads] int64 the (cache slot, head) vectors a row lacks: slot * kv_heads + head
     dst_index: torch.Tensor  # [N * kv_heads] int64 where each goes: (row * kv_heads + head) * length + position
+    new_index: torch.Tensor  # [B * kv_heads] int64 where batch row b's key of this step goes, head by head
     batch_of_row: torch.Tensor  # [R] int64 the batch row whose query each row takes (an idle row: 0)
     row_of_batch: torch.Tensor  # [B] int64 the row of each batch row
     bias: torch.Tensor  # [R, 1, 1, L] additive mask in row order: 0 for the keys a row's sequence covers
@@ -49,16 +51,24 @@ class DecodeRows:
     def __init__(self, length: int, capacity: int, num_kv_heads: int) -> None:
         self.length, self.capacity, self.num_kv_heads = length, capacity, num_kv_heads
         self.state: list[tuple[str, int] | None] = []
+        # per layer (by its index among the model's attention layers) its K and V rows: keyed by layer, not by the
+        # cache tensor's id(), which a new tensor can take once the old one is freed
         self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._masks: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
 
     def plan(self, seqs, slot, width: int, dtype: torch.dtype, device: torch.device) -> DecodeRowsStep | None:
         """Rows for ``seqs`` (a decode step, one new token each; ``slot(seq, position)`` its cache slot), or None when
-        they would hold more tokens than ``capacity`` (the step gathers instead)."""
+        they would hold more tokens than ``capacity`` (the step gathers instead).
+
+        Built on the host in plain Python lists with one ``torch.tensor`` per index and the mask read from a table
+        (`_mask_rows`): a decode step runs this once, and each torch call here costs as much host time as a
+        small kernel of the forward pass."""
         held = {entry[0]: (row, entry[1]) for row, entry in enumerate(self.state) if entry is not None}
         wanted = {seq.request_id for seq in seqs}
         state = [entry if entry is not None and entry[0] in wanted else None for entry in self.state]
         free = (row for row in range(len(seqs) + len(state)) if row >= len(state) or state[row] is None)
-        src, dst, row_of_batch = [], [], []
+        kv_heads, length = self.num_kv_heads, self.length
+        src, dst, new, row_of_batch = [], [], [], []
         for seq in seqs:
             total = len(seq)
             row, keys = held.get(seq.request_id, (None, 0))
@@ -66,30 +76,43 @@ class DecodeRows:
                 row = next(free)
             if keys != total - 1:                  # joined, prefilled again, or a step prepared and not run: refill
                 keys = 0
-            src += [slot(seq, position) for position in range(keys, total)]
-            dst += [(row, position) for position in range(keys, total)]
-            state += [None] * (row + 1 - len(state))
+            for position in range(keys, total - 1):          # the earlier keys the row lacks, from the cache
+                first_src, first_dst = slot(seq, position) * kv_heads, row * kv_heads * length + position
+                src += range(first_src, first_src + kv_heads)
+                dst += range(first_dst, first_dst + kv_heads * length, length)
+            first_new = row * kv_heads * length + total - 1     # this step's key, from the step's projection
+            new += range(first_new, first_new + kv_heads * length, length)
+            if row >= len(state):
+                state += [None] * (row + 1 - len(state))
             state[row] = (seq.request_id, total)
             row_of_batch.append(row)
         while state and state[-1] is None:
             state.pop()
         rows = len(state)
-        if rows * self.length > self.capacity:
+        if rows * length > self.capacity:
             return None
         batch_of_row = [0] * rows
         for index, row in enumerate(row_of_batch):
             batch_of_row[row] = index
-        covered = torch.tensor([entry[1] if entry is not None else 1 for entry in state])
-        visible = torch.arange(width).view(1, 1, 1, -1) < covered.view(-1, 1, 1, 1)
-        bias = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf"))
-        heads = torch.arange(self.num_kv_heads)
-        src_index = (torch.tensor(src, dtype=torch.long).view(-1, 1) * self.num_kv_heads + heads).flatten()
-        dst_rows, dst_positions = torch.tensor(dst, dtype=torch.long).view(-1, 2).unbind(1)
-        dst_index = (((dst_rows.view(-1, 1) * self.num_kv_heads + heads) * self.length)
-                     + dst_positions.view(-1, 1)).flatten()
-        return DecodeRowsStep(self, state, src_index.to(device), dst_index.to(device),
-                              torch.tensor(batch_of_row).to(device), torch.tensor(row_of_batch).to(device),
-                              bias.to(device), width)
+        covered = [entry[1] if entry is not None else 1 for entry in state]
+        bias = self._mask_rows(dtype, device).index_select(0, torch.tensor(covered))[:, :width].view(rows, 1, 1, width)
+        indices = torch.tensor([src, dst], dtype=torch.long)
+        orders = torch.tensor(batch_of_row + row_of_batch + new, dtype=torch.long)
+        if device.type != "cpu":
+            indices, orders = indices.to(device), orders.to(device)
+        batch = len(row_of_batch)
+        return DecodeRowsStep(self, state, indices[0], indices[1], orders[rows + batch:], orders[:rows],
+                              orders[rows:rows + batch], bias, width)
+
+    def _mask_rows(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """[length + 1, length] additive masks, row ``c``: 0 over the first ``c`` keys, -inf past them; a step's
+        mask is the rows of its sequences' key counts (one gather instead of building it)."""
+        table = self._masks.get((dtype, device))
+        if table is None:
+            visible = torch.arange(self.length).view(1, -1) < torch.arange(self.length + 1).view(-1, 1)
+            table = torch.zeros(visible.shape, dtype=dtype).masked_fill_(~visible, float("-inf")).to(device)
+            self._masks[dtype, device] = table
+        return table
 
     def commit(self, step: DecodeRowsStep) -> None:
         """The step ran: its rows now hold what it planned."""
@@ -100,24 +123,34 @@ class DecodeRows:
         gone = set(request_ids)
         self.state = [entry if entry is not None and entry[0] not in gone else None for entry in self.state]
 
-    def tensors(self, k_cache: torch.Tensor, v_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This layer's K and V rows (at least ``rows`` of them), made on first use; growing keeps what they hold."""
-        made = self._tensors.get(id(k_cache))
+    def tensors(self, layer: int, k_cache: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``layer``'s K and V rows (at least ``rows`` of them, shaped for its ``k_cache``), made on first use;
+        growing keeps what they hold."""
+        made = self._tensors.get(layer)
+        if made is not None and (made[0].dtype != k_cache.dtype or made[0].device != k_cache.device
+                                 or made[0].shape[-1] != k_cache.shape[-1]):
+            raise ValueError(f"decode rows of layer {layer} were made for another cache ({made[0].dtype}, "
+                             f"{made[0].device}, head_dim {made[0].shape[-1]}); give each attention layer its own "
+                             "kv_layer index")
         if made is None or made[0].shape[0] < rows:
             shape = (rows, self.num_kv_heads, self.length, k_cache.shape[-1])
             grown = tuple(torch.zeros(shape, dtype=k_cache.dtype, device=k_cache.device) for _ in range(2))
             if made is not None:
                 for old, new in zip(made, grown, strict=True):
                     new[:old.shape[0]] = old
-            made = self._tensors[id(k_cache)] = grown
+            made = self._tensors[layer] = grown
         return made
 
 
-def rows_decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, step: DecodeRowsStep,
-                          num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> torch.Tensor:
-    """[B, heads * d]: the decode step's attention over the rows (after the step's keys are written to the cache)."""
+def rows_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                          v_cache: torch.Tensor, step: DecodeRowsStep, num_heads: int, num_kv_heads: int,
+                          head_dim: int, scale: float, layer: int = 0) -> torch.Tensor:
+    """[B, heads * d]: the decode step's attention over layer ``layer``'s rows, this step's ``key`` and ``value``
+    ([B, kv_heads, d], also written to the cache) written into them."""
     rows = step.batch_of_row.shape[0]
-    k_rows, v_rows = step.store.tensors(k_cache, v_cache, rows)
+    k_rows, v_rows = step.store.tensors(layer, k_cache, rows)
+    k_rows.view(-1, head_dim).index_copy_(0, step.new_index, key.reshape(-1, head_dim))
+    v_rows.view(-1, head_dim).index_copy_(0, step.new_index, value.reshape(-1, head_dim))
     if step.src_index.numel():
         for cache, kept in ((k_cache, k_rows), (v_cache, v_rows)):
             vectors = cache.view(-1, head_dim).index_select(0, step.src_index)
