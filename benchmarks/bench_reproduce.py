@@ -15,6 +15,7 @@ folder between runs (``warm`` alone then times a cache already filled by this so
 
 from __future__ import annotations
 
+import ast
 import collections
 import functools
 import itertools
@@ -79,14 +80,24 @@ def warm() -> None:
     print(f"  warm output identical to the cold run's: {out == _OUTPUTS['cold']}")
     json_cpu, json_rss, _ = run_reproduce("--json")
     print(f"  warm --json {json_cpu:5.1f} s CPU   peak RSS {json_rss:7.0f} MB")
-    # the floor: every spyre_lab import starts with torch's (spyre_lab/__init__.py), so a cache hit can cost no
-    # less; what it spends above that is this command's own imports, the cache read and the rendering
+    # the floor: every spyre_lab import starts with torch's (spyre_lab/__init__.py), so a cache hit can cost no less;
+    # what it spends after that is this command's own imports, the cache read and the rendering, timed in-process
     torch_cpu = min(run_python("-c", "import torch")[0] for _ in range(2))
-    print(f"  import torch alone {torch_cpu:5.1f} s CPU: a cache hit spends {cpu - torch_cpu:+.2f} s (text), "
-          f"{json_cpu - torch_cpu:+.2f} s (--json) above it")
-    probe = (f"import sys; from spyre_lab.cli import main; main(['reproduce']); "
-             f"print([m for m in {HEAVY!r} if m in sys.modules])")
-    print(f"  of {', '.join(HEAVY)}, a cache hit loads: {run_python('-c', probe)[2].splitlines()[-1]}")
+    print(f"  import torch alone {torch_cpu:5.1f} s CPU (a fresh interpreter's floor)")
+    for flags in ([], ["--json"]):
+        after = min(_after_torch(flags) for _ in range(3))
+        print(f"  cache hit{' ' + ' '.join(flags) if flags else ''}, CPU after torch is imported: {after[0]:.3f} s "
+              f"(best of 3); of {', '.join(HEAVY)} it loads {after[1] or 'none'}")
+
+
+def _after_torch(flags: list[str]) -> tuple[float, list[str]]:
+    """(CPU seconds, heavy modules loaded) of ``spyre-lab reproduce FLAGS`` run in-process once torch is imported."""
+    probe = ("import contextlib, io, sys, time; import torch; start = time.process_time(); "
+             "from spyre_lab.cli import main\n"
+             "with contextlib.redirect_stdout(io.StringIO()): main(['reproduce', *sys.argv[1:]])\n"
+             f"print(time.process_time() - start, [m for m in {HEAVY!r} if m in sys.modules])")
+    cpu, loaded = run_python("-c", probe, *flags)[2].splitlines()[-1].split(" ", 1)
+    return float(cpu), ast.literal_eval(loaded)
 
 
 def profile() -> None:
