@@ -104,6 +104,7 @@ def profile() -> None:
     """Where a cold run's CPU goes: each stage, split into Dynamo tracing, spyre piece compiles and the rest."""
     print("== profile: one cold reproduce in this process (text output's studies, no cache), CPU seconds")
     start = time.process_time()
+    sys.path.insert(0, str(ROOT))     # this tree's spyre_lab, as the subprocess sections run (not an installed one)
     import importlib
 
     import torch._dynamo.convert_frame as convert_frame
