@@ -16,21 +16,29 @@ from pathlib import Path
 from typing import Any
 
 from spyre_lab.device.config import SPYRE
-from spyre_lab.studies import claims as C
-from spyre_lab.studies import tensor_parallel as TP
 from spyre_lab.studies.cache import FINGERPRINTED, cache_folder, read_json, write_json  # noqa: F401 (re-exported)
 from spyre_lab.studies.cache import source_fingerprint as _fingerprint
-from spyre_lab.studies.granite8b import GRANITE_3_3_8B, PREFILL_TOKENS, PROBE_DEPTHS, ProbeCache, StepConfig, time_steps
-from spyre_lab.studies.sweeps import RANDOM_SAMPLES, SWEEP_RANGES, run_sweep
+from spyre_lab.studies.tp_table import section_table
+
+# The studies (claims, tensor_parallel, granite8b, sweeps) load the compiler and the engine, over a second of
+# imports: they are imported where they run, so a cached result is read and rendered without them.
 
 SCHEMA = "spyre_lab.reproduce/1"
 DECODE_BATCHES = (1, 2, 4, 8, 16, 32)
-ATTENTION_OFF = StepConfig(attention_kernel=False)
-"""Every mechanism on but the paged-attention kernel: attention as the engine's eager device ops."""
+
+
+def __getattr__(name: str) -> Any:
+    """``ATTENTION_OFF``: every mechanism on but the paged-attention kernel (attention as the engine's eager
+    device ops). Built on first use, since ``StepConfig`` comes with the engine study."""
+    if name == "ATTENTION_OFF":
+        from spyre_lab.studies.granite8b import StepConfig
+
+        return StepConfig(attention_kernel=False)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = True,
-              samples: int = RANDOM_SAMPLES, workers: int | None = None, scheduler: Any = None) -> dict[str, Any]:
+              samples: int | None = None, workers: int | None = None, scheduler: Any = None) -> dict[str, Any]:
     """Run every study; returns the ``SCHEMA`` dict (see ``docs/reproduce.md`` for a rendering).
 
     Keys: ``schema``, ``modeled`` (always True), ``device`` (the swept SpyreConfig fields),
@@ -40,8 +48,22 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
     ``StepConfig(tensor_parallel=k)``; TP 1 is the step table's own row), ``claims``
     (one :class:`~spyre_lab.studies.claims.Claim` dict each, in order matmul, softmax, mlp, prefill,
     decode), ``sweep`` (None, or ``configurations``, ``ranges``, ``verdicts``, ``points``), ``wall_s``.
-    The sweep runs on Dask: a local cluster of ``workers`` processes, or ``scheduler`` (see ``sweep_runner``).
+    The sweep runs on Dask: a local cluster of ``workers`` processes, or ``scheduler`` (see ``sweep_runner``),
+    ``samples`` random configurations (default ``sweeps.RANDOM_SAMPLES``).
     """
+    from spyre_lab.studies import claims as C
+    from spyre_lab.studies import tensor_parallel as TP
+    from spyre_lab.studies.granite8b import (
+        GRANITE_3_3_8B,
+        PREFILL_TOKENS,
+        PROBE_DEPTHS,
+        ProbeCache,
+        StepConfig,
+        time_steps,
+    )
+    from spyre_lab.studies.sweeps import RANDOM_SAMPLES, SWEEP_RANGES, run_sweep
+
+    attention_off = StepConfig(attention_kernel=False)
     say = _progress(progress)
     wall: dict[str, float] = {}
     start = time.perf_counter()
@@ -58,7 +80,7 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
         waterfall.append((label, step, {b: times[b] for b in C.ENGINE_BUCKETS}))
     wall["engine_waterfall"] = time.perf_counter() - start
     del probes
-    rule_off = next(times for _, step, times in waterfall if step == ATTENTION_OFF)   # the stage before the kernel
+    rule_off = next(times for _, step, times in waterfall if step == attention_off)   # the stage before the kernel
     start = time.perf_counter()
     claims = []
     for name, fn in (("matmul", C.matmul_claim), ("softmax", C.softmax_claim), ("mlp", C.mlp_claim)):
@@ -93,7 +115,8 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
         say("sweep: every claim across the unpublished parameters")
         logs = {c: (waterfall[0][2][b].log, waterfall[-1][2][b].log) for c, b in
                 (("prefill", C.ENGINE_BUCKETS[0]), ("decode", C.ENGINE_BUCKETS[1]))}
-        swept = run_sweep(logs, samples, workers, progress, scheduler=scheduler)
+        swept = run_sweep(logs, RANDOM_SAMPLES if samples is None else samples, workers, progress,
+                          scheduler=scheduler)
         result["sweep"] = {"configurations": len(swept.points), "ranges": {k: list(v) for k, v in SWEEP_RANGES.items()},
                            "verdicts": swept.verdicts(), "points": swept.points}
         wall["sweep"] = time.perf_counter() - start
@@ -167,7 +190,7 @@ def to_markdown(result: dict[str, Any]) -> str:
     tp = result["engine"].get("tensor_parallel")
     if tp:
         out += ["### Tensor parallel: TP 1, 2, 4 and 8", "",
-                f"Method: {tp['method']}. Card-to-card link: {tp['link']}.", "", *TP.section_table(tp), "",
+                f"Method: {tp['method']}. Card-to-card link: {tp['link']}.", "", *section_table(tp), "",
                 "Where TP stops paying for decode at batch 1 (from the rows above):", "", "```",
                 tp["decode_batch_1"], "```", ""]
     for c in result["claims"]:
@@ -267,7 +290,9 @@ def main(json: bool = False, markdown: bool = False, sweep: bool = False, full_d
         result = cached_reproduce(sweep=sweep or (markdown and not full_depth), depth=depth, progress=True,
                                   scheduler=scheduler, workers=workers, fresh=fresh)
         if portable:   # measured wall clock: reported with the others, never in the generated document
-            result["claims"].append(C.portable_claim().to_dict())
+            from spyre_lab.studies.claims import portable_claim
+
+            result["claims"].append(portable_claim().to_dict())
     if json:
         print(json_module.dumps(result, indent=1, default=str))
     elif markdown:

@@ -41,6 +41,7 @@ from spyre_lab.studies.tp_sharding import (  # noqa: F401 (the study's vocabular
     step_collectives,
     weight_bytes,
 )
+from spyre_lab.studies.tp_table import section_table  # noqa: F401 (re-exported: the section's Markdown table)
 
 BUCKETS = (("prefill", 1024), ("decode", 1))
 
@@ -141,19 +142,6 @@ def reproduce_section(depth: str | int = "probe",
     rows = tensor_parallel_table(depth=depth, one_card=one_card)
     return {"method": METHOD, "link": card_link().describe(), "rows": [r.to_dict() for r in rows],
             "decode_batch_1": explain_decode(rows)}
-
-
-def section_table(section: dict) -> list[str]:
-    """The section's rows as a Markdown table (modeled step times, speed-up over TP 1, collective share)."""
-    base = {(r["kind"], r["size"]): r["step_us"] for r in section["rows"] if r["tp"] == 1}
-    out = ["| step | TP | compute | collectives | step time | speed-up | collective share | weights per card |",
-           "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in section["rows"]:
-        out.append(f"| {r['kind']} {r['size']} | {r['tp']} | {r['compute_us'] / 1e3:,.1f} ms | "
-                   f"{r['collective_us'] / 1e3:,.1f} ms | {r['step_us'] / 1e3:,.1f} ms | "
-                   f"{base[(r['kind'], r['size'])] / r['step_us']:.2f}x | {r['collective_share']:.1%} | "
-                   f"{r['weight_bytes_per_card'] / 1e9:.2f} GB |")
-    return out
 
 
 def main() -> None:
