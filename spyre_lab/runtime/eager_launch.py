@@ -26,7 +26,6 @@ from spyre_lab.runtime.launch.options import SETTINGS
 from spyre_lab.runtime.launch.route import launch_bound
 from spyre_lab.runtime.programs import load
 from spyre_lab.runtime.stream import STREAMS, current_stream
-from spyre_lab.runtime.tensor import FreshTensors
 
 
 class EagerLauncher:
@@ -41,7 +40,7 @@ class EagerLauncher:
         self.inputs = list(zip((name for name, _, _ in plan.inputs), read_leaves))   # (slot, leaf) per input
         self.bound: dict[str, Any] = dict(loaded.constants(index))                  # what every launch binds
         self.bound.update(plan.intermediates.slots)
-        self.fresh = [(slot, FreshTensors(shape, None, dtype, index)) for slot, shape, dtype in plan.fresh]
+        self.fresh = plan.makers                                                     # (slot, FreshTensors)
         self.outputs = [(read.buffer, None if read.is_identity else read) for read in program.outputs]
 
 

@@ -130,12 +130,15 @@ class DeviceBuffer:
         The values are narrowed to the stored dtype (and checked: fp16 range, int32 range) now; the
         stickified copy is made only when someone reads :attr:`data`. ``adopt``: ``flat`` is a kernel's
         result that owns its memory (:func:`owns_its_memory`), so it becomes the mirror without a copy."""
-        self.check_valid()
+        if self.generation != self.device.generation:
+            self.check_valid()
         dtype = flat.dtype
         if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
                 and flat.numel() == self.numel):
             # nothing to narrow or check (fp16 kept as fp16): the mirror is the result itself, or a private copy
-            self._replace_mirror(flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous())
+            # (what _replace_mirror does, written out: every kernel output comes here)
+            self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
+            self._views, self._data = {}, None
             return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
