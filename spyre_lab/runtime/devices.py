@@ -60,6 +60,7 @@ class SpyreDevice:
         self.program_base = tensor_bytes + INTERMEDIATES_SEGMENT_BYTES
         # address -> live buffer; every buffer leaves through free() (its tensor's storage or slot dies)
         self._buffers: dict[int, LiveBuffer] = {}
+        self.live_buffers = self._buffers      # the same dict, read by the launch hot path without a call
         self.generation = 0
         # what the card keeps for each launched program (its CorrectionArea), forgotten by a reset and with the
         # program: a cache that belongs to the card lives on it
@@ -222,7 +223,7 @@ def set_device(device: int | str | torch.device) -> None:
         _CURRENT.index = index
 
 
-_INDEX_OF: dict[torch.device, int | None] = {}
+INDEX_OF: dict[torch.device, int | None] = {}
 
 
 def spyre_index(device: torch.device) -> int | None:
@@ -230,12 +231,12 @@ def spyre_index(device: torch.device) -> int | None:
     Asked of every operand of every launch, so answered from a table: ``torch.device.type`` builds a new string
     at each call."""
     try:
-        return _INDEX_OF[device]
+        return INDEX_OF[device]
     except KeyError:
         if device.type != "spyre":
-            _INDEX_OF[device] = None
+            INDEX_OF[device] = None
             return None
         if device.index is None:
             return _CURRENT.index
-        index = _INDEX_OF[device] = device.index
+        index = INDEX_OF[device] = device.index
         return index

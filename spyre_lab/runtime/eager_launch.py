@@ -26,8 +26,6 @@ from spyre_lab.runtime.launch.options import SETTINGS
 from spyre_lab.runtime.launch.route import launch_bound
 from spyre_lab.runtime.programs import load
 from spyre_lab.runtime.stream import STREAMS, current_stream
-from spyre_lab.runtime.tensor import empty_spyre
-from spyre_lab.runtime.timeline import TIMELINE
 
 
 class EagerLauncher:
@@ -42,7 +40,7 @@ class EagerLauncher:
         self.inputs = list(zip((name for name, _, _ in plan.inputs), read_leaves))   # (slot, leaf) per input
         self.bound: dict[str, Any] = dict(loaded.constants(index))                  # what every launch binds
         self.bound.update(plan.intermediates.slots)
-        self.fresh = list(plan.fresh)                                                # (slot, shape, dtype)
+        self.fresh = plan.makers                                                     # (slot, FreshTensors)
         self.outputs = [(read.buffer, None if read.is_identity else read) for read in program.outputs]
 
 
@@ -65,18 +63,17 @@ def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> list[torc
     options = SETTINGS.options
     if options.dispatch != "aot_patch":
         return None
-    index = launch.index
-    stream = STREAMS.current.get(index)
+    stream = STREAMS.current.get(launch.index)
     if stream is None:
-        stream = current_stream(index)
-    bound = dict(launch.bound)
+        stream = current_stream(launch.index)
+    bound = launch.bound.copy()
     for slot, leaf in launch.inputs:
         bound[slot] = leaves[leaf]
-    for slot, shape, dtype in launch.fresh:
-        bound[slot] = empty_spyre(shape, None, dtype, index)
-    TIMELINE.begin_launch(name, {"eager": True, "compiled": True})
-    try:
-        launch_bound(launch.loaded, launch.area, bound, stream=stream, options=options)   # the one launch route
-    finally:
-        TIMELINE.end_launch()
-    return [bound[buffer] if read is None else read.apply(bound[buffer]) for buffer, read in launch.outputs]
+    for slot, make in launch.fresh:
+        bound[slot] = make()
+    launch_bound(launch.loaded, launch.area, bound, stream, options,   # the one launch route, traced as the op
+                 (name, {"eager": True, "compiled": True}))
+    results = []
+    for buffer, read in launch.outputs:
+        results.append(bound[buffer] if read is None else read.apply(bound[buffer]))
+    return results

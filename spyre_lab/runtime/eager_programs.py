@@ -25,7 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SpyreConfig
-from spyre_lab.runtime.devices import device_index, get_device, on_reset, spyre_index
+from spyre_lab.runtime.devices import INDEX_OF, device_index, get_device, on_reset, spyre_index
 from spyre_lab.runtime.eager_launch import EagerLauncher, launcher, run_cached
 from spyre_lab.runtime.eager_roofline import op_roofline_us
 from spyre_lab.runtime.errors import SpyreUsageError
@@ -241,12 +241,15 @@ def _signature(op: torch._ops.OpOverload, leaves: list[Any], call_shape: tuple) 
     that are zero or NaN are keyed by their bits (see :func:`constant_key`). A CPU scalar tensor is keyed by its
     dtype and value (the program holds its own copy, see :func:`_held_constants`). Any other non-spyre tensor
     (a meta tensor, a CPU tensor with dimensions) raises TypeError: its call is never cached."""
-    parts: list[Any] = [op, call_shape, is_timing_only()]   # unchecked programs never serve numerics
+    # the op by its builtin (hashed in C; an OpOverload hashes in Python, at every lookup of the key)
+    parts: list[Any] = [op._op, call_shape, is_timing_only()]   # unchecked programs never serve numerics
     index = None
     for x in leaves:
         if isinstance(x, torch.Tensor):
             device = x.device
-            card = spyre_index(device)
+            card = INDEX_OF.get(device)            # spyre_index's table, read without the call
+            if card is None:
+                card = spyre_index(device)
             if card is not None:
                 if index is None:
                     index = card
@@ -389,8 +392,11 @@ def _make_compute(op: torch._ops.OpOverload, leaves: list[Any], spec: Any, input
 
 def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int) -> Any:
     markers, out_spec = program.out_meta
-    if program.cached_launch:
-        results = _run_cached(program, leaves, index)
+    if program.cached_launch:        # through the program's launcher on this card (made at its first launch here,
+        made = program.launchers.get(index, _UNMADE)             # and again after a reset of the card)
+        if made is _UNMADE or (made is not None and not made.area.valid()):
+            made = program.launchers[index] = launcher(program.compiled, program.read_leaves, index)
+        results = None if made is None else run_cached(made, leaves, program.name)
         if results is not None:
             return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
     for leaf, (size, stride) in program.resize.items():
@@ -410,15 +416,6 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
         launch(program, bindings, stream=current_stream(index), eager=True)
         results = [leaves[ref] if kind == "arg" else outputs[ref] for kind, ref in markers]
     return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
-
-
-def _run_cached(program: EagerProgram, leaves: list[Any], index: int) -> list[torch.Tensor] | None:
-    """The launch through the program's launcher on card ``index`` (made at its first launch there, and again after
-    a reset of the card); None: this launch takes the general road."""
-    launch = program.launchers.get(index, _UNMADE)
-    if launch is _UNMADE or (launch is not None and not launch.area.valid()):
-        launch = program.launchers[index] = launcher(program.compiled, program.read_leaves, index)
-    return None if launch is None else run_cached(launch, leaves, program.name)
 
 
 _UNMADE = object()

@@ -15,7 +15,7 @@ Backward through spyre tensors is refused: this device is inference-only.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -25,6 +25,7 @@ from spyre_lab.runtime.errors import SpyreInferenceOnlyError, SpyreUsageError
 from spyre_lab.runtime.host_memory_limit import host_out_of_memory
 from spyre_lab.runtime.op_schema import is_view, mutated_args
 from spyre_lab.runtime.ops_special import SPECIAL
+from spyre_lab.runtime.outside_dynamo import outside_dynamo
 
 _META = torch._C.DispatchKeySet(torch._C.DispatchKey.Meta)
 aten = torch.ops.aten
@@ -34,11 +35,7 @@ aten = torch.ops.aten
 def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
     """The PrivateUse1 fallback: every ATen op on a spyre tensor lands here."""
     if torch._C._current_graph_task_id() != -1:
-        raise SpyreInferenceOnlyError(
-            f"spyre is an inference-only device: backward() reached {op} on a spyre tensor. Run inference "
-            "under torch.inference_mode() / torch.no_grad(), or train on the CPU and move the trained model "
-            "with .to('spyre')."
-        )
+        _refuse_backward(op)
     try:
         road = _ROADS.get(op)
         if road is None:
@@ -48,15 +45,29 @@ def dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
         if road is _view:
             return _view(op, args, kwargs)
         return road(*args, **kwargs)
-    except SpyreUsageError as e:
+    except (SpyreUsageError, RuntimeError, MemoryError) as e:
+        _reraise(op, args, kwargs, e)
+
+
+def _refuse_backward(op: torch._ops.OpOverload) -> NoReturn:
+    raise SpyreInferenceOnlyError(
+        f"spyre is an inference-only device: backward() reached {op} on a spyre tensor. Run inference "
+        "under torch.inference_mode() / torch.no_grad(), or train on the CPU and move the trained model "
+        "with .to('spyre')."
+    )
+
+
+def _reraise(op: torch._ops.OpOverload, args: tuple, kwargs: dict, e: Exception) -> NoReturn:
+    """Raise ``e`` as the op's caller should see it: our errors name the op; the host simulating the card running
+    out of RAM says so, naming it."""
+    if isinstance(e, SpyreUsageError):
         _naming(e, op)
-        raise
-    except (RuntimeError, MemoryError) as e:     # the host simulating the card ran out of RAM: say so, naming it
-        replacement = host_out_of_memory(op, args, kwargs, e)
-        if replacement is None:
-            raise
-        replacement.spyre_op = f"aten::{op.overloadpacket.__name__}"
-        raise replacement from e
+        raise e
+    replacement = host_out_of_memory(op, args, kwargs, e)
+    if replacement is None:
+        raise e
+    replacement.spyre_op = f"aten::{op.overloadpacket.__name__}"
+    raise replacement from e
 
 
 _ROADS: dict[torch._ops.OpOverload, Any] = {}
@@ -118,11 +129,25 @@ def _has_kernel(op: torch._ops.OpOverload, key: str) -> bool:
 
 
 def _direct_kernel(op: torch._ops.OpOverload) -> Any:
-    @torch._disable_dynamo
-    def kernel(*args: Any, **kwargs: Any) -> Any:
-        return dispatch(op, *args, **kwargs)
+    """A structured op's own kernel: :func:`dispatch` for ``op`` with its road known ahead (an eager program's
+    launch, when the op has no special kernel), so a call looks nothing up."""
+    if _road(op) is not launch_eager:
+        @outside_dynamo
+        def kernel(*args: Any, **kwargs: Any) -> Any:
+            return dispatch(op, *args, **kwargs)
 
-    return kernel
+        return kernel
+
+    @outside_dynamo
+    def launch_kernel(*args: Any, **kwargs: Any) -> Any:
+        if torch._C._current_graph_task_id() != -1:
+            _refuse_backward(op)
+        try:
+            return launch_eager(op, args, kwargs)
+        except (SpyreUsageError, RuntimeError, MemoryError) as e:
+            _reraise(op, args, kwargs, e)
+
+    return launch_kernel
 
 
 STRUCTURED_DIRECT = _structured_functional_ops()

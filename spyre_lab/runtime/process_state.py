@@ -104,7 +104,7 @@ STATE: tuple[Held, ...] = (
     Held(f"{R}.eager_programs", "_SPECS", "the pytree spec of each ATen call shape", "caches", _clear),
     Held(f"{R}.ops", "_ROADS", "per ATen op, the road dispatch takes", "caches", _clear),
     Held(f"{R}.programs", "_LOADED", "compiler Programs loaded for the runtime, per timing mode", "caches", _clear),
-    Held(f"{R}.devices", "_INDEX_OF", "torch.device -> card index", "caches", _clear),
+    Held(f"{R}.devices", "INDEX_OF", "torch.device -> card index", "caches", _clear),
     Held(f"{R}.lazy_trace", "FRONTIER_CACHE", "per simulator block, its first start and latest-ending events",
          "caches", _clear),
     Held(f"{R}.lazy_trace", "KEPT_CACHE", "per simulator block and lane filter, the events kept", "caches", _clear),

@@ -41,7 +41,7 @@ from spyre_lab.runtime.devices import get_device, spyre_index
 from spyre_lab.runtime.intermediates import IntermediatesPool, place_intermediates
 from spyre_lab.runtime.launch import CorrectionArea, Operands, RuntimeOptions, correction_area, launch, launch_bound
 from spyre_lab.runtime.stream import Stream
-from spyre_lab.runtime.tensor import empty_spyre
+from spyre_lab.runtime.tensor import FreshTensors, empty_spyre
 
 EXACT_INTERMEDIATE_DTYPES = (torch.float32,)
 """Intermediate dtypes a compiled program keeps as they are in DRAM: the card's fp32 format (32 values
@@ -113,9 +113,15 @@ class LoadedKernel:
                           [(b, t) for b, t in self.program.constants.items() if b in read and b not in operands],
                           per_core_slices(self.kernel, self.program, slices_that_matter(self.spec)))
         inputs, constants, slices = self._plan
-        env: dict[str, torch.Tensor] = {b: operands[b] for b in inputs}
+        env: dict[str, torch.Tensor] = {}
+        operands.read_into(env, inputs)
         env.update(constants)
-        run_kernel(self.kernel, self.program, env, slices, checked=True, tiles=False)   # numbers only: no views
+        if slices is None:                   # computed whole: run_kernel's loop, without the call
+            read = env.__getitem__
+            for node in self.kernel.nodes:
+                env[node.output] = node.compute(*map(read, node.inputs))
+        else:
+            run_kernel(self.kernel, self.program, env, slices, checked=True, tiles=False)   # numbers only: no views
         for b in self.kernel.outputs:
             operands.write(b, env[b])
 
@@ -267,13 +273,15 @@ class BindingPlan:
     fresh: list[tuple[str, tuple[int, ...], torch.dtype]]           # the caller's new tensors: slot, shape, dtype
     intermediates: IntermediatesPool                                # seen by no one else: placed once
     mutated: frozenset[str]
+    makers: list[tuple[str, FreshTensors]]                          # per fresh slot, what makes its tensor
 
     def bind_made(self, bound: dict[str, Any], index: int) -> None:
         """Bind what the program makes and ``bound`` does not give: a new tensor for each output the caller sees
-        (the fp16 storage policy), and the intermediates, placed once in the card's segment 0."""
-        for slot, shape, dtype in self.fresh:
+        (the fp16 storage policy; ``empty_spyre`` on the plan's card), and the intermediates, placed once in the
+        card's segment 0."""
+        for slot, make in self.makers:
             if slot not in bound:
-                bound[slot] = empty_spyre(shape, None, dtype, index)
+                bound[slot] = make()
         bound.update(self.intermediates.slots)
 
     @staticmethod
@@ -287,13 +295,15 @@ class BindingPlan:
         # intermediates keep their compiled dtype (a norm's fp32 sum of squares); outputs follow the fp16 policy
         private = [(s, tuple(buffers[s].shape), buffers[s].dtype, buffers[s].dtype in EXACT_INTERMEDIATE_DTYPES)
                    for s in made if s not in visible]
+        fresh = [(s, tuple(buffers[s].shape), buffers[s].dtype) for s in made if s in visible]
         return BindingPlan(
             inputs=[(name, tuple(buffers[name].shape), buffers[name].dtype) for name in program.inputs],
             outputs=[(r.buffer, r.is_identity, tuple(buffers[r.buffer].shape), buffers[r.buffer].dtype)
                      for r in program.outputs],
-            fresh=[(s, tuple(buffers[s].shape), buffers[s].dtype) for s in made if s in visible],
+            fresh=fresh,
             intermediates=place_intermediates(private, area.slots, index),
-            mutated=frozenset(target for target, _ in program.mutations))
+            mutated=frozenset(target for target, _ in program.mutations),
+            makers=[(slot, FreshTensors(shape, None, dtype, index)) for slot, shape, dtype in fresh])
 
 
 @dataclass(eq=False)

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from spyre_lab.runtime import generic_api, kernel_table, storages
+from spyre_lab.runtime.outside_dynamo import outside_dynamo
 
 BACKEND = "spyre"
 
@@ -81,12 +82,12 @@ def _dispatch_unwrapped(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) ->
 
 
 # the driver is never traced: a graph break must not compile the runtime (lazy import)
-_dispatch = torch._disable_dynamo(_dispatch_unwrapped)
+_dispatch = outside_dynamo(_dispatch_unwrapped)
 _dispatch.__doc__ = "The registered kernel: loads the eager-op machinery on the first spyre op, not on import torch."
 
 
 def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
-    @torch._disable_dynamo
+    @outside_dynamo
     def kernel(*args: Any, **kwargs: Any) -> Any:
         return _dispatch_unwrapped(op, *args, **kwargs)   # already outside Dynamo: one guard, not two
 

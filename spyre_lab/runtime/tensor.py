@@ -130,12 +130,15 @@ class DeviceBuffer:
         The values are narrowed to the stored dtype (and checked: fp16 range, int32 range) now; the
         stickified copy is made only when someone reads :attr:`data`. ``adopt``: ``flat`` is a kernel's
         result that owns its memory (:func:`owns_its_memory`), so it becomes the mirror without a copy."""
-        self.check_valid()
+        if self.generation != self.device.generation:
+            self.check_valid()
         dtype = flat.dtype
         if (dtype == self.host_dtype and dtype == self.layout.dtype and dtype != torch.int64 and flat.dim() == 1
                 and flat.numel() == self.numel):
             # nothing to narrow or check (fp16 kept as fp16): the mirror is the result itself, or a private copy
-            self._replace_mirror(flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous())
+            # (what _replace_mirror does, written out: every kernel output comes here)
+            self._host = flat if adopt else flat.clone() if flat.is_contiguous() else flat.contiguous()
+            self._views, self._data = {}, None
             return
         source = flat.reshape(self.layout.host_shape)
         staged = source.to(self.layout.dtype)
@@ -295,6 +298,50 @@ def empty_spyre(size: Sequence[int], stride: Sequence[int] | None, dtype: torch.
     return tensor
 
 
+class FreshTensors:
+    """Makes new spyre tensors of one size, stride and dtype on one card, as :func:`empty_spyre` does, with what
+    that works out at every call (the geometry, the buffer's layout and tag, the seed tensor, the storage's
+    device and size) worked out once: a cached eager launch makes its outputs with one of these per output."""
+
+    __slots__ = ("device", "dtype", "layout", "nbytes", "numel", "seed", "size", "storage_bytes", "stride", "tag",
+                 "torch_device")
+
+    def __init__(self, size: Sequence[int], stride: Sequence[int] | None, dtype: torch.dtype,
+                 device_index: int) -> None:
+        self.size, self.stride, self.numel, shape = _geometry(tuple(size), None if stride is None else tuple(stride))
+        self.device = device = get_device(device_index)
+        self.dtype = dtype
+        self.layout = buffer_layout(shape, dtype, device.config.stick_bytes, False)
+        self.nbytes = self.layout.device_nbytes
+        self.tag = _tag(dtype, shape)
+        self.seed = _seed_tensor(device_index, dtype)
+        self.torch_device = torch_device(device_index)
+        self.storage_bytes = self.numel * dtype.itemsize
+
+    def __call__(self) -> torch.Tensor:
+        """A new tensor on a fresh DRAM allocation: ``empty_spyre(size, stride, dtype, index)``."""
+        device, dtype = self.device, self.dtype
+        if dtype in NARROWED_TO_FP16:
+            warn_if_narrowed(dtype)
+        buffer = _new_object(DeviceBuffer)         # DeviceBuffer.__init__'s own-allocation road, its layout known
+        buffer.device, buffer.numel, buffer.host_dtype, buffer.layout = device, self.numel, dtype, self.layout
+        buffer.generation = device.generation
+        buffer._data = buffer._host = None
+        buffer._views = {}
+        allocation = buffer.allocation = device.memory.allocate(self.nbytes, self.tag)
+        device.live_buffers[allocation.address] = buffer
+        storage = _construct_storage(allocation.address, self.torch_device, self.storage_bytes)
+        storage.spyre_buffer = buffer              # the storage keeps its Python object: the tensor's finds these
+        storage.spyre_release = _Release(buffer)
+        tensor = _ALIAS(_META, self.seed)
+        _SET_STORAGE(_CPU, tensor, storage, 0, self.size, self.stride)
+        return tensor
+
+
+_new_object = object.__new__
+_construct_storage = torch._C._construct_storage_from_data_pointer
+
+
 class _Release:
     """Frees a tensor's DRAM when its storage dies: kept on the storage (as ``spyre_buffer`` is), so it goes
     with the storage's Python object, which torch keeps exactly as long as the storage lives. (A
@@ -306,7 +353,8 @@ class _Release:
         self.buffer = buffer
 
     def __del__(self) -> None:
-        self.buffer.free()
+        buffer = self.buffer
+        buffer.device.free(buffer.allocation, buffer.generation)     # DeviceBuffer.free, one call fewer
 
 
 _ALIAS = torch.ops.aten.alias.default._handle.redispatch_boxed

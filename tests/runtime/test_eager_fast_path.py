@@ -25,8 +25,8 @@ def test_a_structured_op_reaches_the_backend_once_not_as_empty_plus_out(monkeypa
     _, _, x, y = _pair()
     w = y.t()                                        # a view: it has a dispatch of its own
     seen = []
-    real = ops.dispatch
-    monkeypatch.setattr(ops, "dispatch", lambda op, *a, **k: seen.append(str(op)) or real(op, *a, **k))
+    real = ops.launch_eager                          # what a structured op's own kernel enters, once per call
+    monkeypatch.setattr(ops, "launch_eager", lambda op, a, k: seen.append(str(op)) or real(op, a, k))
     torch.add(x, y)
     torch.mm(x, w)
     torch.nn.functional.silu(x)
@@ -102,3 +102,46 @@ def test_a_compiled_slice_of_an_input_under_inference_mode_reads_back_right():
         scaled, sliced = run_program(program, [a.to("spyre")])
         again = run_program(program, [a.to("spyre")])[0]
     assert torch.equal(scaled.cpu(), a[2:]) and torch.equal(sliced.cpu(), a[2:]) and torch.equal(again.cpu(), a[2:])
+
+
+@pytest.mark.parametrize("size, stride, dtype", [((8, 64), None, torch.float16), ((3, 5), (1, 3), torch.float32),
+                                                 ((4,), None, torch.int64)])
+@pytest.mark.filterwarnings("ignore:spyre stores")
+def test_a_tensor_from_fresh_tensors_is_the_one_empty_spyre_makes(size, stride, dtype):
+    from spyre_lab.runtime.tensor import DeviceBuffer, FreshTensors, buffer_of, empty_spyre
+
+    made, ref = FreshTensors(size, stride, dtype, 0)(), empty_spyre(size, stride, dtype, 0)
+    assert (made.device, made.shape, made.stride(), made.dtype, made.storage_offset()) == \
+        (ref.device, ref.shape, ref.stride(), ref.dtype, ref.storage_offset())
+    got, want = buffer_of(made), buffer_of(ref)
+    assert got.address != want.address and torch.spyre.current_device() == 0
+    for slot in DeviceBuffer.__slots__:                  # every field the constructor sets, set alike
+        if slot == "__weakref__":
+            continue
+        if slot == "allocation":
+            assert (got.allocation.nbytes, got.allocation.size, got.allocation.tag) == \
+                (want.allocation.nbytes, want.allocation.size, want.allocation.tag)
+        else:
+            assert getattr(got, slot) == getattr(want, slot), slot
+    assert torch.equal(made.cpu(), ref.cpu())
+    before = torch.spyre.memory_allocated()
+    del made, got
+    assert torch.spyre.memory_allocated() == before - want.allocation.size   # its DRAM back with its storage
+
+
+def test_the_backend_kernels_run_outside_dynamo_and_give_its_callback_back():
+    from spyre_lab.runtime.outside_dynamo import _set_eval_frame, outside_dynamo
+
+    seen = []
+    kernel = outside_dynamo(lambda: seen.append(_set_eval_frame(None)) or 7)
+    assert kernel() == 7 and seen == [None]
+    callback = torch._dynamo.eval_frame._callback_from_stance(False)   # Dynamo's run-only callback
+    prior = _set_eval_frame(callback)
+    try:
+        assert kernel() == 7 and seen == [None, None]    # none inside the kernel
+        assert _set_eval_frame(callback) is callback     # the caller's back afterwards
+    finally:
+        _set_eval_frame(prior)
+    compiled = torch.compile(lambda p, q: torch.add(p, q).relu(), backend="eager")
+    _, _, x, y = _pair()
+    assert torch.equal(compiled(x, y).cpu(), torch.add(x, y).relu().cpu())

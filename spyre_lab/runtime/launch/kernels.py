@@ -38,6 +38,13 @@ class Operands:
         buffer, size, stride, offset = self._windows[slot]
         return buffer.read_window(size, stride, offset)
 
+    def read_into(self, env: dict[str, torch.Tensor], slots: Sequence[str]) -> None:
+        """``env[slot] = self[slot]`` for each of ``slots``, in one call (a kernel reads all its inputs at once)."""
+        windows = self._windows
+        for slot in slots:
+            buffer, size, stride, offset = windows[slot]
+            env[slot] = buffer.read_window(size, stride, offset)
+
     def write(self, slot: str, values: torch.Tensor) -> None:
         """A kernel hands over what it writes: a result that owns its memory becomes the buffer's contents as it
         is; anything that shares memory (a view of an operand) is copied."""

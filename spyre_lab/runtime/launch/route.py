@@ -27,7 +27,7 @@ import torch
 
 from spyre_lab.runtime.devices import SpyreDevice, get_device
 from spyre_lab.runtime.launch.correction import CorrectionArea, correction_area
-from spyre_lab.runtime.launch.kernels import LaunchKernel, LaunchProgram, Operands, Window
+from spyre_lab.runtime.launch.kernels import LaunchProgram, Operands, Window
 from spyre_lab.runtime.launch.options import SETTINGS, RuntimeOptions
 from spyre_lab.runtime.launch.plan import LAST_PLAN, JobPlan
 from spyre_lab.runtime.stream import Stream, current_stream
@@ -53,13 +53,20 @@ def launch(program: LaunchProgram, bindings: Mapping[str, torch.Tensor], *, stre
 
 
 def launch_bound(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
-                 stream: Stream | None = None, options: RuntimeOptions | None = None) -> None:
+                 stream: Stream | None = None, options: RuntimeOptions | None = None,
+                 trace: tuple[str, dict[str, Any]] | None = None) -> None:
     """:func:`launch` for a caller that bound every slot of ``area`` (``correction_area(program, card)``)
     to a buffer on that card itself, as ``run_program`` does: nothing to check again, and no JobPlan to
-    return (``last_plan()`` has the record)."""
+    return (``last_plan()`` has the record). ``trace``: the (name, meta) of the launch trace to open when none is
+    open (an eager op names its trace by the op, not by the program); by default the program's."""
     stream = current_stream(area.device.index) if stream is None else stream
     options = SETTINGS.options if options is None else options
-    _launch_traced(program, area, bindings, stream, options, options.trace_meta)
+    name, meta = (program.name, options.trace_meta) if trace is None else trace
+    TIMELINE.begin_launch(name, meta)
+    try:
+        _submit(program, area, bindings, stream, options)
+    finally:
+        TIMELINE.end_launch()
 
 
 def plan_launch(program: LaunchProgram, bindings: Mapping[str, torch.Tensor],
@@ -106,9 +113,13 @@ def _launch_traced(program: LaunchProgram, area: CorrectionArea, bindings: Mappi
 
 def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str, torch.Tensor],
             stream: Stream, options: RuntimeOptions) -> None:
-    """Every kernel's steps on ``stream`` and its numerics, in order; the JobPlan of the launch is recorded."""
-    area.refresh(program)
-    host_bytes = area.host_bytes(bindings)
+    """Every kernel's steps on ``stream`` and its numerics, in order; the JobPlan of the launch is recorded.
+
+    Run per kernel of every launch, so it calls little: a device kernel's numerics (HostCompute writes the
+    blob, H2D copies it, the prologue patches and runs) are written out here."""
+    if not area.fixed:
+        area.refresh(program)
+    host_bytes = area.host_bytes(bindings) if area.has_host else ()
     plan = LAST_PLAN.plan = area.record(program, host_bytes)
     dispatch, device = options.dispatch, area.device
     if dispatch == "rebuild":
@@ -117,50 +128,43 @@ def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str,
     numerics = not SETTINGS.timing_only
     enqueue_all, emit_shifted = stream.enqueue_all, TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
-    for k, kernel, slots, offset, steps, sim_events in area.queued(stream, dispatch, host_bytes):
+    generation, live = device.generation, device.live_buffers
+    for k, kernel, slots, _, steps, sim_events in area.queued(stream, dispatch, host_bytes):
         start = enqueue_all(steps)                          # the modeled clock: its three steps in FIFO order
         if sim_events is not None:
             emit_shifted(sim_events, start, lane_of)        # its per-core events, after the patch
         if not numerics:
             continue
-        views = [bindings[s] for s in slots]
-        device.claim(area.claims[k])                         # its planned places in the intermediates segment
+        views = list(map(bindings.__getitem__, slots))
+        claims = area.claims[k]
+        if claims:
+            live.update(claims)                             # its planned places in the intermediates segment
         if kernel.host:
             kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
-        else:
-            _patch_and_run(area, k, kernel, slots, offset, views)
+            continue
+        # HostCompute writes the real address of every slot into the pinned buffer (pinned[:n]), H2D copies that
+        # blob into the kernel's correction area (region[offset:offset + n]), Compute's prologue reads it back
+        pinned, region = area.pinned_views[k], area.region_views[k]
+        addresses = []
+        for v in views:
+            buffer = v.untyped_storage().spyre_buffer
+            if buffer.generation != generation:
+                buffer.check_valid()                        # the error of a tensor from before a device reset
+            addresses.append(buffer.allocation.address)
+        pinned[...] = addresses
+        region[...] = pinned
+        addresses = area.patched[k] = region.tolist()
+        windows = {}
+        for s, a, v in zip(slots, addresses, views):        # what each patched address holds
+            buffer = live.get(a)
+            if buffer is None or buffer.generation != generation or buffer.host_dtype != v.dtype:
+                buffer = _resolve(device, a, v)[0]          # says what is wrong
+            windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
+        kernel.run(Operands(windows))
     if numerics and area.kernels:
         area.launches += 1
     if dispatch == "rebuild" or not options.overlap:
         stream.synchronize()
-
-
-def _patch_and_run(area: CorrectionArea, k: int, kernel: LaunchKernel, slots: list[str], offset: int,
-                   views: list[torch.Tensor]) -> None:
-    """A device kernel's numerics: HostCompute writes the blob, H2D copies it, the prologue patches and runs."""
-    device = area.device
-    generation = device.generation
-    pinned, region = area.pinned_views[k], area.region_views[k]  # pinned[:n], region[offset:offset + n]
-    pinned[...] = [_address_of(v, generation) for v in views]    # HostCompute: the real address of every slot
-    region[...] = pinned                                         # H2D: the blob into the kernel's correction area
-    addresses = region.tolist()                                  # Compute: the prologue reads it back
-    area.patched[k] = addresses
-    buffer_at, windows = device.buffer_at, {}
-    for s, a, v in zip(slots, addresses, views):                 # what each patched address holds
-        buffer = buffer_at(a)
-        if buffer.generation != generation or buffer.host_dtype != v.dtype:
-            buffer = _resolve(device, a, v)[0]                   # says what is wrong
-        windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
-    kernel.run(Operands(windows))
-
-
-def _address_of(view: torch.Tensor, generation: int) -> int:
-    """``buffer_of(view).address`` for a tensor a launch bound on its card (so it has a buffer): what the host
-    writes into the correction blob for it."""
-    buffer = view.untyped_storage().spyre_buffer
-    if buffer.generation != generation:
-        buffer.check_valid()                             # the error of a tensor from before a device reset
-    return buffer.allocation.address
 
 
 def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
