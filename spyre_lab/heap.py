@@ -20,3 +20,14 @@ def freeze_startup_heap() -> None:
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+
+
+def freeze_new_survivors() -> None:
+    """Collect the young generations, then freeze what survived: for a tool that has just cached a result it keeps
+    for its life (a WhatIf setting's programs and traces).
+
+    Without it, each cached result counts toward the next full collection, which after a freeze walks only the
+    unfrozen heap but comes round every few changes. Garbage cycles already in the old generation are frozen with
+    the rest; the next :func:`freeze_startup_heap` (a new view or engine) unfreezes and collects them."""
+    gc.collect(1)
+    gc.freeze()

@@ -37,6 +37,7 @@ import torch
 
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.trace import Trace
+from spyre_lab.heap import freeze_new_survivors
 from spyre_lab.viz import style
 from spyre_lab.viz.base import View, base_layout, cached_subplots, toggle
 from spyre_lab.viz.labels import FIT_WIDTH, Box
@@ -254,6 +255,8 @@ class WhatIf(View):
                   for phase, program in programs.items()}
         outcome = Outcome(setting, cfg, programs, traces, self.layers)
         self._cache[setting] = outcome
+        if self.freeze_heap_when_shown and self._box is not None:
+            freeze_new_survivors()               # cached for the view's life: keep it out of full collections
         return outcome
 
     def _on_device(self, phase: str) -> list[torch.Tensor]:
