@@ -34,7 +34,6 @@ from spyre_lab.compiler import cache
 from spyre_lab.compiler.codegen import generate_kernel
 from spyre_lab.compiler.device_literals import trace_on_host
 from spyre_lab.compiler.fusion import schedule
-from spyre_lab.compiler.gc_pause import cyclic_gc_paused
 from spyre_lab.compiler.ir import NodeGroup
 from spyre_lab.compiler.layout_propagation import propagate_layouts
 from spyre_lab.compiler.lowering import LoweringError, decomposition_table, lower
@@ -42,6 +41,7 @@ from spyre_lab.compiler.options import FUSION_RULES, CompileOptions
 from spyre_lab.compiler.program import HostFallback, Launch, Program, UnplannedSpec, plan_intermediates
 from spyre_lab.device.config import SPYRE, SpyreConfig
 from spyre_lab.device.isa import LXOverflowError
+from spyre_lab.heap import cyclic_gc_paused
 
 
 def _fake_like(mode: Any, x: Any) -> Any:
