@@ -30,6 +30,7 @@ PACKAGE = "spyre_lab"
 # Lower number = lower layer. A module may import its own layer or any layer below it.
 LAYERS: dict[str, int] = {
     "user_line": 0,  # the ground floor: warnings filed under the user's line, for every layer
+    "heap": 0,  # the ground floor too: the cycle collector kept off every layer's hot paths
     "device": 0,
     "compiler": 1,
     "ktir": 1,

@@ -133,7 +133,7 @@ STATE: tuple[Held, ...] = (
     Held(f"{C}.explain", "KERNEL_FAMILY_EXPLAINERS", "explainers of kernel families planned per launch", "kept"),
     Held(f"{C}.explain", "COLLECTIVE_SOURCES", "where explain() reads this process's collectives", "kept"),
     Held(f"{R}.host_memory", "_PINNED", "pinned host storages alive now (held weakly)", "kept"),
-    Held(f"{R}.tensor", "_ROW_MIRRORS", "per live device buffer, its row-write mirror (held weakly)", "kept"),
+    Held(f"{R}.device_buffer", "_ROW_MIRRORS", "per live device buffer, its row-write mirror (held weakly)", "kept"),
 )
 
 

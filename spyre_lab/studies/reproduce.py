@@ -82,11 +82,7 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
     del probes
     rule_off = next(times for _, step, times in waterfall if step == attention_off)   # the stage before the kernel
     start = time.perf_counter()
-    claims = []
-    for name, fn in (("matmul", C.matmul_claim), ("softmax", C.softmax_claim), ("mlp", C.mlp_claim)):
-        say(f"kernel claim: {name}")
-        claims.append(fn())
-    claims += C.engine_claims(waterfall)
+    claims = _claims(waterfall, say)
     wall["claims"] = time.perf_counter() - start
     start = time.perf_counter()
     say("engine: tensor parallel, TP 1/2/4/8 (one rank plus modeled collectives)")
@@ -121,6 +117,17 @@ def reproduce(sweep: bool = False, depth: str | int = "probe", progress: bool = 
                            "verdicts": swept.verdicts(), "points": swept.points}
         wall["sweep"] = time.perf_counter() - start
     return result
+
+
+def _claims(waterfall: list, say: Callable[[str], None]) -> list[Any]:
+    """The kernel claims (matmul, softmax, mlp), each computed here, then the engine claims read off the waterfall."""
+    from spyre_lab.studies import claims as C
+
+    kernel = []
+    for name, fn in (("matmul", C.matmul_claim), ("softmax", C.softmax_claim), ("mlp", C.mlp_claim)):
+        say(f"kernel claim: {name}")
+        kernel.append(fn())
+    return kernel + C.engine_claims(waterfall)
 
 
 def _progress(enabled: bool) -> Callable[[str], None]:
