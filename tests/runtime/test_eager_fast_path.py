@@ -130,7 +130,9 @@ def test_a_tensor_from_fresh_tensors_is_the_one_empty_spyre_makes(size, stride, 
 
 
 def test_the_backend_kernels_run_outside_dynamo_and_give_its_callback_back():
-    from spyre_lab.runtime.outside_dynamo import _set_eval_frame, outside_dynamo
+    from spyre_lab.runtime.outside_dynamo import outside_dynamo
+
+    _set_eval_frame = torch._C._dynamo.eval_frame.set_eval_frame
 
     seen = []
     kernel = outside_dynamo(lambda: seen.append(_set_eval_frame(None)) or 7)
