@@ -1,11 +1,11 @@
-"""Run the backend's kernels outside Dynamo, at the cost of two C calls.
+"""Every backend kernel runs outside Dynamo: one place that says how.
 
 Every ATen op on a spyre tensor enters a Python kernel of ours through the dispatcher. Under ``torch.compile`` a
 graph break runs ops eagerly with Dynamo's frame callback still installed, and Dynamo would then try to compile
-the runtime's own frames; so the kernels run with the callback removed, as ``torch._dynamo.disable`` does.
-``torch._disable_dynamo``'s wrapper costs about ten Python calls per op (a lazy import check, the stance lookup,
-an export check, three ``set_eval_frame`` calls); what it achieves for a kernel called by the dispatcher is
-only this: no frame callback while the kernel runs, the caller's callback back afterwards.
+the runtime's own frames; so the kernels run with the callback removed. ``torch._disable_dynamo``'s wrapper costs
+about ten Python calls per op (measured: about 4 k of a cached eager op's 237 k instructions), and a leaner wrapper
+of our own was tried and withdrawn: its frame lives outside torch, so Dynamo's callback meets it before it can
+clear the callback (see :func:`outside_dynamo`).
 """
 
 from __future__ import annotations
