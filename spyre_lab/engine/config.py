@@ -43,7 +43,7 @@ class EngineConfig:
     max_model_len: int | None = None  # prompt + output tokens of one request (default: the model's, <= 2048)
     block_size: int = 16  # tokens per KV-cache block
     num_kv_blocks: int | None = None  # KV-cache blocks (default: every sequence at full length, as the Spyre plugin)
-    max_num_batched_tokens: int | None = None  # tokens in one prefill step (default: max(max_model_len, 2048))
+    max_num_batched_tokens: int | None = None  # tokens in one step (default: max(max_model_len, 2048))
     seed: int = 0  # sampler seed for requests without their own
     dtype: torch.dtype | str | None = None  # weights and activations (default: the platform's)
     enable_prefix_caching: bool = True  # reuse KV blocks of shared prompt prefixes
@@ -52,6 +52,10 @@ class EngineConfig:
     batch_buckets: list[int] | None = None  # batch buckets of decode steps (static shapes)
     tensor_parallel_size: int = 1  # cards the model is split across, one worker process each (cpu, spyre)
     distributed_timeout_s: float = 60.0  # longest wait for a rendezvous, a collective or a worker's answer
+    # prompts join the running decode rows in one forward pass (vLLM v1's scheduling) instead of steps of their own
+    # (default: on where the platform's attention runs them, `model_runner.supports_mixed_steps`: the cpu platform
+    # with dynamic shapes on one card; the spyre platform prefills apart, as the real stack does)
+    mixed_steps: bool | None = None
 
     def __post_init__(self) -> None:
         from spyre_lab.engine.platforms.base import Platform
@@ -77,9 +81,9 @@ class EngineConfig:
                              f"{self.distributed_timeout_s!r}")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool):
             raise TypeError(f"seed must be an int, got {type(self.seed).__name__} {self.seed!r}")
-        for name in ("enable_prefix_caching", "static_shapes"):
+        for name in ("enable_prefix_caching", "static_shapes", "mixed_steps"):
             value = getattr(self, name)
-            if not isinstance(value, bool) and not (value is None and name == "static_shapes"):
+            if not isinstance(value, bool) and not (value is None and name != "enable_prefix_caching"):
                 raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
         for name in ("prefill_buckets", "batch_buckets"):
             buckets = getattr(self, name)
@@ -90,6 +94,9 @@ class EngineConfig:
             object.__setattr__(self, name, sorted(set(buckets)))
         if self.dtype is not None:
             object.__setattr__(self, "dtype", as_dtype(self.dtype))
+        if self.mixed_steps and self.tensor_parallel_size > 1:
+            raise ValueError("mixed_steps=True runs on one card; set mixed_steps=False (or leave it None) with "
+                             f"tensor_parallel_size={self.tensor_parallel_size}")
 
     @classmethod
     def from_options(cls, model: Any = "tiny-granite", **options: Any) -> EngineConfig:

@@ -1,6 +1,6 @@
 """LLMEngine: the step loop. add_request -> step() ... -> finished RequestOutputs.
 
-One `step()` = schedule (prefill or decode) -> run the model once -> append one token to every
+One `step()` = schedule (prefill, decode, or both in one mixed step) -> run the model once -> append one token to every
 scheduled request -> check stop conditions -> free what finished. Everything a request goes through
 is recorded in `stats` (host times measured, device times modeled by the platform).
 
@@ -27,7 +27,7 @@ from spyre_lab.engine.block_manager import BlockManager
 from spyre_lab.engine.config import EngineConfig
 from spyre_lab.engine.detokenizer import find_stop, update_text
 from spyre_lab.engine.loader import load_model, read_config, resolve_model_path
-from spyre_lab.engine.model_runner import ModelRunner, StepResult
+from spyre_lab.engine.model_runner import ModelRunner, StepResult, supports_mixed_steps
 from spyre_lab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from spyre_lab.engine.parallel.launcher import TensorParallelError, TensorParallelRunner, TensorParallelWorkers
 from spyre_lab.engine.platforms.registry import resolve_platform
@@ -101,8 +101,9 @@ class LLMEngine:
             self.eos_token_ids.add(self.tokenizer.eos_token_id)
 
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.mixed_steps = self._mixed_steps(config)
         self.scheduler = Scheduler(self.block_manager, config.max_num_seqs, config.max_num_batched_tokens,
-                                   one_prefill_per_step=self.platform.static_shapes)
+                                   one_prefill_per_step=self.platform.static_shapes, mixed_steps=self.mixed_steps)
         self.runner = ModelRunner(self.model, self.platform, config.block_size, config.num_kv_blocks,
                                   config.max_model_len, self.dtype, config.seed)
         if self.tensor_parallel is not None:
@@ -114,6 +115,18 @@ class LLMEngine:
         self._prompts: dict[str, tuple[str | None, str | None]] = {}  # request id -> (text, decoded prompt)
         self._aborted: list[RequestOutput] = []
         self._lock = threading.RLock()  # one step, add or abort at a time
+
+    def _mixed_steps(self, config: EngineConfig) -> bool:
+        """``config.mixed_steps``, or (None) whether this platform runs them on one card; a ValueError when asked for
+        on a platform that cannot."""
+        capable = supports_mixed_steps(self.platform)
+        if config.mixed_steps is None:
+            return capable and config.tensor_parallel_size == 1
+        if config.mixed_steps and not capable:
+            raise ValueError(f"mixed_steps=True needs a platform whose attention runs prompts and decode rows in one "
+                             f"pass (dynamic shapes, per-sequence attention), and {self.platform!r} does not; set "
+                             "mixed_steps=False")
+        return config.mixed_steps
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers and leave their group (nothing to do on one card); idempotent."""
@@ -229,12 +242,15 @@ class LLMEngine:
         if not scheduled.seqs:  # everything running was preempted; the next step prefills again
             return outputs
         try:
-            result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+            if scheduled.kind == "mixed":
+                result = self.runner.run(scheduled.seqs, True, scheduled.num_decode)
+            else:
+                result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
         except TensorParallelError:  # a card is gone: no later step can run, so the caller must know now
             raise
         except Exception as error:  # the forward pass concerns every request of the batch, and only those
             logger.exception("a %s step of %d request(s) failed; they finish with finish_reason 'error'",
-                             "prefill" if scheduled.is_prefill else "decode", len(scheduled.seqs))
+                             scheduled.kind, len(scheduled.seqs))
             why = f"the model step failed: {type(error).__name__}: {error}"
             return outputs + [self._fail(seq, why) for seq in scheduled.seqs]
         kv = self.block_manager.snapshot(list(self.scheduler.running))
@@ -252,10 +268,9 @@ class LLMEngine:
             if seq.is_finished:
                 self._retire(seq)
             outputs.append(self._output(seq))
-        row = self._record_step("prefill" if scheduled.is_prefill else "decode", scheduled.seqs, result,
-                                len(scheduled.preempted))
+        row = self._record_step(scheduled.kind, scheduled.seqs, result, len(scheduled.preempted))
         self.stats.record_detail(row.step, schedule_ms, scheduled.seqs, scheduled.preempted,
-                                 result, kv, scheduled.is_prefill)
+                                 result, kv, scheduled.is_prefill, num_decode=scheduled.num_decode)
         return outputs
 
     def _advance(self, seq: Sequence, token_id: int) -> None:

@@ -4,6 +4,10 @@ It owns the KV-cache tensors (one K and one V per attention layer, plus one scra
 builds the flat token batch and its `AttentionMetadata`. On a static-shape platform it pads each
 step to a bucket — prefill length for prefill, batch size for decode — and remembers which
 buckets have already run (warmed up); an unseen bucket still runs, with a logged warning.
+
+A mixed step (`prepare_mixed`, on a platform where `supports_mixed_steps`) lays its decode rows' tokens first and
+the prefilled prompts' tokens after them in one flat batch: the decode rows attend as in a decode step, each prompt
+over its own keys (`attention_spans`).
 """
 
 from __future__ import annotations
@@ -77,6 +81,15 @@ class StepResult:
     phases_ms: dict[str, float] = field(default_factory=dict)  # measured: prepare inputs, forward, sample
     device_trace: object | None = None  # the step's modeled events, when the platform records them
     failures: dict[int, str] = field(default_factory=dict)  # batch row -> why its token could not be sampled
+
+
+def supports_mixed_steps(platform: Platform) -> bool:
+    """Can ``platform``'s attention run prompts and decode rows in one forward pass? It needs dynamic shapes, per-
+    sequence prefill attention (``per_sequence_attention``) and a decode path that needs no dense mask
+    (``decode_key_mask``), and no kernel bounding its loops by ``seq_query_lens``: the plain-torch attention of
+    `layers.attention`, as the cpu platform runs it. The spyre platform, static shapes, prefills apart."""
+    return (not platform.static_shapes and platform.per_sequence_attention and platform.decode_key_mask
+            and not platform.needs_seq_query_lens)
 
 
 def _pick_bucket(buckets: tuple[int, ...], size: int) -> int:
@@ -192,8 +205,43 @@ class ModelRunner:
         return self._to_input(input_ids, positions, slots, tables, query_index, query_positions, token_seq,
                               token_offset, ends, bucket, seq_query_lens, decode_rows=rows)
 
+    def prepare_mixed(self, decode: list[Sequence], prefill: list[Sequence]) -> ModelInput:
+        """One flat batch: each of ``decode``'s last token (batch rows ``0..len(decode)-1``), then each of
+        ``prefill``'s uncomputed tokens; logits for every sequence's last token, in that order."""
+        if not supports_mixed_steps(self.platform):
+            raise ValueError(f"platform {self.platform.name!r} cannot run mixed prefill+decode steps "
+                             "(see model_runner.supports_mixed_steps); set mixed_steps=False")
+        if self.decode_rows is not None:                   # the prompts' cache entries are written anew
+            self.decode_rows.forget(seq.request_id for seq in prefill)
+        num_decode = len(decode)
+        input_ids = [seq.last_token_id for seq in decode]
+        positions = [len(seq) - 1 for seq in decode]
+        slots = [self._slot(seq, p) for seq, p in zip(decode, positions)]
+        starts, query_lens, ends = [], [], list(range(num_decode))
+        for seq in prefill:
+            first, total = seq.num_computed_tokens, len(seq)
+            starts.append(len(input_ids))
+            query_lens.append(total - first)
+            input_ids += seq.prompt_token_ids[first:] if total == len(seq.prompt_token_ids) else seq.token_ids[first:]
+            positions += range(first, total)
+            table, size = seq.block_table, self.block_size
+            slots += [table[p // size] * size + p % size for p in range(first, total)]
+            ends.append(len(input_ids) - 1)
+        width = max(len(seq.block_table) for seq in decode)
+        tables = [seq.block_table + [self.scratch_block] * (width - len(seq.block_table)) for seq in decode]
+        num_tokens = len(input_ids)
+        spans = prefill_spans(starts, query_lens, [len(seq) for seq in prefill], [seq.block_table for seq in prefill],
+                              self.block_size)
+        rows = None
+        if self.decode_rows is not None:
+            rows = self.decode_rows.plan(decode, self._slot, width * self.block_size, self.dtype, self.device)
+        seq_query_lens = [(len(seq), 1) for seq in decode] + [(len(s), q) for s, q in zip(prefill, query_lens)]
+        return self._to_input(input_ids, positions, slots, tables, [[p] for p in positions[:num_decode]],
+                              [[p] for p in positions[:num_decode]], list(range(num_tokens)), [0] * num_tokens, ends,
+                              None, seq_query_lens, spans=spans, decode_rows=rows, num_decode=num_decode)
+
     def _to_input(self, input_ids, positions, slots, tables, query_index, query_positions, token_seq, token_offset,
-                  ends, bucket, seq_query_lens, spans=None, decode_rows=None) -> ModelInput:
+                  ends, bucket, seq_query_lens, spans=None, decode_rows=None, num_decode=0) -> ModelInput:
         """The step's inputs on the device: every integer field packed into one host buffer, copied over once.
 
         As a real runner prepares a step: the host writes token ids, positions, slot mapping, block tables,
@@ -207,7 +255,8 @@ class ModelRunner:
         ``decode_key_mask`` gets the boolean key mask instead (``AttentionMetadata.key_mask``, also given as
         ``attn_bias``: SDPA reads either form, so attention written against the additive mask still works). A
         prefill step with per-sequence ``spans`` (``Platform.per_sequence_attention``) needs no mask at all, nor
-        does a decode step with ``decode_rows`` (``Platform.decode_rows``: the rows' plan holds its own)."""
+        does a decode step with ``decode_rows`` (``Platform.decode_rows``: the rows' plan holds its own). A mixed
+        step (``num_decode`` decode rows first, then ``spans``) gets its decode rows' mask as a decode step does."""
         max_query = query_index.shape[1] if isinstance(query_index, torch.Tensor) else len(query_index[0])
         out_index = [s * max_query + o for s, o in zip(_ints(token_seq), _ints(token_offset), strict=True)]
         fields = [("input_ids", input_ids), ("positions", positions), ("slot_mapping", slots),
@@ -239,6 +288,7 @@ class ModelRunner:
             key_mask=key_mask,
             prefill_spans=spans,
             decode_rows=decode_rows,
+            num_decode_tokens=num_decode,
         )
         return ModelInput(views["input_ids"], views["positions"], meta, views["logits_indices"], bucket)
 
@@ -279,10 +329,18 @@ class ModelRunner:
         """Each sequence's last hidden state (a device gather of rows ``logits_indices``) through the LM head."""
         return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
-    def run(self, seqs: list[Sequence], is_prefill: bool) -> StepResult:
+    def run(self, seqs: list[Sequence], is_prefill: bool, num_decode: int = 0) -> StepResult:
+        """One step over ``seqs``: a prefill, a decode, or (``is_prefill`` and ``num_decode`` > 0) a mixed step whose
+        first ``num_decode`` sequences decode one token and the rest are prefilled."""
         start = time.perf_counter()
-        tokens_per_seq = [len(s) - s.num_computed_tokens for s in seqs] if is_prefill else [1] * len(seqs)
-        model_input = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
+        mixed = is_prefill and num_decode > 0
+        tokens_per_seq = [1] * num_decode if mixed else [] if is_prefill else [1] * len(seqs)
+        if is_prefill:
+            tokens_per_seq += [len(s) - s.num_computed_tokens for s in seqs[num_decode if mixed else 0:]]
+        if mixed:
+            model_input = self.prepare_mixed(seqs[:num_decode], seqs[num_decode:])
+        else:
+            model_input = self.prepare_prefill(seqs) if is_prefill else self.prepare_decode(seqs)
         prepared = time.perf_counter()
         on_demand = model_input.bucket is not None and model_input.bucket not in self.warmed_buckets
         if on_demand:
@@ -291,7 +349,7 @@ class ModelRunner:
                 "the compile). Call LLM.warmup() first to prepare every bucket.", *model_input.bucket
             )
             self.warmed_buckets.add(model_input.bucket)
-        kind = "prefill" if is_prefill else "decode"
+        kind = "mixed" if mixed else "prefill" if is_prefill else "decode"
         num_fed = model_input.input_ids.numel()
         with self.platform.device_timer(kind, num_fed, len(seqs)) as device_time:
             logits = self.execute(model_input)

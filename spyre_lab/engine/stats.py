@@ -26,7 +26,7 @@ from spyre_lab.device.trace import Trace, TraceEvent
 @dataclass
 class StepStats:
     step: int
-    kind: str  # "prefill" | "decode" | "warmup-prefill" | "warmup-decode"
+    kind: str  # "prefill" | "decode" | "mixed" (decode rows and prompts in one pass) | "warmup-prefill" | "warmup-decode"
     num_seqs: int  # real sequences in the batch
     batch_bucket: int | None  # padded batch size (static shapes) or None
     token_bucket: int | None  # padded prefill length (static shapes) or None
@@ -178,6 +178,7 @@ class StatsTotals:
     steps: int = 0  # every step recorded (warmup included): the next step's number
     served_steps: int = 0
     decode_steps: int = 0
+    mixed_steps: int = 0  # decode rows and prefilled prompts in one forward pass
     requests: int = 0
     generated_tokens: int = 0
     host_ms: float = 0  # served steps, measured
@@ -194,6 +195,7 @@ class StatsTotals:
             return
         self.served_steps += 1
         self.decode_steps += s.kind == "decode"
+        self.mixed_steps += s.kind == "mixed"
         self.host_ms += s.host_ms
         if s.device_ms_modeled is None:
             self.unmodeled_steps += 1
@@ -247,9 +249,9 @@ class EngineStats:
         return self.totals.steps
 
     def record_detail(self, step: int, schedule_ms: float, seqs: list, preempted: list, result: Any,
-                      kv: KVSnapshot | None, is_prefill: bool) -> StepDetail:
+                      kv: KVSnapshot | None, is_prefill: bool, num_decode: int = 0) -> StepDetail:
         """Called by the engine after each served step (``seqs`` are the scheduled Sequences, ``result`` the
-        runner's StepResult)."""
+        runner's StepResult; a mixed step's first ``num_decode`` sequences decoded, the others were prefilled)."""
         fed = getattr(result, "tokens_per_seq", None) or [1] * len(seqs)
         batch = [(s.request_id, int(n)) for s, n in zip(seqs, fed)]
         trace = getattr(result, "device_trace", None)
@@ -258,7 +260,7 @@ class EngineStats:
         detail = StepDetail(
             step=step, batch=batch,
             phases_ms={"schedule": schedule_ms, **getattr(result, "phases_ms", {})},
-            arrived=[s.request_id for s in seqs] if is_prefill else [],
+            arrived=[s.request_id for s in seqs[num_decode:]] if is_prefill else [],
             preempted=[s.request_id for s in preempted],
             finished=[s.request_id for s in seqs if s.is_finished],
             kv=kv, device_trace=trace,
@@ -290,8 +292,9 @@ class EngineStats:
         host_s = t.host_ms / 1e3
         return {
             "steps": t.served_steps,
-            "prefill_steps": t.served_steps - t.decode_steps,
+            "prefill_steps": t.served_steps - t.decode_steps - t.mixed_steps,
             "decode_steps": t.decode_steps,
+            "mixed_steps": t.mixed_steps,
             "requests": t.requests,
             "generated_tokens": t.generated_tokens,
             "host_s": host_s,

@@ -13,7 +13,9 @@ One call handles prefill and decode alike:
    (an additive mask the model runner builds on the host), then put the outputs back in flat token order.
 
 A decode step on a platform with ``decode_key_mask`` reads a boolean key mask instead (`_decode_attention`), and
-a prefill step on one with ``per_sequence_attention`` attends sequence by sequence (`attention_spans`).
+a prefill step on one with ``per_sequence_attention`` attends sequence by sequence (`attention_spans`). A mixed step
+(``num_decode_tokens`` decode rows first, then prefill spans) runs both: the decode rows' path on its first tokens,
+the spans on the rest, after one cache write for all of them (`_mixed_attention`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,9 @@ class AttentionMetadata:
     # a decode step on a platform with ``Platform.decode_rows`` (dynamic shapes): each layer attends over rows kept
     # from step to step and copies in only the keys they lack (`decode_rows`); None: gather the block tables
     decode_rows: DecodeRowsStep | None = None
+    # a mixed step: its first this many tokens are decode rows (one per sequence: ``block_tables``, ``key_mask`` or
+    # ``decode_rows`` describe them), the rest prefilled prompts (``prefill_spans``, at their offsets in the step)
+    num_decode_tokens: int = 0
 
 
 def causal_bias(query_positions: torch.Tensor, num_keys: int, dtype: torch.dtype) -> torch.Tensor:
@@ -99,6 +104,9 @@ def paged_attention(
     value = value.view(num_tokens, num_kv_heads, head_dim)
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, key)
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, meta.slot_mapping, value)
+    if meta.num_decode_tokens:
+        return _mixed_attention(query, key, value, k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale,
+                                layer)
     if meta.decode_rows is not None:
         return rows_decode_attention(query, key, value, k_cache, v_cache, meta.decode_rows, num_heads, num_kv_heads,
                                      head_dim, scale, layer)
@@ -118,6 +126,22 @@ def paged_attention(
     out = out.transpose(1, 2).reshape(-1, num_heads * head_dim)  # [B * Q, heads * d]
     return out[meta.out_index]  # back to the step's flat tokens [T, heads * d]
 
+
+
+def _mixed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
+                     v_cache: torch.Tensor, meta: AttentionMetadata, num_heads: int, num_kv_heads: int, head_dim: int,
+                     scale: float, layer: int) -> torch.Tensor:
+    """A mixed step's attention: the decode rows (the first ``num_decode_tokens`` tokens) as in a decode step, each
+    prompt over its own keys as in a prefill step; the same softmax per sequence as either step alone."""
+    rows = meta.num_decode_tokens
+    if meta.decode_rows is not None:
+        decoded = rows_decode_attention(query[:rows], key[:rows], value[:rows], k_cache, v_cache, meta.decode_rows,
+                                        num_heads, num_kv_heads, head_dim, scale, layer)
+    else:
+        decoded = _decode_attention(query[:rows], k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
+    prefilled = per_sequence_prefill(query, key, value, k_cache, v_cache, meta.prefill_spans, num_heads,
+                                     num_kv_heads, head_dim, scale)
+    return torch.cat((decoded, prefilled))
 
 
 def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
