@@ -26,7 +26,8 @@ from spyre_lab.device.trace import Trace, TraceEvent
 @dataclass
 class StepStats:
     step: int
-    kind: str  # "prefill" | "decode" | "mixed" (decode rows and prompts in one pass) | "warmup-prefill" | "warmup-decode"
+    # "prefill" | "decode" | "mixed" (decode rows and prompts in one pass) | "warmup-prefill" | "warmup-decode"
+    kind: str
     num_seqs: int  # real sequences in the batch
     batch_bucket: int | None  # padded batch size (static shapes) or None
     token_bucket: int | None  # padded prefill length (static shapes) or None

@@ -90,6 +90,7 @@ REBUILD_COLOR = "#8C2D04"
 STEP_KIND_COLORS: dict[str, str] = {
     "prefill": "#72B7B2",
     "decode": "#EECA3B",
+    "mixed": "#B279A2",  # decode rows and prefilled prompts in one pass (the cpu platform's mixed steps)
     "warmup-prefill": "#C6E3E1",
     "warmup-decode": "#F7E6A6",
     "padding": "#D9D9D9",

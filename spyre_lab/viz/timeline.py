@@ -204,7 +204,7 @@ class DecodeTimeline(View):
         kinds = [str(r["kind"]).removeprefix("warmup-") for r in rows]
         values = [r["device_ms_modeled"] for r in rows]
         work = {r["step"]: step_work(run.details.get(r["step"])) for r in rows}
-        for kind in ("prefill", "decode"):
+        for kind in ("prefill", "decode", "mixed"):
             picked = [(r, v) for r, v, k in zip(rows, values, kinds) if k == kind]
             if not picked:
                 continue

@@ -95,7 +95,8 @@ class DecodeRows:
         for index, row in enumerate(row_of_batch):
             batch_of_row[row] = index
         covered = [entry[1] if entry is not None else 1 for entry in state]
-        bias = self._mask_rows(dtype, device).index_select(0, torch.tensor(covered))[:, :width].view(rows, 1, 1, width)
+        # the table's first ``width`` columns, gathered: a contiguous mask (SDPA reads a strided one ~30% slower)
+        bias = self._mask_rows(dtype, device)[:, :width].index_select(0, torch.tensor(covered)).view(rows, 1, 1, width)
         indices = torch.tensor([src, dst], dtype=torch.long)
         orders = torch.tensor(batch_of_row + row_of_batch + new, dtype=torch.long)
         if device.type != "cpu":
