@@ -24,9 +24,9 @@ class LLM:
 
     The options are the fields of :class:`~spyre_lab.engine.config.EngineConfig` (platform, max_num_seqs,
     max_model_len, block_size, num_kv_blocks, max_num_batched_tokens, seed, dtype, enable_prefix_caching,
-    static_shapes, prefill_buckets, batch_buckets, tensor_parallel_size, distributed_timeout_s); `LLM(config)` takes a
-    whole EngineConfig. With ``tensor_parallel_size > 1`` it starts worker processes: `close()` it (or use it in
-    a ``with`` block) to stop them.
+    static_shapes, prefill_buckets, batch_buckets, tensor_parallel_size, distributed_timeout_s, mixed_steps);
+    `LLM(config)` takes a whole EngineConfig. With ``tensor_parallel_size > 1`` it starts worker processes: `close()`
+    it (or use it in a ``with`` block) to stop them.
 
     A request that cannot be served (invalid SamplingParams, prompt of max_model_len tokens or more)
     is not raised: `generate` returns it finished with finish_reason "error" and the reason in

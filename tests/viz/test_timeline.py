@@ -226,3 +226,19 @@ def test_no_same_cost_note_when_steps_differ(spyre_runs):
     changed = [dict(r) for r in rows]
     changed[0]["device_ms_modeled"] *= 2
     assert same_cost_reason(Run("run", changed), changed) == ""
+
+
+def test_mixed_steps_get_their_own_bars_and_color():
+    """A request that arrives while another decodes shares its step (kind "mixed"): the device row draws it."""
+    llm = LLM("tiny-granite", platform="cpu", max_model_len=64, max_num_seqs=4)
+    engine, greedy = llm.llm_engine, SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    engine.add_request("a", [1, 5, 6, 7], greedy)
+    engine.step()
+    engine.add_request("b", [1, 9, 10], greedy)
+    while engine.has_unfinished_requests():
+        engine.step()
+    mixed = [r["step"] for r in llm.stats.to_rows() if r["kind"] == "mixed"]
+    assert mixed
+    fig = DecodeTimeline(llm).figure
+    bars = {t.name: t for t in fig.data if t.type == "bar" and t.xaxis == "x2"}
+    assert list(bars["mixed"].x) == mixed and bars["mixed"].marker.color == style.STEP_KIND_COLORS["mixed"]
