@@ -75,6 +75,7 @@ def test_cache_pressure_forced_preemption(workload):
     llm, *_ = workload
     assert sum(r["num_preemptions"] for r in llm.stats.to_rows("requests")) > 0
     assert max(r["kv_blocks_used"] for r in llm.stats.to_rows()) == 24
+    assert llm.stats.summary()["mixed_steps"] > 0     # preemptions and aborts met steps that mix prompts and decodes
 
 
 def test_all_kv_blocks_return_to_the_free_list(workload):
