@@ -3,7 +3,7 @@
 Four rows per run, steps on the x axis of the first three:
 
 1. **batch**: real tokens fed per request, and the padding a static-shape bucket added;
-2. **modeled device time** per step (prefill vs decode): the span of the step's modeled events;
+2. **modeled device time** per step (prefill, decode, or mixed: both in one pass): the span of its modeled events;
 3. **measured host time** per step, split into the engine's phases (schedule, prepare inputs, forward, sample);
 4. **one step** (the slider picks it) on the modeled clock: the host thread (enqueue, rebuild, waits), program
    correction (host callbacks), PCIe, and the card's kernels, one lane per layer, each kernel in its own color.
