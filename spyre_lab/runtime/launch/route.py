@@ -129,7 +129,6 @@ def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str,
     enqueue_all, emit_shifted = stream.enqueue_all, TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
     generation, live = device.generation, device.live_buffers
-    bound: dict[str, tuple] = {}                            # slot -> (address, dtype, size, stride, offset)
     for k, kernel, slots, _, steps, sim_events in area.queued(stream, dispatch, host_bytes):
         start = enqueue_all(steps)                          # the modeled clock: its three steps in FIFO order
         if sim_events is not None:
@@ -147,24 +146,20 @@ def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str,
         # blob into the kernel's correction area (region[offset:offset + n]), Compute's prologue reads it back
         pinned, region = area.pinned_views[k], area.region_views[k]
         addresses = []
-        for s, v in zip(slots, views):
-            found = bound.get(s)
-            if found is None:                               # a slot's address and static view, once per launch
-                buffer = v.untyped_storage().spyre_buffer
-                if buffer.generation != generation:
-                    buffer.check_valid()                    # the error of a tensor from before a device reset
-                found = bound[s] = (buffer.allocation.address, v.dtype, v.shape, v.stride(), v.storage_offset())
-            addresses.append(found[0])
+        for v in views:
+            buffer = v.untyped_storage().spyre_buffer
+            if buffer.generation != generation:
+                buffer.check_valid()                        # the error of a tensor from before a device reset
+            addresses.append(buffer.allocation.address)
         pinned[...] = addresses
         region[...] = pinned
         addresses = area.patched[k] = region.tolist()
         windows = {}
         for s, a, v in zip(slots, addresses, views):        # what each patched address holds
             buffer = live.get(a)
-            _, dtype, size, stride, offset = bound[s]
-            if buffer is None or buffer.generation != generation or buffer.host_dtype != dtype:
+            if buffer is None or buffer.generation != generation or buffer.host_dtype != v.dtype:
                 buffer = _resolve(device, a, v)[0]          # says what is wrong
-            windows[s] = (buffer, size, stride, offset)
+            windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
         kernel.run(Operands(windows))
     if numerics and area.kernels:
         area.launches += 1
