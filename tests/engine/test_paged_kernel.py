@@ -219,3 +219,23 @@ def test_padding_rows_of_a_decode_batch_attend_to_nothing(kernel_on):
     launch = paged_kernel.layer_launch(attn.layer_index, attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale)
     seqs = launch.spec.shape.seqs             # its last launch: this run's last decode step
     assert len(seqs) == 3 and seqs[1:] == ((0, 0), (0, 0)) and seqs[0][1] == 1
+
+
+def test_a_launch_with_an_operand_off_the_card_names_it():
+    """Every operand on the card: the layer's kept correction area launches it without a check; one operand
+    elsewhere goes through the checking launch, whose error names the operand and the fix."""
+    query, key, value, k_cache, v_cache, meta, sizes = _case(seed=5)
+    dev = [t.to("spyre") for t in (query, key, value, k_cache, v_cache)]
+    smeta = _to(meta, "spyre")
+    launch = paged_kernel.layer_launch(2, *sizes)
+    _kernel(*dev, smeta, sizes, layer=2)
+    assert launch.loaded._areas                               # the card's area is kept for the next launch
+    spec = launch.spec
+    bindings = {"query": dev[0], "key": dev[1], "value": dev[2], "k_cache": dev[3], "v_cache": dev[4],
+                "slot_mapping": smeta.slot_mapping, "block_tables": smeta.block_tables,
+                "query_index": smeta.query_index, "seq_query_lens": smeta.seq_query_lens,
+                "out": torch.empty(query.shape[0], sizes[0] * sizes[2], dtype=query.dtype).to("spyre")}
+    with pytest.raises(ValueError, match=r"'key': 'cpu'.*\.to\('spyre:0'\)"):
+        launch.loaded.launch(spec, {**bindings, "key": key})
+    with pytest.raises(KeyError, match="slot_mapping"):
+        launch.loaded.launch(spec, {k: v for k, v in bindings.items() if k != "slot_mapping"})
