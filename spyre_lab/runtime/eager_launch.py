@@ -16,10 +16,11 @@ the launcher was made, goes through ``run_program`` as before (:func:`launcher` 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
-import torch
+from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from spyre_lab.compiler.program import Program
 from spyre_lab.runtime.launch.options import SETTINGS
@@ -31,21 +32,26 @@ from spyre_lab.runtime.stream import STREAMS, current_stream
 class EagerLauncher:
     """One compiled one-op program on one card, bound once: what a launch of it repeats, worked out ahead."""
 
-    __slots__ = ("area", "bound", "fresh", "index", "inputs", "loaded", "outputs")
+    __slots__ = ("area", "bound", "device", "fresh", "generation", "index", "inputs", "loaded", "outputs",
+                 "unflatten")
 
-    def __init__(self, program: Program, read_leaves: Sequence[int], index: int) -> None:
+    def __init__(self, program: Program, read_leaves: Sequence[int], index: int, out_spec: TreeSpec) -> None:
         loaded = load(program)
         area, plan = loaded.binding_plan(index)
         self.loaded, self.area, self.index = loaded, area, index
+        self.device, self.generation = area.device, area.device.generation      # a reset card: made again
         self.inputs = list(zip((name for name, _, _ in plan.inputs), read_leaves))   # (slot, leaf) per input
         self.bound: dict[str, Any] = dict(loaded.constants(index))                  # what every launch binds
         self.bound.update(plan.intermediates.slots)
         self.fresh = plan.makers                                                     # (slot, FreshTensors)
         self.outputs = [(read.buffer, None if read.is_identity else read) for read in program.outputs]
+        # None: one output, returned as it is; else how the op's outputs are put in its structure
+        self.unflatten = None if out_spec.is_leaf() else functools.partial(tree_unflatten, treespec=out_spec)
 
 
-def launcher(program: Program, read_leaves: Sequence[int], index: int) -> EagerLauncher | None:
-    """A launcher for ``program`` on card ``index``, or None when a launch of it needs the general road."""
+def launcher(program: Program, read_leaves: Sequence[int], index: int, out_spec: TreeSpec) -> EagerLauncher | None:
+    """A launcher for ``program`` on card ``index`` (the op's outputs in ``out_spec``), or None when a launch of it
+    needs the general road."""
     if program.mutations:
         return None
     if any(k.host for k in load(program).kernels):
@@ -53,16 +59,17 @@ def launcher(program: Program, read_leaves: Sequence[int], index: int) -> EagerL
     visible = {read.buffer for read in program.outputs}
     if len(visible) != len(program.outputs) or visible & (set(program.inputs) | set(program.constants)):
         return None
-    return EagerLauncher(program, read_leaves, index)
+    return EagerLauncher(program, read_leaves, index, out_spec)
 
 
-def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> list[torch.Tensor] | None:
-    """Launch a cached one-op program on ``leaves`` (the trace's launch named ``name``); its outputs, or None when
-    this launch needs the general road (a dispatch other than ``aot_patch``). The caller made sure the card was not
-    reset since the launcher was made (``launch.area.valid()``)."""
+def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> Any:
+    """Launch a cached one-op program on ``leaves`` (the trace's launch named ``name``); what the op returns (its
+    output, or its outputs in the op's structure), or :data:`GENERAL_ROAD` when this launch needs the general road
+    (a dispatch other than ``aot_patch``). The caller made sure the card was not reset since the launcher was made
+    (``launch.generation == launch.device.generation``)."""
     options = SETTINGS.options
     if options.dispatch != "aot_patch":
-        return None
+        return GENERAL_ROAD
     stream = STREAMS.current.get(launch.index)
     if stream is None:
         stream = current_stream(launch.index)
@@ -73,7 +80,12 @@ def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> list[torc
         bound[slot] = make()
     launch_bound(launch.loaded, launch.area, bound, stream, options,   # the one launch route, traced as the op
                  (name, {"eager": True, "compiled": True}))
-    results = []
-    for buffer, read in launch.outputs:
-        results.append(bound[buffer] if read is None else read.apply(bound[buffer]))
-    return results
+    if launch.unflatten is None:                               # one output, as the op returns it
+        buffer, read = launch.outputs[0]
+        return bound[buffer] if read is None else read.apply(bound[buffer])
+    return launch.unflatten([bound[buffer] if read is None else read.apply(bound[buffer])
+                             for buffer, read in launch.outputs])
+
+
+GENERAL_ROAD = object()
+"""What :func:`run_cached` returns for a launch it leaves to the general road."""

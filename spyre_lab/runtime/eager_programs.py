@@ -26,7 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from spyre_lab.compiler.program import Program
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.runtime.devices import INDEX_OF, device_index, get_device, on_reset, spyre_index
-from spyre_lab.runtime.eager_launch import EagerLauncher, launcher, run_cached
+from spyre_lab.runtime.eager_launch import GENERAL_ROAD, EagerLauncher, launcher, run_cached
 from spyre_lab.runtime.eager_roofline import op_roofline_us
 from spyre_lab.runtime.errors import SpyreUsageError
 from spyre_lab.runtime.fallback import run_on_host
@@ -111,6 +111,11 @@ def launch_eager(op: torch._ops.OpOverload, args: tuple, kwargs: dict) -> Any:
     if program is not None:
         if next(reversed(_PROGRAMS.values())) is not program:   # the most recent already: no second hash of the key
             _PROGRAMS.move_to_end(key)
+        made = program.launchers.get(index)
+        if made is not None and made.generation == made.device.generation:   # its cached launcher, still valid
+            result = run_cached(made, leaves, program.name)
+            if result is not GENERAL_ROAD:
+                return result
         return _run_program(program, leaves, spec, index)
     name = packet_name(op)
     index = device_of(op, leaves, kwargs, host_op=name not in DEVICE_OPS)
@@ -394,11 +399,11 @@ def _run_program(program: EagerProgram, leaves: list[Any], spec: Any, index: int
     markers, out_spec = program.out_meta
     if program.cached_launch:        # through the program's launcher on this card (made at its first launch here,
         made = program.launchers.get(index, _UNMADE)             # and again after a reset of the card)
-        if made is _UNMADE or (made is not None and not made.area.valid()):
-            made = program.launchers[index] = launcher(program.compiled, program.read_leaves, index)
-        results = None if made is None else run_cached(made, leaves, program.name)
-        if results is not None:
-            return results[0] if out_spec.is_leaf() else tree_unflatten(results, out_spec)
+        if made is _UNMADE or (made is not None and made.generation != made.device.generation):
+            made = program.launchers[index] = launcher(program.compiled, program.read_leaves, index, out_spec)
+        result = GENERAL_ROAD if made is None else run_cached(made, leaves, program.name)
+        if result is not GENERAL_ROAD:
+            return result
     for leaf, (size, stride) in program.resize.items():
         resize(leaves[leaf], size, stride)
     if program.compiled is not None:

@@ -144,8 +144,12 @@ class _Release:
         self.buffer = buffer
 
     def __del__(self) -> None:
-        buffer = self.buffer
-        buffer.device.free(buffer.allocation, buffer.generation)     # DeviceBuffer.free, one call fewer
+        buffer = self.buffer               # DeviceBuffer.free and SpyreDevice.free written out: two calls fewer
+        device = buffer.device
+        if buffer.generation == device.generation:
+            allocation = buffer.allocation
+            device.live_buffers.pop(allocation.address, None)
+            device.memory.free(allocation)
 
 
 _ALIAS = torch.ops.aten.alias.default._handle.redispatch_boxed
