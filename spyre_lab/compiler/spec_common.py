@@ -10,6 +10,7 @@ with :func:`bundle_spec`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+
 import torch
 
 from spyre_lab.compiler.ir import BufferInfo, MatMul, NodeGroup
