@@ -202,4 +202,4 @@ def _renamed_op(op, sub: Callable[[str], str]):
     name, out, tag = sub(op.name), op.out and sub(op.out), op.tag and sub(op.tag)
     if name == op.name and out == op.out and tag == op.tag:
         return op
-    return dataclasses.replace(op, name=name, out=out, tag=tag)
+    return op.evolved(name=name, out=out, tag=tag)

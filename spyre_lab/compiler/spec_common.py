@@ -10,7 +10,6 @@ with :func:`bundle_spec`.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 
 import torch
 
@@ -99,9 +98,9 @@ def _repartnered(template: CoreOps, source: PartnerInfo, target: PartnerInfo, co
     ops = []
     for op in template.ops:
         if op.kind is OpKind.RING_SEND:
-            op = replace(op, peer=peer[op.peer], hops=ring_hops(target[2], peer[op.peer], cores))
+            op = op.evolved(peer=peer[op.peer], hops=ring_hops(target[2], peer[op.peer], cores))
         elif op.kind is OpKind.RING_RECV:
-            op = replace(op, peer=peer[op.peer])
+            op = op.evolved(peer=peer[op.peer])
         ops.append(op)
     return CoreOps(ops)
 

@@ -42,14 +42,21 @@ UNIT_OF: dict[OpKind, str] = {
 
 UNITS: tuple[str, ...] = ("load", "pt", "sfu", "store", "ring")
 
+_set_state = object.__setattr__
+_new_op = object.__new__
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class TileOp:
     """One operation on one core.
 
     ``deps`` index earlier ops *of the same core*. Ring ops pair up across cores by ``tag``:
     a ``ring_recv`` completes when the ``ring_send`` with the same tag on ``peer`` has moved
     its bytes.
+
+    Immutable, equal and hashable by its fields like any frozen dataclass; its ``__init__`` fills the
+    instance dict in one step instead of a frozen ``__setattr__`` bypass per field, because a kernel
+    plan builds hundreds of thousands of these.
     """
 
     kind: OpKind
@@ -66,6 +73,19 @@ class TileOp:
     hops: int = 0
     tag: str | None = None
     share: int = 1
+
+    def __init__(self, kind: OpKind, name: str, deps: tuple[int, ...] = (), out: str | None = None,
+                 out_bytes: int = 0, nbytes: int = 0, m: int = 0, n: int = 0, k: int = 0, elements: int = 0,
+                 peer: int | None = None, hops: int = 0, tag: str | None = None, share: int = 1) -> None:
+        _set_state(self, "__dict__", {
+            "kind": kind, "name": name, "deps": deps, "out": out, "out_bytes": out_bytes, "nbytes": nbytes,
+            "m": m, "n": n, "k": k, "elements": elements, "peer": peer, "hops": hops, "tag": tag, "share": share})
+
+    def evolved(self, **changes: object) -> TileOp:
+        """This op with ``changes`` to some fields (``dataclasses.replace`` without its per-call overhead)."""
+        op = _new_op(TileOp)
+        _set_state(op, "__dict__", {**self.__dict__, **changes})
+        return op
 
     def dram_weight(self, broadcast_cores: int) -> float:
         """Share of DRAM bandwidth this transfer draws: a load broadcast to ``share`` cores is read once."""
