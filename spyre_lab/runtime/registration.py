@@ -75,20 +75,17 @@ def register() -> None:
     generic_api.install()
 
 
-def _dispatch_unwrapped(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+@outside_dynamo   # the driver is never traced: a graph break must not compile the runtime
+def _dispatch(op: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> Any:
+    """The registered kernel: loads the eager-op machinery on the first spyre op, not on import torch."""
     from spyre_lab.runtime.ops import dispatch
 
     return dispatch(op, *args, **kwargs)
 
 
-# the driver is never traced: a graph break must not compile the runtime (lazy import)
-_dispatch = outside_dynamo(_dispatch_unwrapped)
-_dispatch.__doc__ = "The registered kernel: loads the eager-op machinery on the first spyre op, not on import torch."
-
-
 def _kernel_for(op: torch._ops.OpOverload) -> Callable[..., Any]:
     @outside_dynamo
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        return _dispatch_unwrapped(op, *args, **kwargs)   # already outside Dynamo: one guard, not two
+        return _dispatch(op, *args, **kwargs)
 
     return kernel
