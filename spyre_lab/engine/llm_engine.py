@@ -242,10 +242,7 @@ class LLMEngine:
         if not scheduled.seqs:  # everything running was preempted; the next step prefills again
             return outputs
         try:
-            if scheduled.kind == "mixed":
-                result = self.runner.run(scheduled.seqs, True, scheduled.num_decode)
-            else:
-                result = self.runner.run(scheduled.seqs, scheduled.is_prefill)
+            result = self.runner.run(scheduled.seqs, scheduled.is_prefill, scheduled.num_decode)
         except TensorParallelError:  # a card is gone: no later step can run, so the caller must know now
             raise
         except Exception as error:  # the forward pass concerns every request of the batch, and only those

@@ -222,10 +222,9 @@ class ModelRunner:
             first, total = seq.num_computed_tokens, len(seq)
             starts.append(len(input_ids))
             query_lens.append(total - first)
-            input_ids += seq.prompt_token_ids[first:] if total == len(seq.prompt_token_ids) else seq.token_ids[first:]
+            input_ids += seq.token_ids[first:]
             positions += range(first, total)
-            table, size = seq.block_table, self.block_size
-            slots += [table[p // size] * size + p % size for p in range(first, total)]
+            slots += [self._slot(seq, p) for p in range(first, total)]
             ends.append(len(input_ids) - 1)
         width = max(len(seq.block_table) for seq in decode)
         tables = [seq.block_table + [self.scratch_block] * (width - len(seq.block_table)) for seq in decode]
@@ -329,14 +328,15 @@ class ModelRunner:
         """Each sequence's last hidden state (a device gather of rows ``logits_indices``) through the LM head."""
         return self.model.compute_logits(hidden.index_select(0, logits_indices))
 
-    def run(self, seqs: list[Sequence], is_prefill: bool, num_decode: int = 0) -> StepResult:
+    def run(self, seqs: list[Sequence], is_prefill: bool, num_decode: int | None = None) -> StepResult:
         """One step over ``seqs``: a prefill, a decode, or (``is_prefill`` and ``num_decode`` > 0) a mixed step whose
-        first ``num_decode`` sequences decode one token and the rest are prefilled."""
+        first ``num_decode`` sequences decode one token and the rest are prefilled. ``num_decode`` defaults as
+        `SchedulerOutput`'s does: every sequence of a decode step, none of a prefill step."""
         start = time.perf_counter()
+        if num_decode is None or not is_prefill:
+            num_decode = 0 if is_prefill else len(seqs)
         mixed = is_prefill and num_decode > 0
-        tokens_per_seq = [1] * num_decode if mixed else [] if is_prefill else [1] * len(seqs)
-        if is_prefill:
-            tokens_per_seq += [len(s) - s.num_computed_tokens for s in seqs[num_decode if mixed else 0:]]
+        tokens_per_seq = [1] * num_decode + [len(s) - s.num_computed_tokens for s in seqs[num_decode:]]
         if mixed:
             model_input = self.prepare_mixed(seqs[:num_decode], seqs[num_decode:])
         else:

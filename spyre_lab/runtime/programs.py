@@ -374,24 +374,8 @@ class LoadedFamilyLaunch:
 
     def __post_init__(self) -> None:
         self._kernels = [self.kernel]
-        self._areas: dict[int, CorrectionArea] = {}      # per card: this launch's correction area
 
     def launch(self, spec: KernelSpec, bindings: dict[str, torch.Tensor], stream: Stream | None = None) -> None:
-        """Launch the kernel as planned by ``spec`` on ``bindings`` (slot -> spyre tensor). Its correction area is
-        kept per card, so a launch whose bindings are every slot on that card goes straight to the address patch
-        (``launch_bound``); any other goes through ``launch``, which says what is wrong."""
+        """Launch the kernel as planned by ``spec`` on ``bindings`` (slot -> spyre tensor)."""
         self.kernel.spec = spec
-        first = next(iter(bindings.values()), None)
-        index = first.device.index if first is not None and first.device.type == "spyre" else None
-        area = self._areas.get(index)
-        if area is None or not area.binds(self):
-            if index is None:
-                launch(self, bindings, stream=stream)
-                return
-            area = self._areas[index] = correction_area(self, get_device(index))
-        expected = area.torch_device
-        if len(bindings) >= len(area.all_slots) and bindings.keys() >= area.slot_set and all(
-                t.device == expected for t in bindings.values()):
-            launch_bound(self, area, bindings, stream=stream)
-        else:
-            launch(self, bindings, stream=stream)
+        launch(self, bindings, stream=stream)

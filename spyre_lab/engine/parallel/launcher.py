@@ -211,9 +211,12 @@ class TensorParallelRunner:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.runner, name)
 
-    def run(self, seqs: list, is_prefill: bool) -> Any:
+    def run(self, seqs: list, is_prefill: bool, num_decode: int | None = None) -> Any:
         """One step on every rank; on a platform that records modeled traces, rank 0's step trace also gets each
-        worker's collectives, on that card's own lane (`with_peer_collectives`)."""
+        worker's collectives, on that card's own lane (`with_peer_collectives`). Never a mixed step: the workers'
+        step command carries no decode count, and `EngineConfig` refuses ``mixed_steps`` with tensor parallelism."""
+        if is_prefill and num_decode:
+            raise ValueError("a tensor-parallel engine runs prefill and decode steps apart; set mixed_steps=False")
         records = self.runner.platform.device_type != "cpu"
         self.workers.send("run", seqs, is_prefill, records)
         result = self._guarded(self.runner.run, seqs, is_prefill)
