@@ -44,7 +44,8 @@ def survey(kernel: TileProgram, active: list[int], same_as: dict[int, int], shap
             if shape is None:
                 ringless.add(c)
             else:
-                _add_senders(senders, c, [kernel.programs[c].ops[j] for j in shape.recvs])
+                ops = kernel.programs[c].ops
+                _add_senders(senders, c, [ops[j] for j in shape.recvs])
             continue
         ops = kernel.programs[c].ops
         loaded = stored = 0
