@@ -26,7 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from spyre_lab.compiler.core_operands import EXACT_WIDENING, Ranges, narrowed
+from spyre_lab.compiler.core_operands import EXACT_WIDENING, SHARE_LIMIT_BYTES, Ranges, narrowed
+from spyre_lab.compiler.same_tensor import SameTensorCache
 
 _EXACT: dict[tuple, bool] = {}
 """Per layout (operand sizes and strides, cores, threads): does ``bmm`` give every core's own product?"""
@@ -70,8 +71,8 @@ class Tiles:
     def of(x: torch.Tensor, ranges: Sequence[Ranges]) -> Tiles | None:
         """The tiling of the cores' ``ranges`` (in stack order) of ``x``, if they are tiles of one shape on a grid
         of a 2-D fp16/bf16 source; else None."""
-        if x.dim() != 2 or x.dtype not in EXACT_WIDENING or not x.numel():
-            return None
+        if x.dim() != 2 or x.dtype not in EXACT_WIDENING or not x.numel() or x.numel() * 4 > SHARE_LIMIT_BYTES:
+            return None                        # (a large source: its fp32 stack would be held while the cores run)
         grid, tile, coords = [], [], []
         for axis, size in enumerate(x.shape):
             spans = [r[axis] or (0, size) for r in ranges]
@@ -90,3 +91,34 @@ class Tiles:
         (g0, g1), (s0, s1) = self.grid, self.tile
         tiles = x.float().view(g0, s0, g1, s1).permute(0, 2, 1, 3).reshape(g0 * g1, s0, s1)
         return tiles if self.index is None else tiles.index_select(0, self.index)
+
+
+KEPT_SOURCES = 8
+"""Sources whose stacks one operand of a kernel keeps. A program piece that runs once per layer reads another
+layer's weight at each launch, so one kept source would never be the next one; a few cover a small model's
+layers (a large model's weights are over ``SHARE_LIMIT_BYTES`` and not stacked)."""
+
+
+class KeptStacks:
+    """The stacks made from the last few sources of one operand, each handed back while its very source comes
+    back unchanged (``same_tensor``); the oldest is dropped for a new one."""
+
+    __slots__ = ("entries", "next")
+
+    def __init__(self) -> None:
+        self.entries = [SameTensorCache() for _ in range(KEPT_SOURCES)]
+        self.next = 0
+
+    def get(self, source: torch.Tensor) -> torch.Tensor | None:
+        for entry in self.entries:
+            if entry.source is source:
+                return entry.get(source)
+        return None
+
+    def keep(self, source: torch.Tensor, stacked: torch.Tensor) -> None:
+        for entry in self.entries:
+            if entry.source is source:         # changed since: its new stack replaces the old one
+                entry.keep(source, stacked)
+                return
+        self.entries[self.next].keep(source, stacked)
+        self.next = (self.next + 1) % KEPT_SOURCES

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.compiler.access import Access
-from spyre_lab.compiler.batched_cores import Tiles, batch_is_exact
+from spyre_lab.compiler.batched_cores import KeptStacks, Tiles, batch_is_exact
 from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import IRNode, MatMul, NodeGroup, Reduction
 from spyre_lab.compiler.program import Program
@@ -164,7 +164,7 @@ class _SlicedPlan:
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
     kept: list[SameTensorCache] = field(default_factory=list)   # per anchor read: its last source's operands
     tilings: list[dict[tuple, Tiles | None]] = field(default_factory=list)  # per matmul read: its stack, by layout
-    kept_stacks: list[SameTensorCache] = field(default_factory=list)       # per matmul read: its last stack
+    kept_stacks: list[KeptStacks] = field(default_factory=list)           # per matmul read: its last stacks
 
     def stacked_products(self, kernel: NodeGroup, access: Access, env: dict[str, torch.Tensor]
                          ) -> torch.Tensor | None:
@@ -172,7 +172,7 @@ class _SlicedPlan:
         that is each core's own product bit for bit (``batched_cores``); else None."""
         if not self.tilings:
             self.tilings = [{} for _ in access.reads]
-            self.kept_stacks = [SameTensorCache() for _ in access.reads]
+            self.kept_stacks = [KeptStacks() for _ in access.reads]
         found = []
         for r, tilings in zip(access.reads, self.tilings):
             source = env[r.buffer]

@@ -85,3 +85,33 @@ def test_a_stack_holds_every_core_s_own_conversion():
                                                                                  {"K": (100, 128)})]
     assert Tiles.of(x, uneven) is None
     assert Tiles.of(x.float(), ranges) is None          # an fp32 source's operands are its own views: not stacked
+
+
+def test_layers_weights_read_in_turn_keep_their_stacks_and_a_changed_one_is_stacked_again(monkeypatch):
+    # one program piece runs once per layer: each layer's weight comes back every step; the numbers are always
+    # the per-core emulation's, a weight changed in place included
+    torch.manual_seed(5)
+    x = torch.randn(1, 128).half()
+    weights = [(torch.randn(128, 256) / 12).half() for _ in range(3)]
+    program = _compile(lambda x, w: x @ w, [x, weights[0]])
+    (kernel,) = program.kernels
+    slices = _decode_slices(kernel)
+    made = []
+    real = Tiles.__call__
+    monkeypatch.setattr(Tiles, "__call__", lambda self, t: made.append(t.shape) or real(self, t))
+
+    def weight_stacks(w) -> int:
+        before = sum(1 for shape in made if shape == w.shape)
+        assert_kernels_match_reference(program, [x, w], lambda k: slices)
+        return sum(1 for shape in made if shape == w.shape) - before
+
+    plan_layouts = None
+    for w in weights:
+        weight_stacks(w)
+        plan = per_core._sliced_plan(kernel, program, slices)
+        plan_layouts = [next(iter(t.values())).own for t in plan.tilings]
+    if not batch_is_exact(plan_layouts[0], plan_layouts[1], 8):
+        return                                  # (this BLAS gives a batch item other numbers: no stacks at all)
+    assert [weight_stacks(w) for w in weights] == [0, 0, 0]
+    weights[1].mul_(-1)
+    assert [weight_stacks(w) for w in weights] == [0, 1, 0]
