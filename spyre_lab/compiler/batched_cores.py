@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -89,8 +90,12 @@ class Tiles:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         (g0, g1), (s0, s1) = self.grid, self.tile
-        tiles = x.float().view(g0, s0, g1, s1).permute(0, 2, 1, 3).reshape(g0 * g1, s0, s1)
-        return tiles if self.index is None else tiles.index_select(0, self.index)
+        tiles = x.float().reshape(g0, s0, g1, s1).permute(0, 2, 1, 3).reshape(g0 * g1, s0, s1)
+        if self.index is not None:
+            tiles = tiles.index_select(0, self.index)
+        if tiles.stride() != (s0 * s1, s1, 1):      # a view of the conversion: the stack must be a fresh, dense one
+            tiles = torch.empty(tiles.shape).copy_(tiles)
+        return tiles
 
 
 KEPT_SOURCES = 8
@@ -100,8 +105,8 @@ layers (a large model's weights are over ``SHARE_LIMIT_BYTES`` and not stacked).
 
 
 class KeptStacks:
-    """The stacks made from the last few sources of one operand, each handed back while its very source comes
-    back unchanged (``same_tensor``); the oldest is dropped for a new one."""
+    """What was made from the last few sources of one operand (a stack and its tiling), each handed back while
+    its very source comes back unchanged (``same_tensor``); the oldest is dropped for a new one."""
 
     __slots__ = ("entries", "next")
 
@@ -109,16 +114,16 @@ class KeptStacks:
         self.entries = [SameTensorCache() for _ in range(KEPT_SOURCES)]
         self.next = 0
 
-    def get(self, source: torch.Tensor) -> torch.Tensor | None:
+    def get(self, source: torch.Tensor) -> Any:
         for entry in self.entries:
             if entry.source is source:
                 return entry.get(source)
         return None
 
-    def keep(self, source: torch.Tensor, stacked: torch.Tensor) -> None:
+    def keep(self, source: torch.Tensor, made: Any) -> None:
         for entry in self.entries:
-            if entry.source is source:         # changed since: its new stack replaces the old one
-                entry.keep(source, stacked)
+            if entry.source is source:         # changed since: what is made now replaces it
+                entry.keep(source, made)
                 return
-        self.entries[self.next].keep(source, stacked)
+        self.entries[self.next].keep(source, made)
         self.next = (self.next + 1) % KEPT_SOURCES

@@ -173,9 +173,13 @@ class _SlicedPlan:
         if not self.tilings:
             self.tilings = [{} for _ in access.reads]
             self.kept_stacks = [KeptStacks() for _ in access.reads]
-        found = []
-        for r, tilings in zip(access.reads, self.tilings):
+        found = []                             # per read: its source, its stack if kept (else its view), tiling
+        for r, tilings, kept in zip(access.reads, self.tilings, self.kept_stacks):
             source = env[r.buffer]
+            made = kept.get(source)            # the very source unchanged: its layout, tiling and stack as before
+            if made is not None:
+                found.append((source, made[0], None, made[1]))
+                continue
             x = r.apply(source)
             key = (x.shape, x.stride(), x.dtype)
             if key not in tilings:
@@ -183,15 +187,14 @@ class _SlicedPlan:
                 tilings[key] = Tiles.of(x, ranges)
             if tilings[key] is None:
                 return None
-            found.append((source, x, tilings[key]))
-        if not batch_is_exact(found[0][2].own, found[1][2].own, len(self.cores)):
+            found.append((source, None, x, tilings[key]))
+        if not batch_is_exact(found[0][3].own, found[1][3].own, len(self.cores)):
             return None
         stacks = []
-        for (source, x, tiles), kept in zip(found, self.kept_stacks):
-            stacked = kept.get(source)
+        for (source, stacked, x, tiles), kept in zip(found, self.kept_stacks):
             if stacked is None:
                 stacked = tiles(x)
-                kept.keep(source, stacked)
+                kept.keep(source, (stacked, tiles))
             stacks.append(stacked)
         return torch.bmm(stacks[0], stacks[1])
 

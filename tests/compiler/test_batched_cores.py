@@ -115,3 +115,17 @@ def test_layers_weights_read_in_turn_keep_their_stacks_and_a_changed_one_is_stac
     assert [weight_stacks(w) for w in weights] == [0, 0, 0]
     weights[1].mul_(-1)
     assert [weight_stacks(w) for w in weights] == [0, 1, 0]
+
+
+def test_every_stack_is_dense_whatever_the_source_layout():
+    # a row-major or transposed source, one row or a grid of tiles, picked or in grid order: the stack is what
+    # the probe multiplied, a fresh dense tensor, and each item holds its core's own conversion
+    dims = {"M": 4, "K": 128, "N": 128}
+    for source in (torch.randn(4, 128).half(), torch.randn(128, 4).half().t()):
+        for own in ([{"K": (0, 64)}, {"K": (64, 128)}], [{"K": (64, 128)}, {"K": (0, 64)}]):
+            ranges = [core_ranges(("M", "K"), source.shape, dims, s) for s in own]
+            tiles = Tiles.of(source, ranges)
+            stacked = tiles(source)
+            assert stacked.stride() == (4 * 64, 64, 1)
+            for item, r in zip(stacked, ranges):
+                assert _same(item, narrowed(source, r).float())
