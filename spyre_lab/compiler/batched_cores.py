@@ -90,7 +90,10 @@ class Tiles:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         (g0, g1), (s0, s1) = self.grid, self.tile
-        tiles = x.float().reshape(g0, s0, g1, s1).permute(0, 2, 1, 3).reshape(g0 * g1, s0, s1)
+        if g1 == 1 or s0 == 1:                # whole rows, or tiles of one row: tile-major is row-major
+            tiles = x.float().reshape(g0 * g1, s0, s1)
+        else:
+            tiles = x.float().reshape(g0, s0, g1, s1).permute(0, 2, 1, 3).reshape(g0 * g1, s0, s1)
         if self.index is not None:
             tiles = tiles.index_select(0, self.index)
         if tiles.stride() != (s0 * s1, s1, 1):      # a view of the conversion: the stack must be a fresh, dense one

@@ -385,10 +385,10 @@ def _combine_stacked(rows: _Rows, stacked: torch.Tensor, combine, anchor: IRNode
     """:func:`_combine_rows` on the cores' products stacked partner-major (``[partners * blocks, m, n]``): the
     k-th partners of all blocks are one slab, combined slab by slab in partner order (elementwise, so every
     element meets the same values in the same order), then laid out as the row is and rounded once."""
-    slabs = stacked.view(len(rows.blocks[0]), len(rows.blocks), *stacked.shape[1:])
+    slabs = stacked.view(len(rows.blocks[0]), len(rows.blocks), *stacked.shape[1:]).unbind(0)
     total = slabs[0]
-    for k in range(1, slabs.shape[0]):
-        total = combine(total, slabs[k])
+    for slab in slabs[1:]:
+        total = combine(total, slab)
     axis = rows.partial_axis
     whole = _finish(anchor, total.movedim(0, axis).flatten(axis, axis + 1), acc, dtype)
     if whole.stride() != contiguous_strides(tuple(whole.shape)):   # laid out as the concatenated row is: dense
