@@ -7,7 +7,8 @@ dtype by the partner that stores the block, which then runs the kernel's epilogu
 the rounding, which is why the emulation exists: its numbers are the device's order of operations.
 
 What it shares between cores never changes a number: each core's matmul or reduction is its own ATen call
-on an operand identical to the one a per-core conversion would give (``core_operands``); combining and
+on an operand identical to the one a per-core conversion would give (``core_operands``), or one ``bmm`` item
+where a probe showed that to be the same call's result bit for bit (``batched_cores``); combining and
 rounding are elementwise, so doing them on whole rows of blocks at once gives every element the same
 operations in the same order; outputs are assembled by copies. ``tests/compiler/test_executor_split.py``
 holds the plain per-core emulation and checks all of this bit for bit on random shapes and splits.
