@@ -399,10 +399,8 @@ def _combine_stacked(rows: _Rows, stacked: torch.Tensor, combine, anchor: IRNode
 
 def _unstacked(stacked: torch.Tensor, order: list[int]) -> list[torch.Tensor]:
     """Per core (in plan order), its product: a view of the stack, which holds the cores in ``order``."""
-    partials: list[torch.Tensor] = [stacked] * len(order)
-    for i, j in enumerate(order):
-        partials[j] = stacked[i]
-    return partials
+    position = {j: i for i, j in enumerate(order)}
+    return [stacked[position[j]] for j in range(len(order))]
 
 
 def _gather(shape: tuple[int, ...], dtype: torch.dtype, parts: list[tuple[Ranges, torch.Tensor]]) -> torch.Tensor:
