@@ -253,7 +253,8 @@ def test_the_tensor_parallel_runner_refuses_a_mixed_step_by_name_before_any_rank
     from spyre_lab.engine.parallel.launcher import TensorParallelRunner
 
     class Workers:                     # records what would reach the workers: a refused step must send nothing
-        sent: list = []
+        def __init__(self) -> None:
+            self.sent: list[tuple] = []
 
         def send(self, *command):
             self.sent.append(command)
