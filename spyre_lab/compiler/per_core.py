@@ -7,7 +7,8 @@ dtype by the partner that stores the block, which then runs the kernel's epilogu
 the rounding, which is why the emulation exists: its numbers are the device's order of operations.
 
 What it shares between cores never changes a number: each core's matmul or reduction is its own ATen call
-on an operand identical to the one a per-core conversion would give (``core_operands``); combining and
+on an operand identical to the one a per-core conversion would give (``core_operands``), or one ``bmm`` item
+where a probe showed that to be the same call's result bit for bit (``batched_cores``); combining and
 rounding are elementwise, so doing them on whole rows of blocks at once gives every element the same
 operations in the same order; outputs are assembled by copies. ``tests/compiler/test_executor_split.py``
 holds the plain per-core emulation and checks all of this bit for bit on random shapes and splits.
@@ -24,10 +25,12 @@ from dataclasses import dataclass, field
 import torch
 
 from spyre_lab.compiler.access import Access
+from spyre_lab.compiler.batched_cores import KeptStacks, Tiles, batch_is_exact
 from spyre_lab.compiler.core_operands import OnDemand, Ranges, SharedOperands, core_ranges, narrowed, plan_operands
 from spyre_lab.compiler.ir import IRNode, MatMul, NodeGroup, Reduction
 from spyre_lab.compiler.program import Program
 from spyre_lab.compiler.same_tensor import SameTensorCache
+from spyre_lab.device.layout import contiguous_strides
 
 
 @dataclass
@@ -142,6 +145,10 @@ class _Rows:
     blocks: list[list[int]]          # the blocks in order along the axis
     partial_axis: int                # the axis in the partials' layout
     axis: int                        # the axis in the output's layout
+    order: list[int] = field(init=False)  # the cores partner-major: every block's first partner, then second...
+
+    def __post_init__(self) -> None:
+        self.order = [b[k] for k in range(len(self.blocks[0])) for b in self.blocks]
 
 
 @dataclass
@@ -157,6 +164,40 @@ class _SlicedPlan:
     rows: _Rows | None = None                    # the blocks as rows, where they form them
     operands: list[dict[tuple, SharedOperands | OnDemand]] = field(default_factory=list)  # per anchor read
     kept: list[SameTensorCache] = field(default_factory=list)   # per anchor read: its last source's operands
+    tilings: list[dict[tuple, Tiles | None]] = field(default_factory=list)  # per matmul read: its stack, by layout
+    kept_stacks: list[KeptStacks] = field(default_factory=list)           # per matmul read: its last stacks
+
+    def stacked_products(self, kernel: NodeGroup, access: Access, env: dict[str, torch.Tensor]
+                         ) -> torch.Tensor | None:
+        """Every core's product in one ``bmm`` over the stacked operands, cores in :attr:`_Rows.order`, where
+        that is each core's own product bit for bit (``batched_cores``); else None."""
+        if not self.tilings:
+            self.tilings = [{} for _ in access.reads]
+            self.kept_stacks = [KeptStacks() for _ in access.reads]
+        found = []                             # per read: its source, its stack if kept (else its view), tiling
+        for r, tilings, kept in zip(access.reads, self.tilings, self.kept_stacks):
+            source = env[r.buffer]
+            made = kept.get(source)            # the very source unchanged: its layout, tiling and stack as before
+            if made is not None:
+                found.append((source, made[0], None, made[1]))
+                continue
+            x = r.apply(source)
+            key = (x.shape, x.stride(), x.dtype)
+            if key not in tilings:
+                ranges = [core_ranges(r.axes, x.shape, kernel.anchor.dims, self.cores[j][2]) for j in self.rows.order]
+                tilings[key] = Tiles.of(x, ranges)
+            if tilings[key] is None:
+                return None
+            found.append((source, None, x, tilings[key]))
+        if not batch_is_exact(found[0][3].own, found[1][3].own, len(self.cores)):
+            return None
+        stacks = []
+        for (source, stacked, x, tiles), kept in zip(found, self.kept_stacks):
+            if stacked is None:
+                stacked = tiles(x)
+                kept.keep(source, (stacked, tiles))
+            stacks.append(stacked)
+        return torch.bmm(stacks[0], stacks[1])
 
     def anchor_operands(self, kernel: NodeGroup, access: Access, env: dict[str, torch.Tensor]
                         ) -> list[Sequence[torch.Tensor]]:
@@ -283,29 +324,36 @@ def _reduce_across_cores(kernel: NodeGroup, program: Program, env: dict[str, tor
     and the rows hold the whole result) and the outputs already in ``env``."""
     access, anchor = program.access, kernel.anchor
     acc = access[anchor.name]
-    operands = plan.anchor_operands(kernel, acc, env)
     out, partial = anchor.output, anchor.output + ".partial"
-    if isinstance(anchor, MatMul):             # its operands are fp32 already: _partial's .float() would be a no-op
-        partials = [torch.matmul(a, b) for a, b in zip(operands[0], operands[1])]
-    else:
-        partials = [_partial(anchor, [ins[j] for ins in operands], acc) for j in range(len(plan.cores))]
     combine = PARTIAL_COMBINE[anchor.op]
     dtype = program.buffers[out].dtype
     rows = plan.rows
-    if rows is not None:
-        whole = _combine_rows(rows, partials, combine, anchor, acc, dtype)
-        if whole.shape == program.buffers[out].shape:
-            env[out] = whole
-            if not keep:
-                return [], {out}
-            tiles = [CoreTile(c, dict(s), {}) for c, s, _ in plan.cores]
-            for block in rows.blocks:
-                leader = tiles[block[0]]
-                r = plan.out_ranges[out][block[0]]
-                leader.values[out] = narrowed(whole, r)
-                for j in block:
-                    tiles[j].values[partial] = partials[j]
-            return tiles, {out}
+    stacked = plan.stacked_products(kernel, acc, env) if isinstance(anchor, MatMul) and rows is not None else None
+    if stacked is not None:                    # every core's product from one call (see batched_cores)
+        partials = _unstacked(stacked, rows.order) if keep else []
+        whole = _combine_stacked(rows, stacked, combine, anchor, acc, dtype)
+    else:
+        operands = plan.anchor_operands(kernel, acc, env)
+        if isinstance(anchor, MatMul):         # its operands are fp32 already: _partial's .float() would be a no-op
+            partials = [torch.matmul(a, b) for a, b in zip(operands[0], operands[1])]
+        else:
+            partials = [_partial(anchor, [ins[j] for ins in operands], acc) for j in range(len(plan.cores))]
+        if rows is not None:
+            whole = _combine_rows(rows, partials, combine, anchor, acc, dtype)
+    if rows is not None and whole.shape == program.buffers[out].shape:
+        env[out] = whole
+        if not keep:
+            return [], {out}
+        tiles = [CoreTile(c, dict(s), {}) for c, s, _ in plan.cores]
+        for block in rows.blocks:
+            leader = tiles[block[0]]
+            r = plan.out_ranges[out][block[0]]
+            leader.values[out] = narrowed(whole, r)
+            for j in block:
+                tiles[j].values[partial] = partials[j]
+        return tiles, {out}
+    if stacked is not None and not partials:
+        partials = _unstacked(stacked, rows.order)
     tiles = [CoreTile(c, dict(s), {}) for c, s, _ in plan.cores]
     for block in plan.blocks or ():
         total = partials[block[0]]
@@ -331,6 +379,28 @@ def _combine_rows(rows: _Rows, partials: list[torch.Tensor], combine, anchor: IR
         row = parts[0] if len(parts) == 1 else torch.cat(parts, dim=rows.partial_axis)
         total = row if total is None else combine(total, row)
     return _finish(anchor, total, acc, dtype)
+
+
+def _combine_stacked(rows: _Rows, stacked: torch.Tensor, combine, anchor: IRNode, acc: Access,
+                     dtype: torch.dtype) -> torch.Tensor:
+    """:func:`_combine_rows` on the cores' products stacked partner-major (``[partners * blocks, m, n]``): the
+    k-th partners of all blocks are one slab, combined slab by slab in partner order (elementwise, so every
+    element meets the same values in the same order), then laid out as the row is and rounded once."""
+    slabs = stacked.view(len(rows.blocks[0]), len(rows.blocks), *stacked.shape[1:]).unbind(0)
+    total = slabs[0]
+    for slab in slabs[1:]:
+        total = combine(total, slab)
+    axis = rows.partial_axis
+    whole = _finish(anchor, total.movedim(0, axis).flatten(axis, axis + 1), acc, dtype)
+    if whole.stride() != contiguous_strides(tuple(whole.shape)):   # laid out as the concatenated row is: dense
+        whole = torch.empty(whole.shape, dtype=whole.dtype).copy_(whole)
+    return whole
+
+
+def _unstacked(stacked: torch.Tensor, order: list[int]) -> list[torch.Tensor]:
+    """Per core (in plan order), its product: a view of the stack, which holds the cores in ``order``."""
+    position = {j: i for i, j in enumerate(order)}
+    return [stacked[position[j]] for j in range(len(order))]
 
 
 def _gather(shape: tuple[int, ...], dtype: torch.dtype, parts: list[tuple[Ranges, torch.Tensor]]) -> torch.Tensor:

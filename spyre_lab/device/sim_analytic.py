@@ -30,7 +30,11 @@ mode's flow control (a send waits until its receive is posted) is not modeled, s
 the event mode reports goes unnoticed here.
 
 Cores whose programs are the very same ``TileOp`` objects (builders share the ops of cores that
-do the same work) and hold no ring ops are scheduled once: their timing cannot differ.
+do the same work) and hold no ring ops are scheduled once: their timing cannot differ. The partners
+of a split reduction run one program but for whom their ring ops talk to
+(:mod:`~spyre_lab.device.sim_partners`): a partner is scheduled once per DRAM rate and set of times
+its receives' sends land, the only inputs in which two of them can differ. What every core moves
+and the rates DRAM gives it are read first (:mod:`~spyre_lab.device.sim_streams`).
 
 Core utilization counts PT and SFU time as if they never overlapped (capped at the core's time):
 the pass does not track their overlap.
@@ -46,6 +50,8 @@ from itertools import accumulate
 from spyre_lab.device.config import SpyreConfig
 from spyre_lab.device.isa import LXOverflowError, OpKind, TileProgram
 from spyre_lab.device.sim_costs import LOAD, PT, RING, SFU, STORE, UNIT_NAMES, EngineRun, matmul_cycles, ring_cycles
+from spyre_lab.device.sim_partners import PartnerShape, partner_shapes
+from spyre_lab.device.sim_streams import drain_rate, dram_rates, stream_mix, survey
 
 _LOAD, _STORE, _MATMUL, _VECTOR, _SPECIAL, _SEND, _RECV = (OpKind.LOAD, OpKind.STORE, OpKind.MATMUL, OpKind.VECTOR,
                                                            OpKind.SPECIAL, OpKind.RING_SEND, OpKind.RING_RECV)
@@ -73,13 +79,16 @@ def run_analytic(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_even
     programs = kernel.programs
     active = [c for c, p in enumerate(programs) if p.ops]
     same_as = _same_programs(kernel, active)
-    loads, stores, last_load, senders, ringless, drawn = _survey(kernel, active, same_as, cfg)
-    rates, stretch = _dram_rates(loads, stores, drawn, _stream_mix(kernel, active, same_as, last_load, cfg), cfg)
-    drain_rate = _drain_rate(kernel, stores, last_load, cfg)
+    shapes = partner_shapes(programs, active, same_as)
+    loads, stores, last_load, senders, ringless, drawn = survey(kernel, active, same_as, shapes, cfg)
+    rates, stretch = dram_rates(loads, stores, drawn, stream_mix(kernel, active, same_as, shapes, last_load, cfg),
+                                cfg)
+    drain = drain_rate(kernel, stores, last_load, cfg)
 
     send_done: dict[tuple[int, str | None], float] = {}
     mm_cache: dict[tuple[int, int, int], int] = {}
     cores: dict[int, _Core] = {}
+    partners: dict[tuple, tuple[_Core, tuple[float, ...], bool]] = {}
     for _ in range(3):  # one pass suffices unless ring edges form a cycle between cores
         waited = False
         for c in _senders_first(senders, active):
@@ -87,8 +96,20 @@ def run_analytic(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_even
             if twin != c and twin in ringless and twin in cores:  # same ops, no ring: same timing
                 cores[c] = cores[twin]
                 continue
-            cores[c], late = _schedule(kernel, c, cfg, capacity, rates.get(c, 1.0), drain_rate,
-                                       last_load[c], stretch, send_done, mm_cache)
+            shape = shapes.get(c)
+            key = None if shape is None else _partner_key(kernel, c, shape, rates.get(c, 1.0), send_done)
+            seen = partners.get(key) if key is not None else None
+            if seen is not None:   # an earlier partner of its shape saw the same rate and landing times
+                cores[c], late = seen[0], seen[2]
+                ops = programs[c].ops
+                for j, end in zip(shape.sends, seen[1]):
+                    send_done[(c, ops[j].tag)] = end
+            else:
+                cores[c], late = _schedule(kernel, c, cfg, capacity, rates.get(c, 1.0), drain, last_load[c],
+                                           stretch, send_done, mm_cache)
+                if key is not None:
+                    ops = programs[c].ops
+                    partners[key] = (cores[c], tuple(send_done[(c, ops[j].tag)] for j in shape.sends), late)
             waited |= late
         if not waited:
             break
@@ -108,6 +129,14 @@ def run_analytic(kernel: TileProgram, cfg: SpyreConfig, capacity: int, want_even
                        {"ops": t.counts[u], "analytic": True})
                       for c, t in sorted(cores.items()) for u in range(5) if t.counts[u]]
     return run
+
+
+def _partner_key(kernel: TileProgram, core: int, shape: PartnerShape, rate: float,
+                 send_done: dict[tuple[int, str | None], float]) -> tuple:
+    """What a core of a partner shape's timing depends on beyond its shape: its DRAM rate and when the sends its
+    receives wait for land (None: not placed yet). The other inputs of :func:`_schedule` are the kernel's."""
+    ops = kernel.programs[core].ops
+    return shape.first, rate, tuple([send_done.get((ops[j].peer, ops[j].tag)) for j in shape.recvs])
 
 
 def _schedule(kernel: TileProgram, core: int, cfg: SpyreConfig, capacity: int, rate: float, drain_rate: float,
@@ -263,117 +292,6 @@ def _same_programs(kernel: TileProgram, active: list[int]) -> dict[int, int]:
             same_as[c] = c
             firsts.append(c)
     return same_as
-
-
-def _survey(kernel: TileProgram, active: list[int], same_as: dict[int, int], cfg: SpyreConfig
-            ) -> tuple[dict[int, int], dict[int, int], dict[int, int], dict[int, set[int]], set[int], dict[int, float]]:
-    """Per core: bytes loaded, bytes stored, index of its last load (-1 if none), the cores it
-    receives ring data from; the cores without ring ops; and per core the DRAM weight of its
-    stream (DRAM bytes drawn per byte moved: below 1 when loads are broadcast)."""
-    drawn: dict[int, float] = {}
-    loads: dict[int, int] = {}
-    stores: dict[int, int] = {}
-    last_load: dict[int, int] = {}
-    senders: dict[int, set[int]] = {}
-    ringless: set[int] = set()
-    for c in active:
-        twin = same_as[c]
-        if twin != c and twin in ringless:
-            loads[c], stores[c], last_load[c], drawn[c] = loads[twin], stores[twin], last_load[twin], drawn[twin]
-            ringless.add(c)
-            continue
-        loaded = stored = 0
-        from_dram = 0.0
-        last = -1
-        ring = False
-        broadcast = cfg.dram_broadcast_cores
-        for i, op in enumerate(kernel.programs[c].ops):
-            kind = op.kind
-            if kind is _LOAD:
-                loaded += op.nbytes
-                from_dram += op.nbytes * (1.0 / min(op.share, broadcast))   # TileOp.dram_weight, inline
-                last = i
-            elif kind is _STORE:
-                stored += op.nbytes
-            elif kind is _RECV or kind is _SEND:
-                ring = True
-                if kind is _RECV and op.peer is not None and op.peer != c:
-                    senders.setdefault(c, set()).add(op.peer)
-        loads[c], stores[c], last_load[c] = loaded, stored, last
-        drawn[c] = (from_dram + stored) / (loaded + stored) if loaded + stored else 1.0
-        if not ring:
-            ringless.add(c)
-    return loads, stores, last_load, senders, ringless, drawn
-
-
-def _drain_rate(kernel: TileProgram, stores: dict[int, int], last_load: dict[int, int], cfg: SpyreConfig) -> float:
-    """The rate of a store issued after its core's last load: the cores that store then share DRAM.
-
-    The main streams are over by then, so a core finishing with a store (the one core of a K-split
-    group that writes the result) gets the bandwidth the finished cores left, shared only with the
-    other cores that also end in a store.
-    """
-    draining = 0
-    for c, stored in stores.items():
-        if stored and (last_load[c] < 0 or kernel.programs[c].ops[-1].kind is _STORE):
-            draining += 1
-    return min(float(cfg.core_dma_bytes_per_cycle), cfg.dram_bytes_per_cycle / max(1, draining))
-
-
-def _stream_mix(kernel: TileProgram, active: list[int], same_as: dict[int, int], last_load: dict[int, int],
-                cfg: SpyreConfig) -> float:
-    """DRAM's rate (bytes per cycle) at the read/write mix its streams make while they overlap.
-
-    The bus turns around only for reads and writes in flight together: a store while its core still
-    loads overlaps the core's next loads, which move as many bytes meanwhile (one transfer each at the
-    same fair rate) but draw only their broadcast weight from DRAM. A store after the core's last load
-    runs in the drain, one way. Overlap over all bytes gives the rate, as ``cfg.dram_bytes_per_cycle_at``.
-    """
-    moved = overlap = 0.0
-    for c in active:
-        if same_as[c] != c:
-            continue
-        twins = sum(1 for d in active if same_as[d] == c)
-        reads = writes = weights = 0.0
-        loads = 0
-        broadcast = cfg.dram_broadcast_cores
-        for i, op in enumerate(kernel.programs[c].ops):
-            if op.kind is _LOAD:
-                weight = 1.0 / min(op.share, broadcast)                      # TileOp.dram_weight, inline
-                reads += op.nbytes * weight
-                weights += weight
-                loads += 1
-            elif op.kind is _STORE:
-                moved += twins * op.nbytes
-                writes += op.nbytes if i < last_load[c] else 0
-        moved += twins * reads
-        overlap += twins * min(reads, writes * weights / loads) if loads else 0.0
-    per_byte = overlap / moved if moved else 0.0
-    return 1.0 / (1.0 / cfg.dram_bytes_per_cycle + cfg.dram_turnaround_cycles_per_byte * per_byte)
-
-
-def _dram_rates(loads: dict[int, int], stores: dict[int, int], drawn: dict[int, float], dram: float,
-                cfg: SpyreConfig) -> tuple[dict[int, float], float]:
-    """Per core, the average rate its longer DRAM stream gets; and how much slower every transfer must go
-    for the card's DRAM to move all the kernel's bytes (1 if it keeps up).
-
-    Water-filling: all streams start together and share DRAM equally (each capped by a DMA
-    engine); when the smallest one is done, the rest share what it leaves. So a core that streams
-    less than the others finishes early, and the biggest one runs faster at the end. A stream
-    whose loads are broadcast draws only ``drawn[c]`` of DRAM per byte it moves. DRAM runs at the
-    rate of the read/write mix of the overlapping streams (``cfg.dram_bytes_per_cycle_at``, see :func:`_stream_mix`).
-    """
-    dma = float(cfg.core_dma_bytes_per_cycle)
-    volumes = sorted((max(loads[c], stores[c]), c) for c in loads if loads[c] or stores[c])
-    rates: dict[int, float] = {}
-    clock = moved = 0.0
-    shares = [drawn[c] for _, c in volumes]      # summed from each stream on, in order (the same float sums)
-    for i, (volume, c) in enumerate(volumes):
-        clock += (volume - moved) / min(dma, dram / sum(shares[i:]))
-        moved = volume
-        rates[c] = volume / clock if clock > 0 else dma
-    card_floor = sum((loads[c] + stores[c]) * drawn[c] for c in loads) / dram
-    return rates, max(1.0, card_floor / clock) if clock > 0 else 1.0
 
 
 def _senders_first(senders: dict[int, set[int]], active: list[int]) -> list[int]:

@@ -113,6 +113,8 @@ STATE: tuple[Held, ...] = (
     Held(f"{C}.backend", "_TRACES", "ATen graphs traced per function and input signature", "caches", _clear),
     Held(f"{C}.one_op_graph", "_FORMS", "one-op ATen graphs per form, given each new shape", "caches", _clear),
     Held(f"{C}.per_core", "_SLICED", "per kernel, its per-core slicing plan", "caches", _clear),
+    Held(f"{C}.batched_cores", "_EXACT", "per operand layout, whether one bmm gives every core's own product",
+         "caches", _clear),
     Held(f"{C}.plan_memo", "_PLANS", "kernel plans by structural signature, reused by repeated layers", "caches",
          _clear),
     Held(f"{C}.constant_facts", "_FACTS", "answers about constant tensors (all zero, causal offset)", "caches",

@@ -239,3 +239,28 @@ def test_unsupported_tensor_parallel_settings_fail_before_any_worker_starts(opti
     with pytest.raises(ValueError, match=message):
         LLM("tiny-granite", **{**OPTIONS, **options})
     assert children() - before == set()
+
+
+def test_mixed_steps_with_tensor_parallelism_is_refused_naming_the_fix():
+    from spyre_lab.engine.config import EngineConfig
+
+    with pytest.raises(ValueError, match=r"set mixed_steps=False \(or leave it None\) with tensor_parallel_size=2"):
+        EngineConfig(tensor_parallel_size=2, mixed_steps=True)
+    assert EngineConfig(tensor_parallel_size=2, mixed_steps=False).mixed_steps is False
+
+
+def test_the_tensor_parallel_runner_refuses_a_mixed_step_by_name_before_any_rank_runs_it():
+    from spyre_lab.engine.parallel.launcher import TensorParallelRunner
+
+    class Workers:                     # records what would reach the workers: a refused step must send nothing
+        def __init__(self) -> None:
+            self.sent: list[tuple] = []
+
+        def send(self, *command):
+            self.sent.append(command)
+
+    workers = Workers()
+    runner = TensorParallelRunner(runner=None, workers=workers)
+    with pytest.raises(ValueError, match="runs prefill and decode steps apart; set mixed_steps=False"):
+        runner.run([], is_prefill=True, num_decode=2)
+    assert workers.sent == []
