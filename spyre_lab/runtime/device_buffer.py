@@ -99,7 +99,10 @@ class DeviceBuffer:
             else:
                 self._replace_mirror(unstickify(self._data, self.layout).reshape(-1).to(self.host_dtype),
                                      written=False)
-        return self._host
+        host = self._host
+        if host.dim() != 1:                   # a kernel's result adopted in its own shape (see write_window)
+            host = self._host = host.view(-1)
+        return host
 
     def _replace_mirror(self, host: torch.Tensor, written: bool = True) -> None:
         """Make ``host`` the mirror: the windows handed out of the old one are dropped, and (``written``: the
@@ -164,6 +167,12 @@ class DeviceBuffer:
         if offset == 0 and _covers(tuple(size), tuple(stride), self.numel):
             if values.shape != size:
                 values, adopt = values.expand(size), False
+            elif (adopt and values.dtype == self.layout.dtype and values.dtype != torch.int64
+                  and values.is_contiguous() and self.generation == self.device.generation):
+                # write_flat's adopting road without the flat view: the result is the mirror in its own shape
+                # (windows are read from its storage, and host_flat flattens it when asked)
+                self._host, self._views, self._data = values, {}, None
+                return
             self.write_flat(values.reshape(-1), adopt=adopt and values.is_contiguous())
             return
         flat = self.host_flat().clone()

@@ -24,7 +24,7 @@ from torch.utils._pytree import TreeSpec, tree_unflatten
 
 from spyre_lab.compiler.program import Program
 from spyre_lab.runtime.launch.options import SETTINGS
-from spyre_lab.runtime.launch.route import launch_bound
+from spyre_lab.runtime.launch.route import LaunchImage, launch_bound, launch_image, launch_imaged
 from spyre_lab.runtime.programs import load
 from spyre_lab.runtime.stream import STREAMS, current_stream
 
@@ -32,8 +32,8 @@ from spyre_lab.runtime.stream import STREAMS, current_stream
 class EagerLauncher:
     """One compiled one-op program on one card, bound once: what a launch of it repeats, worked out ahead."""
 
-    __slots__ = ("area", "bound", "device", "fresh", "generation", "index", "inputs", "loaded", "outputs",
-                 "unflatten")
+    __slots__ = ("area", "bound", "device", "fresh", "generation", "image", "index", "inputs", "loaded", "outputs",
+                 "trace_meta", "unflatten")
 
     def __init__(self, program: Program, read_leaves: Sequence[int], index: int, out_spec: TreeSpec) -> None:
         loaded = load(program)
@@ -47,6 +47,8 @@ class EagerLauncher:
         self.outputs = [(read.buffer, None if read.is_identity else read) for read in program.outputs]
         # None: one output, returned as it is; else how the op's outputs are put in its structure
         self.unflatten = None if out_spec.is_leaf() else functools.partial(tree_unflatten, treespec=out_spec)
+        self.image: LaunchImage | None = None     # the launch on the stream of the last launch, worked out once
+        self.trace_meta = {"eager": True, "compiled": True}   # what its traces record besides the op (read, not kept)
 
 
 def launcher(program: Program, read_leaves: Sequence[int], index: int, out_spec: TreeSpec) -> EagerLauncher | None:
@@ -78,8 +80,13 @@ def run_cached(launch: EagerLauncher, leaves: list[Any], name: str) -> Any:
         bound[slot] = leaves[leaf]
     for slot, make in launch.fresh:
         bound[slot] = make()
-    launch_bound(launch.loaded, launch.area, bound, stream, options,   # the one launch route, traced as the op
-                 (name, {"eager": True, "compiled": True}))
+    image = launch.image
+    if image is None or image.stream is not stream:
+        image = launch.image = launch_image(launch.loaded, launch.area, stream)
+    if image is not None:                                      # the one launch route, traced as the op
+        launch_imaged(image, bound, options, name, launch.trace_meta)
+    else:
+        launch_bound(launch.loaded, launch.area, bound, stream, options, (name, launch.trace_meta))
     if launch.unflatten is None:                               # one output, as the op returns it
         buffer, read = launch.outputs[0]
         return bound[buffer] if read is None else read.apply(bound[buffer])

@@ -95,6 +95,14 @@ class LazyTrace(Trace):
         self._pending_len = 0
         super().__init__(events, meta)
 
+    @classmethod
+    def of_launch(cls, meta: dict[str, Any]) -> LazyTrace:
+        """An empty trace that keeps ``meta`` itself (a dict made for it): ``LazyTrace(meta=meta)`` without the
+        copy and the property calls, for the trace every launch opens."""
+        trace = _new_object(cls)
+        trace._pending, trace._pending_len, trace._events, trace.meta = [], 0, [], meta
+        return trace
+
     @property  # type: ignore[override]
     def events(self) -> list[TraceEvent]:
         if self._pending:
@@ -174,6 +182,9 @@ class LazyTrace(Trace):
     def duration_us(self) -> float:
         lo, hi = self._bounds()
         return hi - lo
+
+
+_new_object = object.__new__
 
 
 def add_events(trace: Trace, items: list[tuple[str, str, float, float, dict[str, Any]]]) -> None:

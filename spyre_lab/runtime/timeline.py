@@ -108,7 +108,7 @@ class Timeline:
     def begin_launch(self, name: str, meta: dict[str, Any]) -> Trace:
         """:meth:`launch` without the context manager (the launch hot path): pair with :meth:`end_launch`."""
         if self._launch_depth == 0:
-            self._launch_trace = LazyTrace(meta={"launch": name, "time": "modeled us", **meta})
+            self._launch_trace = LazyTrace.of_launch({"launch": name, "time": "modeled us", **meta})
         self._launch_depth += 1
         return self._launch_trace
 

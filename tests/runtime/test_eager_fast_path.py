@@ -147,3 +147,59 @@ def test_the_backend_kernels_run_outside_dynamo_and_give_its_callback_back():
     compiled = torch.compile(lambda p, q: torch.add(p, q).relu(), backend="eager")
     _, _, x, y = _pair()
     assert torch.equal(compiled(x, y).cpu(), torch.add(x, y).relu().cpu())
+
+
+def _cached_launcher(x, y):
+    from spyre_lab.runtime.eager_programs import cached_programs
+
+    torch.add(x, y)
+    torch.add(x, y)                                 # the second call takes the cached launcher and its image
+    return next(iter(cached_programs()[-1].launchers.values()))
+
+
+def test_a_cached_op_really_reads_the_buffer_its_patched_address_names(monkeypatch):
+    a, b, x, y = _pair()
+    made = _cached_launcher(x, y)
+    other = torch.full(a.shape, 40.0, dtype=torch.float16, device="spyre")
+    area = made.image.area
+
+    class Tampered:                                 # a stale address for x written into the pinned buffer
+        def __init__(self, pinned):
+            self.pinned = pinned
+
+        def __setitem__(self, key, values):
+            values = list(values)
+            if values and values[0] == x.data_ptr():
+                values[0] = other.data_ptr()
+            self.pinned[key] = values
+
+        def __array__(self, dtype=None, copy=None):   # what the H2D copy reads
+            return self.pinned
+
+    monkeypatch.setattr(area, "pinned_views", [Tampered(view) for view in area.pinned_views])
+    z = torch.add(x, y)
+    assert area.last_patched[0][made.image.slots[0]] == other.data_ptr()
+    assert torch.equal(z.cpu(), torch.add(torch.full(a.shape, 40.0, dtype=torch.float16), b))   # read `other`
+
+
+def test_a_cached_op_follows_the_current_stream():
+    a, b, x, y = _pair()
+    made = _cached_launcher(x, y)
+    side = torch.spyre.Stream()
+    with torch.spyre.stream(side):
+        z = torch.add(x, y)
+    assert made.image.stream is side and side.lane in {e.lane for e in last_trace().events}
+    w = torch.add(x, y)
+    assert made.image.stream is torch.spyre.current_stream() and side.lane not in {e.lane for e in last_trace().events}
+    assert torch.equal(z.cpu(), a + b) and torch.equal(w.cpu(), a + b)
+
+
+def test_an_adopted_result_reads_back_flat_and_stickified():
+    a, b, x, y = _pair((8, 64))
+    z = torch.add(x, y)
+    buffer = z.untyped_storage().spyre_buffer
+    flat = buffer.host_flat()
+    assert flat.dim() == 1 and buffer.host_flat() is flat and torch.equal(flat, (a + b).reshape(-1))
+    assert torch.equal(z.cpu(), a + b) and torch.equal(z[2:4, 3:].cpu(), (a + b)[2:4, 3:])
+    from spyre_lab.device.layout import unstickify
+    assert torch.equal(unstickify(buffer.data, buffer.layout).reshape(-1), (a + b).reshape(-1))

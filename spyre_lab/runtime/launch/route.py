@@ -128,7 +128,7 @@ def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str,
     numerics = not SETTINGS.timing_only
     enqueue_all, emit_shifted = stream.enqueue_all, TIMELINE.emit_shifted
     lane_of = None if device.index == 0 else functools.partial(device_lane, device_index=device.index)
-    generation, live = device.generation, device.live_buffers
+    live = device.live_buffers
     for k, kernel, slots, _, steps, sim_events in area.queued(stream, dispatch, host_bytes):
         start = enqueue_all(steps)                          # the modeled clock: its three steps in FIFO order
         if sim_events is not None:
@@ -142,29 +142,111 @@ def _submit(program: LaunchProgram, area: CorrectionArea, bindings: Mapping[str,
         if kernel.host:
             kernel.run(Operands({s: _resolve(device, buffer_of(v).address, v) for s, v in zip(slots, views)}))
             continue
-        # HostCompute writes the real address of every slot into the pinned buffer (pinned[:n]), H2D copies that
-        # blob into the kernel's correction area (region[offset:offset + n]), Compute's prologue reads it back
-        pinned, region = area.pinned_views[k], area.region_views[k]
-        addresses = []
-        for v in views:
-            buffer = v.untyped_storage().spyre_buffer
-            if buffer.generation != generation:
-                buffer.check_valid()                        # the error of a tensor from before a device reset
-            addresses.append(buffer.allocation.address)
-        pinned[...] = addresses
-        region[...] = pinned
-        addresses = area.patched[k] = region.tolist()
-        windows = {}
-        for s, a, v in zip(slots, addresses, views):        # what each patched address holds
-            buffer = live.get(a)
-            if buffer is None or buffer.generation != generation or buffer.host_dtype != v.dtype:
-                buffer = _resolve(device, a, v)[0]          # says what is wrong
-            windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
-        kernel.run(Operands(windows))
+        kernel.run(Operands(_patched_windows(area, k, slots, views)))
     if numerics and area.kernels:
         area.launches += 1
     if dispatch == "rebuild" or not options.overlap:
         stream.synchronize()
+
+
+class LaunchImage:
+    """One launch of a program of one device kernel with fixed modeled times (a cached eager op's), on one stream
+    with ``aot_patch`` dispatch, worked out once: its record, its three queued steps and simulator events, where
+    its trace events go, its slots and the claims it makes. :func:`launch_image` replays it; the steps, events,
+    patch and run are :func:`_submit`'s, without the loop and its branches for host kernels, rebuilds and
+    timing-only launches, and without looking the record and the queued steps up at every launch."""
+
+    __slots__ = ("area", "claims", "geometry", "kernel", "lane_of", "plan", "program", "sim_events", "slots", "steps",
+                 "stream")
+
+    def __init__(self, program: LaunchProgram, area: CorrectionArea, stream: Stream) -> None:
+        self.program, self.area, self.stream = program, area, stream
+        self.plan = area.record(program)
+        _, self.kernel, self.slots, _, self.steps, self.sim_events = area.queued(stream, "aot_patch")[0]
+        index = area.device.index
+        self.lane_of = None if index == 0 else functools.partial(device_lane, device_index=index)
+        self.claims = area.claims[0]
+        self.geometry: list[Geometry] | None = None        # the slots' operands, as the first launch binds them
+
+
+def launch_image(program: LaunchProgram, area: CorrectionArea, stream: Stream) -> LaunchImage | None:
+    """The :class:`LaunchImage` of ``program`` on ``stream`` (``area``: its correction area on that card), or None
+    when its launches need :func:`launch_bound` (more than one kernel, a host kernel, modeled times that may
+    change)."""
+    if len(area.kernels) != 1 or area.has_host or not area.fixed:
+        return None
+    return LaunchImage(program, area, stream)
+
+
+def launch_imaged(image: LaunchImage, bindings: Mapping[str, torch.Tensor], options: RuntimeOptions,
+                  name: str, meta: dict[str, Any]) -> None:
+    """:func:`launch_bound` of the image's program with ``bindings`` (every slot bound on its card) on its stream,
+    traced as ``name``/``meta``, for ``aot_patch`` options: the same record, steps, events, patch and run. The
+    caller binds every slot to a tensor of the same size, stride, offset and dtype at every launch (a cached eager
+    op: its signature names them), so the kernel's windows take them from the first launch, as a compiled
+    binary keeps its static shapes. Inside :func:`~spyre_lab.runtime.launch.options.timing_only` it takes
+    :func:`launch_bound` (no numerics)."""
+    area = image.area
+    if SETTINGS.timing_only:
+        launch_bound(image.program, area, bindings, image.stream, options, (name, meta))
+        return
+    TIMELINE.begin_launch(name, meta)
+    try:
+        LAST_PLAN.plan = image.plan
+        start = image.stream.enqueue_all(image.steps)       # the modeled clock: its three steps in FIFO order
+        if image.sim_events is not None:
+            TIMELINE.emit_shifted(image.sim_events, start, image.lane_of)
+        if image.claims:
+            area.device.live_buffers.update(image.claims)
+        views = list(map(bindings.__getitem__, image.slots))
+        if image.geometry is None:
+            image.geometry = [(v.shape, v.stride(), v.storage_offset(), v.dtype) for v in views]
+        image.kernel.run(Operands(_patched_windows(area, 0, image.slots, views, image.geometry)))
+        area.launches += 1
+        if not options.overlap:
+            image.stream.synchronize()
+    finally:
+        TIMELINE.end_launch()
+
+
+def _patched_windows(area: CorrectionArea, k: int, slots: list[str], views: list[torch.Tensor],
+                     geometry: list[Geometry] | None = None) -> dict[str, Window]:
+    """Device kernel ``k``'s correction, as the card does it: HostCompute writes the real address of every slot
+    into the pinned buffer (pinned[:n]), H2D copies that blob into the kernel's correction area
+    (region[offset:offset + n]), and Compute's prologue reads the addresses back and finds the live buffer at
+    each, so a wrong address would really read the wrong buffer; returns the operand windows the kernel runs on.
+    ``geometry``: per slot the (size, stride, offset, dtype) the kernel was compiled for, when the caller knows
+    every view has it (by default read from the views)."""
+    device = area.device
+    generation, live = device.generation, device.live_buffers
+    pinned, region = area.pinned_views[k], area.region_views[k]
+    addresses = []
+    for v in views:
+        buffer = v.untyped_storage().spyre_buffer
+        if buffer.generation != generation:
+            buffer.check_valid()                            # the error of a tensor from before a device reset
+        addresses.append(buffer.allocation.address)
+    pinned[...] = addresses
+    region[...] = pinned
+    addresses = area.patched[k] = region.tolist()
+    windows = {}
+    if geometry is None:
+        for s, a, v in zip(slots, addresses, views):       # what each patched address holds
+            buffer = live.get(a)
+            if buffer is None or buffer.generation != generation or buffer.host_dtype != v.dtype:
+                buffer = _resolve(device, a, v)[0]          # says what is wrong
+            windows[s] = (buffer, v.shape, v.stride(), v.storage_offset())
+        return windows
+    for s, a, (size, stride, offset, dtype), v in zip(slots, addresses, geometry, views):
+        buffer = live.get(a)
+        if buffer is None or buffer.generation != generation or buffer.host_dtype != dtype:
+            buffer = _resolve(device, a, v)[0]
+        windows[s] = (buffer, size, stride, offset)
+    return windows
+
+
+Geometry = tuple[torch.Size, tuple[int, ...], int, torch.dtype]
+"""A slot's operand as a kernel was compiled for it: size, stride, storage offset and dtype."""
 
 
 def _resolve(device: SpyreDevice, address: int, static_view: torch.Tensor) -> Window:
