@@ -112,8 +112,9 @@ class BlockManager:
 
     def commit(self, seq: Sequence) -> None:
         """Hash the blocks `seq` has filled and computed since the last call, so others can reuse them."""
-        tokens = seq.token_ids
+        tokens = None                   # the token list is built only when a block filled (most calls: none)
         while len(seq.block_hashes) < seq.num_computed_tokens // self.block_size:
+            tokens = seq.token_ids if tokens is None else tokens
             index = len(seq.block_hashes)
             block_tokens = tuple(tokens[index * self.block_size : (index + 1) * self.block_size])
             digest = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, block_tokens)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from spyre_lab.engine.layers.attention import Attention, AttentionMetadata, causal_bias
 from spyre_lab.engine.layers.attention_spans import prefill_spans
-from spyre_lab.engine.layers.decode_rows import DecodeRows
+from spyre_lab.engine.layers.decode_rows import DecodeRows, host_long_tensor
 from spyre_lab.engine.models.granite import GraniteForCausalLM
 from spyre_lab.engine.platforms.base import Platform
 from spyre_lab.engine.sampler import Sampler
@@ -265,7 +265,7 @@ class ModelRunner:
         fields.append(("logits_indices", ends))             # last: its length is the number of real sequences
         flat: list[int] = []
         layout = tuple((name, _append_flat(flat, values)) for name, values in fields)
-        views = self._staged(layout, torch.tensor(flat, dtype=torch.long))
+        views = self._staged(layout, host_long_tensor(flat))
         attn_bias = key_mask = None
         if max_query == 1 and self.platform.decode_key_mask and decode_rows is None:  # one query per sequence
             num_keys = len(tables[0]) * self.block_size

@@ -55,9 +55,12 @@ class Sampler:
         logits = logits.cpu().float()   # copy the model's dtype (half the bytes of fp32 over PCIe), widen on the host
         next_tokens: list[int | None] = logits.argmax(-1).tolist()
         failures: dict[int, str] = {}
-        for row in torch.isnan(logits).any(-1).nonzero().flatten().tolist():
-            failures[row] = "the model produced NaN logits for this request (a numerical failure in the forward pass)"
-            next_tokens[row] = None
+        nan = torch.isnan(logits)
+        if nan.any():                   # one reduction for the batch; the rows only when some row has a NaN
+            for row in nan.any(-1).nonzero().flatten().tolist():
+                failures[row] = ("the model produced NaN logits for this request (a numerical failure in the "
+                                 "forward pass)")
+                next_tokens[row] = None
         for row, seq in enumerate(seqs):
             if row in failures or seq.sampling_params.greedy:
                 continue

@@ -14,7 +14,7 @@ import torch
 
 from spyre_lab.engine import LLM, SamplingParams
 from spyre_lab.engine.layers.attention import Attention
-from spyre_lab.engine.layers.decode_rows import DecodeRows
+from spyre_lab.engine.layers.decode_rows import DecodeRows, host_long_tensor
 from spyre_lab.engine.platforms.cpu import CpuPlatform
 
 PROMPTS = ["3 + 4 =", "count from 5 to 12:", "letters from c to h:", "spyre has", "count down from 20 to 14:",
@@ -99,6 +99,30 @@ def test_a_row_is_refilled_after_its_sequence_is_prefilled_again_or_a_step_did_n
     store.forget(["a"])                                           # a prefilled again: its row no longer counts
     a.length, c.length = 8, 3
     assert _plan(store, [a, c]).src_index.numel() == 7              # a refills every earlier key, c none
+
+
+def test_refill_indices_name_every_key_and_head_a_row_lacks():
+    # two KV heads, rows of 16 positions, blocks of 4: each key a row lacks comes from (slot, head) of the cache and
+    # goes to (row, head, position) of the rows, position by position and head by head within it
+    store = DecodeRows(length=16, capacity=64, num_kv_heads=2)
+    store.commit(_plan(store, [_Seq("a", 2, [7])]))               # row 0 held by a, which then leaves
+    seq = _Seq("b", 6, [3, 5])                                    # b joins: its 5 earlier keys, into row 0
+    step = _plan(store, [seq])
+    slots = [seq.block_table[p // 4] * 4 + p % 4 for p in range(5)]
+    assert step.src_index.tolist() == [s * 2 + h for s in slots for h in range(2)]
+    assert step.dst_index.tolist() == [h * 16 + p for p in range(5) for h in range(2)]
+    assert step.new_index.tolist() == [5, 16 + 5]
+    store.commit(step)
+    seq.length = 7
+    step = _plan(store, [seq])
+    assert step.src_index.numel() == step.dst_index.numel() == 0 and step.src_index.dtype == torch.long
+
+
+def test_host_long_tensor_equals_torch_tensor():
+    for values in ([], [0], [3, -1, 2**40, 7]):
+        made = host_long_tensor(values)
+        assert made.dtype == torch.long and made.tolist() == values
+    assert torch.equal(host_long_tensor(list(range(1000))), torch.arange(1000))
 
 
 def test_rows_beyond_the_paged_cache_capacity_fall_back_to_the_gather():

@@ -139,9 +139,8 @@ def _mixed_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
                                         num_heads, num_kv_heads, head_dim, scale, layer)
     else:
         decoded = _decode_attention(query[:rows], k_cache, v_cache, meta, num_heads, num_kv_heads, head_dim, scale)
-    prefilled = per_sequence_prefill(query, key, value, k_cache, v_cache, meta.prefill_spans, num_heads,
-                                     num_kv_heads, head_dim, scale)
-    return torch.cat((decoded, prefilled))
+    return per_sequence_prefill(query, key, value, k_cache, v_cache, meta.prefill_spans, num_heads, num_kv_heads,
+                                head_dim, scale, before=decoded)
 
 
 def _decode_attention(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,

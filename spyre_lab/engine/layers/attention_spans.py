@@ -53,10 +53,11 @@ def prefill_spans(starts: list[int], query_lens: list[int], context_lens: list[i
 
 def per_sequence_prefill(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
                          v_cache: torch.Tensor, spans: tuple[PrefillSpan, ...], num_heads: int, num_kv_heads: int,
-                         head_dim: int, scale: float) -> torch.Tensor:
-    """[T, heads * d]: each span's queries over its own keys (this step's, or its blocks' after the write)."""
+                         head_dim: int, scale: float, before: torch.Tensor | None = None) -> torch.Tensor:
+    """[T, heads * d]: each span's queries over its own keys (this step's, or its blocks' after the write); after
+    ``before``'s rows when given (a mixed step's decode rows: one concatenation for the step, not two)."""
     gqa = num_kv_heads != num_heads
-    outs = []
+    outs = [] if before is None else [before]
     for span in spans:
         stop = span.start + span.queries
         queries = query[span.start:stop].view(1, span.queries, num_heads, head_dim).transpose(1, 2)

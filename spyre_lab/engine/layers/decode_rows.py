@@ -21,6 +21,7 @@ a step that would need more falls back to the gather.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,7 @@ class DecodeRows:
         # cache tensor's id(), which a new tensor can take once the old one is freed
         self._tensors: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._masks: dict[tuple[torch.dtype, torch.device], torch.Tensor] = {}
+        self._empty: dict[torch.device, torch.Tensor] = {}
 
     def plan(self, seqs, slot, width: int, dtype: torch.dtype, device: torch.device) -> DecodeRowsStep | None:
         """Rows for ``seqs`` (a decode step, one new token each; ``slot(seq, position)`` its cache slot), or None when
@@ -68,18 +70,16 @@ class DecodeRows:
         state = [entry if entry is not None and entry[0] in wanted else None for entry in self.state]
         free = (row for row in range(len(seqs) + len(state)) if row >= len(state) or state[row] is None)
         kv_heads, length = self.num_kv_heads, self.length
-        src, dst, new, row_of_batch = [], [], [], []
+        refill_slots, refill_dst, new, row_of_batch = [], [], [], []
         for seq in seqs:
             total = len(seq)
             row, keys = held.get(seq.request_id, (None, 0))
             if row is None:
                 row = next(free)
-            if keys != total - 1:                  # joined, prefilled again, or a step prepared and not run: refill
-                keys = 0
-            for position in range(keys, total - 1):          # the earlier keys the row lacks, from the cache
-                first_src, first_dst = slot(seq, position) * kv_heads, row * kv_heads * length + position
-                src += range(first_src, first_src + kv_heads)
-                dst += range(first_dst, first_dst + kv_heads * length, length)
+            if keys != total - 1 and total > 1:    # joined, prefilled again, or a step prepared and not run: refill
+                refill_slots += [slot(seq, position) for position in range(total - 1)]   # the keys the row lacks
+                first_dst = row * kv_heads * length
+                refill_dst += range(first_dst, first_dst + total - 1)
             first_new = row * kv_heads * length + total - 1     # this step's key, from the step's projection
             new += range(first_new, first_new + kv_heads * length, length)
             if row >= len(state):
@@ -95,15 +95,20 @@ class DecodeRows:
         for index, row in enumerate(row_of_batch):
             batch_of_row[row] = index
         covered = [entry[1] if entry is not None else 1 for entry in state]
-        # the table's first ``width`` columns, gathered: a contiguous mask (SDPA reads a strided one ~30% slower)
-        bias = self._mask_rows(dtype, device)[:, :width].index_select(0, torch.tensor(covered)).view(rows, 1, 1, width)
-        indices = torch.tensor([src, dst], dtype=torch.long)
-        orders = torch.tensor(batch_of_row + row_of_batch + new, dtype=torch.long)
-        if device.type != "cpu":
-            indices, orders = indices.to(device), orders.to(device)
         batch = len(row_of_batch)
-        return DecodeRowsStep(self, state, indices[0], indices[1], orders[rows + batch:], orders[:rows],
-                              orders[rows:rows + batch], bias, width)
+        # every order and the mask's key counts in one tensor, split into views (each torch call here costs as much
+        # host time as a small kernel of the forward pass)
+        packed = host_long_tensor(batch_of_row + row_of_batch + new + covered)
+        if device.type != "cpu":
+            packed = packed.to(device)
+        batch_of_row_t, row_of_batch_t, new_t, covered_t = packed.split((rows, batch, len(new), rows))
+        # the table's first ``width`` columns, gathered: a contiguous mask (SDPA reads a strided one ~30% slower)
+        bias = self._mask_rows(dtype, device)[:, :width].index_select(0, covered_t).view(rows, 1, 1, width)
+        empty = self._empty.get(device)
+        if empty is None:                       # read only: an index_select / index_copy_ of nothing
+            empty = self._empty[device] = torch.empty(0, dtype=torch.long, device=device)
+        src, dst = _refill_indices(refill_slots, refill_dst, kv_heads, length, empty)
+        return DecodeRowsStep(self, state, src, dst, new_t, batch_of_row_t, row_of_batch_t, bias, width)
 
     def _mask_rows(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         """[length + 1, length] additive masks, row ``c``: 0 over the first ``c`` keys, -inf past them; a step's
@@ -141,6 +146,28 @@ class DecodeRows:
                     new[:old.shape[0]] = old
             made = self._tensors[layer] = grown
         return made
+
+
+def host_long_tensor(values: list[int]) -> torch.Tensor:
+    """``torch.tensor(values, dtype=torch.long)`` on the host in a third of the time: the ints packed by `array`
+    (C, no per-element type checks) and the tensor made over its buffer (which it keeps alive)."""
+    if not values:
+        return torch.empty(0, dtype=torch.long)
+    return torch.frombuffer(array("q", values), dtype=torch.long)
+
+
+def _refill_indices(slots: list[int], dst: list[int], kv_heads: int, length: int,
+                    empty: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (source, destination) vector indices [N * kv_heads] of the keys rows lack: each key's cache ``slots``
+    entry and its place ``dst`` in head 0 of its row, expanded over the heads (``slot * kv_heads + head`` from the
+    cache, ``+ head * length`` in the row) with two broadcasts, not a Python loop over keys and heads; no torch
+    call at all in a step whose rows lack nothing (most decode steps: ``empty``, an empty index on the device)."""
+    if not slots:
+        return empty, empty
+    both = torch.tensor([slots, dst], dtype=torch.long).view(2, -1, 1)
+    heads = torch.arange(kv_heads).view(1, 1, -1) * torch.tensor([1, length]).view(2, 1, 1)
+    src, dst_index = (both * torch.tensor([kv_heads, 1]).view(2, 1, 1) + heads).view(2, -1).to(empty.device).unbind()
+    return src, dst_index
 
 
 def rows_decode_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, k_cache: torch.Tensor,
