@@ -47,14 +47,35 @@ def _stop(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
+PEER_LOST = ("closed by peer", "reset by peer", "remote worker crashing")
+"""What a rank's error says when it failed only because another rank went away mid-collective."""
+
+ROOT_CAUSE_GRACE_S = 5.0
+"""How long to wait for the rank that caused a lost-peer failure to exit too, so it is the one named."""
+
+
+def _lost_a_peer(workdir: Path, rank: int) -> bool:
+    tail = _stderr_tail(workdir / f"rank{rank}.err")
+    return any(phrase in tail for phrase in PEER_LOST)
+
+
 def _watch(procs: list[subprocess.Popen], workdir: Path, deadline: float) -> None:
-    """Wait for all ranks; raise RankFailedError for the first that fails or at the deadline."""
+    """Wait for all ranks; raise RankFailedError for the rank that failed first or at the deadline.
+
+    A rank that raises tears its process group down, so a peer waiting in a collective fails too, and either may
+    exit first. The error names the cause: a rank whose own error is a lost peer is named only if no other rank
+    failed by itself within :data:`ROOT_CAUSE_GRACE_S`."""
+    grace_until = None
     while True:
         failed = [(r, p.returncode) for r, p in enumerate(procs) if p.poll() not in (None, 0)]
         if failed:
-            rank, code = failed[0]
-            raise RankFailedError(rank, f"exit code {code}:\n{_stderr_tail(workdir / f'rank{rank}.err')}")
-        if all(p.poll() == 0 for p in procs):
+            causes = [(r, code) for r, code in failed if not _lost_a_peer(workdir, r)]
+            grace_until = grace_until or min(deadline, time.monotonic() + ROOT_CAUSE_GRACE_S)
+            running = any(p.poll() is None for p in procs)
+            if causes or not running or time.monotonic() > grace_until:
+                rank, code = (causes or failed)[0]
+                raise RankFailedError(rank, f"exit code {code}:\n{_stderr_tail(workdir / f'rank{rank}.err')}")
+        elif all(p.poll() == 0 for p in procs):
             return
         if time.monotonic() > deadline:
             rank = next(r for r, p in enumerate(procs) if p.poll() is None)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import time
+
 import torch
 import torch.distributed as dist
 
@@ -129,6 +132,14 @@ def raises_on(rank: int, world: int, bad_rank: int) -> dict:
         raise ValueError(f"deliberate failure on rank {rank}")
     dist.all_reduce(torch.ones(8, dtype=torch.float16, device="spyre"))
     return {}
+
+
+def raises_and_exits_late_on(rank: int, world: int, bad_rank: int) -> dict:
+    """As :func:`raises_on`, but the failing rank's process lingers a second at exit, so the peer it left
+    in the collective exits first with a lost-peer error."""
+    if rank == bad_rank:
+        atexit.register(time.sleep, 1.0)
+    return raises_on(rank, world, bad_rank)
 
 
 def everything(rank: int, world: int, sizes: list[int]) -> dict:

@@ -113,6 +113,12 @@ def test_a_rank_that_raises_gives_a_clear_error_and_leaves_no_process() -> None:
     assert left == set()
 
 
+def test_the_rank_that_raised_is_named_even_when_the_peer_it_left_exits_first() -> None:
+    with pytest.raises(RankFailedError, match="rank 1 failed") as info:
+        run_ranks(WORKERS, "raises_and_exits_late_on", 2, args=(1,), timeout_s=30)
+    assert "deliberate failure on rank 1" in info.value.cause
+
+
 def test_a_rank_that_dies_is_named_with_its_exit_code() -> None:
     before = {p.pid for p in psutil.Process().children(recursive=True)}
     with pytest.raises(RankFailedError, match="rank 0 failed: exit code 3"):
